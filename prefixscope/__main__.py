@@ -1,0 +1,3 @@
+from prefixscope.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""`prefixscope <command>`: each program registers its own subcommands.
+
+Every program's `cli` module must stay cheap to import (no torch, no web framework at module level), so that
+`prefixscope keys create` does not pay for loading the engine. Handlers import what they need when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Modules with a `register(commands, bench_commands)` function. Listed by name so that a program whose optional
+# dependencies are missing does not break the others' commands.
+_PROGRAM_CLIS = ("local_engine.cli", "gateway.cli", "db.cli", "dashboard.cli", "prefixscope.stack")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prefixscope", description="Prompt-cache engine, gateway and dashboard.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    bench = commands.add_parser("bench", help="benchmarks that print figures")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    for module_name in _PROGRAM_CLIS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        module.register(commands, bench_commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result = args.handler(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
