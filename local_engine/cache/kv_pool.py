@@ -1,0 +1,67 @@
+"""KVPool: the preallocated K/V bytes of every cached token. It knows nothing about prompts or trees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVPoolConfig:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def bytes_per_token(self) -> int:
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
+    def num_slots_for_gib(self, gib: float) -> int:
+        return max(1, int(gib * (1 << 30)) // self.bytes_per_token)
+
+
+class KVPool:
+    """Two tensors `k, v` of shape `[num_layers, num_slots, num_kv_heads, head_dim]`, allocated once at start-up.
+
+    A slot holds the keys and values of one token in every layer. Slot ids come from a SlotAllocator; the pool does
+    not track which slots are in use.
+    """
+
+    def __init__(self, config: KVPoolConfig, num_slots: int) -> None:
+        if num_slots <= 0:
+            raise ValueError("the KV pool needs at least one slot")
+        self.config = config
+        self.num_slots = num_slots
+        shape = (config.num_layers, num_slots, config.num_kv_heads, config.head_dim)
+        self.k = torch.zeros(shape, dtype=config.dtype, device=config.device)
+        self.v = torch.zeros(shape, dtype=config.dtype, device=config.device)
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_slots * self.config.bytes_per_token
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `slots` (int64 `[n]`) in one layer: two tensors `[n, num_kv_heads, head_dim]`."""
+        index = slots.to(self.k.device)
+        return self.k[layer].index_select(0, index), self.v[layer].index_select(0, index)
+
+    def read_all_layers(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `slots` in every layer at once: two tensors `[num_layers, n, num_kv_heads, head_dim]`."""
+        index = slots.to(self.k.device)
+        return self.k.index_select(1, index), self.v.index_select(1, index)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store `k, v` (`[n, num_kv_heads, head_dim]`) of one layer into `slots` (int64 `[n]`)."""
+        index = slots.to(self.k.device)
+        self.k[layer].index_copy_(0, index, k.to(self.k.dtype))
+        self.v[layer].index_copy_(0, index, v.to(self.v.dtype))
+
+    def write_all_layers(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store `k, v` (`[num_layers, n, num_kv_heads, head_dim]`) into `slots` (int64 `[n]`) in every layer."""
+        index = slots.to(self.k.device)
+        self.k.index_copy_(1, index, k.to(self.k.dtype))
+        self.v.index_copy_(1, index, v.to(self.v.dtype))

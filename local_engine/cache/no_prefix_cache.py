@@ -1,0 +1,74 @@
+"""NoPrefixCache: the RadixCache interface with nothing ever cached, the baseline for A/B runs."""
+
+from __future__ import annotations
+
+import torch
+
+from local_engine.cache.slot_allocator import SlotAllocator
+from local_engine.cache.tree_views import CacheStats
+from local_engine.cache.types import EvictedPrefix, InsertResult, MatchResult, MissKind
+
+_NO_SLOTS = torch.empty(0, dtype=torch.int64)
+
+
+class NoPrefixCache:
+    page_size = 1
+
+    def __init__(self, allocator: SlotAllocator) -> None:
+        self.allocator = allocator
+        self.evictable_tokens = 0
+        self.protected_tokens = 0
+        self.evicted_tokens_total = 0
+        self.expired_tokens_total = 0
+
+    def max_matchable_tokens(self, num_prompt_tokens: int) -> int:
+        return 0
+
+    def match(self, namespace: str, token_ids: list[int], *, dry_run: bool = False) -> MatchResult:
+        return MatchResult(_NO_SLOTS, 0, len(token_ids), MissKind.COLD, None)
+
+    def lock(self, node: object) -> None:
+        pass
+
+    def unlock(self, node: object) -> None:
+        pass
+
+    def insert(self, namespace: str, token_ids: list[int], slots: torch.Tensor) -> InsertResult:
+        # Stores nothing: the caller frees every slot it passed in.
+        return InsertResult(num_cached_tokens=0, num_stored_tokens=0)
+
+    def evict(self, num_tokens: int) -> list[EvictedPrefix]:
+        return []
+
+    def expire(self) -> list[EvictedPrefix]:
+        return []
+
+    def flush(self) -> int:
+        return 0
+
+    @property
+    def cached_tokens(self) -> int:
+        return 0
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            capacity_tokens=self.allocator.num_slots,
+            free_tokens=self.allocator.num_free,
+            cached_tokens=0,
+            evictable_tokens=0,
+            protected_tokens=0,
+            num_nodes=0,
+            num_namespaces=0,
+            evicted_tokens_total=0,
+            expired_tokens_total=0,
+            page_size=1,
+            eviction="none",
+            ttl_s=None,
+        )
+
+    def snapshot(self, max_nodes: int) -> dict:
+        return {"namespaces": [], "truncated": False}
+
+    def check_integrity(self, num_slots_outside_tree: int = 0) -> None:
+        free = self.allocator.num_free
+        assert free + num_slots_outside_tree == self.allocator.num_slots, "slots leaked outside the baseline cache"

@@ -1,0 +1,53 @@
+"""Small named results shared by RadixCache and NoPrefixCache."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class MissKind(str, enum.Enum):
+    """Why a request did (not) reuse cached KV, as reported in `x-prefix-cache-miss`."""
+
+    HIT = "hit"  # everything that can be served from cache was (all but the last token, page-aligned)
+    PARTIAL = "partial"  # a prefix matched, then the prompt diverged from anything cached
+    COLD = "cold"  # nothing matched and nothing like it was cached recently
+    EVICTED = "evicted"  # the next part was cached, then evicted to make room
+    EXPIRED = "expired"  # the next part was cached, then dropped by the TTL
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """The cached prefix of a prompt: `slots` (int64 `[matched_tokens]`) hold its KV, `node` is what to lock."""
+
+    slots: torch.Tensor
+    matched_tokens: int
+    prompt_tokens: int
+    miss_kind: MissKind
+    node: Any  # an opaque handle for lock/unlock; None when nothing matched
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.matched_tokens
+
+
+@dataclass(frozen=True)
+class EvictedPrefix:
+    """A prefix removed by eviction or expiry: its last `num_tokens` tokens of `token_ids` are gone."""
+
+    namespace: str
+    token_ids: tuple[int, ...]
+    num_tokens: int
+    expired: bool
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    """`num_cached_tokens`: how much of the inserted sequence the tree already held (the caller frees its own
+    duplicate slots there). `num_stored_tokens`: the page-aligned length now indexed (the caller frees the tail)."""
+
+    num_cached_tokens: int
+    num_stored_tokens: int
