@@ -1,0 +1,175 @@
+"""The ORM models. Migrations in `migrations/versions` create these tables; this module is their source of truth.
+
+Tables:
+- `tenants`, `api_keys`: who may call the gateway (keys are stored as hashes, never in plaintext);
+- `requests`: one row per request;
+- `hourly_rollups`, `hourly_ttft_bins`, `hourly_label_counts`: per hour, tenant, model and upstream, the sums the
+  history queries need, kept current by the writer in the same transaction as the request rows. They are additive
+  (every column is a count or a sum), so a batch is folded in with a single upsert and hours add up into days.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, MetaData, SmallInteger, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from db.timeutil import utc_now
+from db.types import UTCDateTime, portable_json
+
+# Deterministic constraint names, so that migrations can refer to them and batch mode on SQLite can rebuild tables.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+TENANT_NAME_MAX = 200
+MODEL_NAME_MAX = 200
+
+
+class Base(DeclarativeBase):
+    """Declarative base for every prefixscope table."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Tenant(Base):
+    """A customer of the gateway; `settings` holds per-tenant options (e.g. opt-in rules, prompt storage)."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(TENANT_NAME_MAX), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utc_now)
+    settings: Mapped[dict[str, Any]] = mapped_column(portable_json(), default=dict)
+
+    api_keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant", cascade="all, delete-orphan")
+
+
+class ApiKey(Base):
+    """An API key: the public `key_id` plus a hash of the secret part. The plaintext exists only when created."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key_id: Mapped[str] = mapped_column(String(32), unique=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    secret_hash: Mapped[str] = mapped_column(String(128))
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    label: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utc_now)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    tenant: Mapped[Tenant] = relationship(back_populates="api_keys")
+
+
+class RequestRecordRow(Base):
+    """One request (see `db.records.RequestRecord` for the meaning of each field)."""
+
+    __tablename__ = "requests"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    # The tenant's name rather than a foreign key: history outlives tenants, and the writer must never fail a batch
+    # because a tenant row is missing.
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX))
+    key_id: Mapped[str | None] = mapped_column(String(32))
+    endpoint: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(MODEL_NAME_MAX))
+    upstream: Mapped[str] = mapped_column(String(200))
+    stream: Mapped[bool] = mapped_column(Boolean)
+    status_code: Mapped[int] = mapped_column(SmallInteger)
+    error_type: Mapped[str | None] = mapped_column(String(100))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    applied_rules: Mapped[list[str]] = mapped_column(portable_json(), default=list)
+    miss_kind: Mapped[str | None] = mapped_column(String(16))
+    prefix_hash: Mapped[str | None] = mapped_column(String(128))
+    diverged_at_token: Mapped[int | None] = mapped_column(Integer)
+    prompt_text: Mapped[str | None] = mapped_column(Text)
+
+    # The explorer filters by one of these and pages newest first.
+    __table_args__ = (
+        Index("ix_requests_tenant_created_at", "tenant", "created_at"),
+        Index("ix_requests_model_created_at", "model", "created_at"),
+        Index("ix_requests_miss_kind_created_at", "miss_kind", "created_at"),
+        Index("ix_requests_prefix_hash_created_at", "prefix_hash", "created_at"),
+    )
+
+
+class HourlyRollup(Base):
+    """Sums over the requests of one UTC hour for one (tenant, model, upstream).
+
+    Token sums skip unknown (NULL) values. The `cache_known_*` sums cover only requests that reported both prompt and
+    cached tokens, which is what the token hit rate divides. A hit is `cached_tokens > 0`.
+    """
+
+    __tablename__ = "hourly_rollups"
+
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX), primary_key=True)
+    model: Mapped[str] = mapped_column(String(MODEL_NAME_MAX), primary_key=True)
+    upstream: Mapped[str] = mapped_column(String(200), primary_key=True)
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    error_requests: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_known_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_known_cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    requests_with_known_cache: Mapped[int] = mapped_column(Integer, default=0)
+    requests_with_hit: Mapped[int] = mapped_column(Integer, default=0)
+    latency_ms_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    ttft_hit_ms_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    ttft_hit_count: Mapped[int] = mapped_column(Integer, default=0)
+    ttft_miss_ms_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    ttft_miss_count: Mapped[int] = mapped_column(Integer, default=0)
+
+    __table_args__ = (
+        # Dashboard filters by tenant or model over a time range; the primary key already leads with bucket_start.
+        Index("ix_hourly_rollups_tenant_bucket_start", "tenant", "bucket_start"),
+        Index("ix_hourly_rollups_model_bucket_start", "model", "bucket_start"),
+    )
+
+
+class HourlyTtftBin(Base):
+    """The TTFT histogram of an hourly rollup: how many requests fell into each log-spaced bin (`db.histogram`).
+
+    Stored sparsely, one row per non-empty bin, so that bins add up with a plain upsert. `cache_state` is `hit`,
+    `miss` or `unknown`; p50/p95 per state come from summing bins over a range.
+    """
+
+    __tablename__ = "hourly_ttft_bins"
+
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX), primary_key=True)
+    model: Mapped[str] = mapped_column(String(MODEL_NAME_MAX), primary_key=True)
+    upstream: Mapped[str] = mapped_column(String(200), primary_key=True)
+    cache_state: Mapped[str] = mapped_column(String(8), primary_key=True)
+    bin: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class HourlyLabelCount(Base):
+    """Per-hour counts of labelled events: `dimension` is `rule` (a normalization rule that changed the request),
+    `miss_kind` or `error_type`, and `value` the label."""
+
+    __tablename__ = "hourly_label_counts"
+
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX), primary_key=True)
+    model: Mapped[str] = mapped_column(String(MODEL_NAME_MAX), primary_key=True)
+    upstream: Mapped[str] = mapped_column(String(200), primary_key=True)
+    dimension: Mapped[str] = mapped_column(String(16), primary_key=True)
+    value: Mapped[str] = mapped_column(String(100), primary_key=True)
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+
+    __table_args__ = (Index("ix_hourly_label_counts_dimension_bucket_start", "dimension", "bucket_start"),)

@@ -1,0 +1,78 @@
+"""`RequestRecord`: what the gateway records about one request, independent of how it is stored.
+
+The same value travels through the writer's queue, the spill file (one JSON object per line) and into a `requests`
+row, so it is a plain frozen dataclass with a lossless JSON form.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from typing import Any, Final
+
+from db.timeutil import as_utc
+
+ENDPOINTS: Final = ("chat.completions", "completions")
+
+# Why the prompt was (not) served from cache: `hit` all but the last token matched, `partial` some matched,
+# `cold` nothing matched and the prefix was never seen, `evicted` / `expired` it had been cached but was evicted
+# for space or dropped by TTL (the engine's ghost index tells these apart).
+MISS_KINDS: Final = ("hit", "partial", "cold", "evicted", "expired")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request as seen by the gateway.
+
+    Token counts are None when unknown (an upstream that does not report them, or a request that failed before
+    usage was known); 0 means a known zero. `cached_tokens == 0` is a miss, `> 0` a hit.
+    """
+
+    request_id: str
+    created_at: datetime
+    tenant: str
+    key_id: str | None
+    endpoint: str
+    model: str
+    upstream: str
+    stream: bool
+    status_code: int
+    error_type: str | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+    ttft_ms: float | None
+    latency_ms: float
+    applied_rules: tuple[str, ...] = ()
+    miss_kind: str | None = None
+    prefix_hash: str | None = None
+    prompt_text: str | None = None
+    # Token index at which the prompt first differed from the longest cached prefix, when the engine reports it.
+    diverged_at_token: int | None = None
+
+    @property
+    def cache_hit(self) -> bool | None:
+        """True when some prompt tokens came from cache, False on a known miss, None when unknown."""
+        return None if self.cached_tokens is None else self.cached_tokens > 0
+
+    def to_json(self) -> str:
+        """One line of JSON (no newlines inside), as written to the spill file."""
+        data: dict[str, Any] = asdict(self)
+        data["created_at"] = as_utc(self.created_at).isoformat()
+        data["applied_rules"] = list(self.applied_rules)
+        # ASCII output survives any string (lone surrogates included); default=str keeps a value of an unexpected
+        # type in readable form rather than failing the spill.
+        return json.dumps(data, separators=(",", ":"), default=str)
+
+    @classmethod
+    def from_json(cls, line: str) -> RequestRecord:
+        """The inverse of `to_json`; unknown keys are ignored so that older spill files stay readable."""
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise ValueError("a request record must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        kwargs = {key: value for key, value in data.items() if key in known}
+        kwargs["created_at"] = as_utc(datetime.fromisoformat(kwargs["created_at"]))
+        kwargs["applied_rules"] = tuple(kwargs.get("applied_rules") or ())
+        return cls(**kwargs)

@@ -1,0 +1,111 @@
+"""The writer's spill file: request records kept on local disk while the database cannot take them.
+
+JSON Lines, one `RequestRecord.to_json()` per line, appended and fsynced per batch. Replay reads from a byte offset
+in chunks and only advances past a chunk once it is committed; when everything has been replayed the file is
+truncated. A crash mid-replay leaves already-stored lines in the file, which is harmless: storing is idempotent by
+request id. Lines that cannot be parsed (a torn write at a crash) go to a `.rejected` file next to it, counted.
+
+The methods block on file I/O; the async writer calls them through `asyncio.to_thread`. One writer owns a file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from db.records import RequestRecord
+
+
+@dataclass(frozen=True)
+class SpillChunk:
+    """Records read from the spill file, the lines that did not parse, and where the next chunk starts."""
+
+    records: list[RequestRecord]
+    bad_lines: list[str]
+    end_offset: int
+
+    @property
+    def num_lines(self) -> int:
+        return len(self.records) + len(self.bad_lines)
+
+
+class SpillFile:
+    """A JSON Lines file of records waiting to be replayed into the database."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rejected_path = path.with_name(path.name + ".rejected")
+        self._offset = 0
+        self._pending = self._recover()
+
+    @property
+    def pending(self) -> int:
+        """Records (lines) in the file not yet replayed."""
+        return self._pending
+
+    def _recover(self) -> int:
+        """Count the lines a previous process left, and end a torn last line so appends start on a fresh one."""
+        if not self.path.exists():
+            return 0
+        with self.path.open("rb+") as handle:
+            data = handle.read()
+            if data and not data.endswith(b"\n"):
+                handle.write(b"\n")
+                data += b"\n"
+        return sum(1 for line in data.splitlines() if line.strip())
+
+    def append(self, records: Sequence[RequestRecord]) -> None:
+        """Append records and fsync, so that a spilled record survives a crash of the process."""
+        if not records:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = "".join(record.to_json() + "\n" for record in records).encode("utf-8")
+        with self.path.open("ab") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        self._pending += len(records)
+
+    def read_chunk(self, max_records: int) -> SpillChunk:
+        """Up to `max_records` lines from the current offset (nothing is consumed until `advance`)."""
+        records: list[RequestRecord] = []
+        bad_lines: list[str] = []
+        if not self.path.exists():
+            return SpillChunk(records, bad_lines, self._offset)
+        with self.path.open("rb") as handle:
+            handle.seek(self._offset)
+            while len(records) + len(bad_lines) < max_records:
+                raw = handle.readline()
+                if not raw:
+                    break
+                text = raw.decode("utf-8", errors="replace").strip()
+                if not text:
+                    continue
+                try:
+                    records.append(RequestRecord.from_json(text))
+                except (ValueError, TypeError, KeyError):
+                    bad_lines.append(text)
+            end_offset = handle.tell()
+        return SpillChunk(records, bad_lines, end_offset)
+
+    def advance(self, chunk: SpillChunk) -> None:
+        """Mark a chunk as stored; truncate the file once everything in it has been replayed."""
+        self._offset = chunk.end_offset
+        self._pending = max(0, self._pending - chunk.num_lines)
+        if self.path.exists() and self._offset >= self.path.stat().st_size:
+            with self.path.open("wb"):
+                pass
+            self._offset = 0
+            self._pending = 0
+
+    def reject(self, lines: Sequence[str]) -> None:
+        """Keep lines the database will never accept in the `.rejected` file, for an operator to look at."""
+        if not lines:
+            return
+        self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.rejected_path.open("a", encoding="utf-8") as handle:
+            handle.writelines(line + "\n" for line in lines)
+            handle.flush()
+            os.fsync(handle.fileno())

@@ -1,0 +1,133 @@
+"""Writing request records: `requests` rows and their rollups in one transaction, idempotent by request id.
+
+These are sync functions on a `Connection`; the async writer runs them with `AsyncConnection.run_sync`, the demo
+data generator and maintenance commands call them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, delete, insert, select
+
+from db.models import HourlyLabelCount, HourlyRollup, HourlyTtftBin, RequestRecordRow
+from db.records import RequestRecord
+from db.rollups import RollupAccumulator, apply_rollups
+
+REQUESTS = RequestRecordRow.__table__
+# Bound parameters per IN (...) lookup; SQLite's default limit is 32766 and PostgreSQL's 65535.
+_LOOKUP_CHUNK = 1000
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    """What `store_records` did: rows inserted, and records skipped because their id was already stored."""
+
+    inserted: int
+    duplicates: int
+
+
+def record_to_row(record: RequestRecord) -> dict[str, Any]:
+    """The `requests` row (column name to value) for a record."""
+    return {
+        "id": record.request_id,
+        "created_at": record.created_at,
+        "tenant": record.tenant,
+        "key_id": record.key_id,
+        "endpoint": record.endpoint,
+        "model": record.model,
+        "upstream": record.upstream,
+        "stream": record.stream,
+        "status_code": record.status_code,
+        "error_type": record.error_type,
+        "prompt_tokens": record.prompt_tokens,
+        "cached_tokens": record.cached_tokens,
+        "completion_tokens": record.completion_tokens,
+        "ttft_ms": record.ttft_ms,
+        "latency_ms": record.latency_ms,
+        "applied_rules": list(record.applied_rules),
+        "miss_kind": record.miss_kind,
+        "prefix_hash": record.prefix_hash,
+        "diverged_at_token": record.diverged_at_token,
+        "prompt_text": record.prompt_text,
+    }
+
+
+def row_to_record(row: Any) -> RequestRecord:
+    """A `RequestRecord` from a `requests` row (ORM object or a result row with the column names)."""
+    return RequestRecord(
+        request_id=row.id,
+        created_at=row.created_at,
+        tenant=row.tenant,
+        key_id=row.key_id,
+        endpoint=row.endpoint,
+        model=row.model,
+        upstream=row.upstream,
+        stream=bool(row.stream),
+        status_code=row.status_code,
+        error_type=row.error_type,
+        prompt_tokens=row.prompt_tokens,
+        cached_tokens=row.cached_tokens,
+        completion_tokens=row.completion_tokens,
+        ttft_ms=row.ttft_ms,
+        latency_ms=row.latency_ms,
+        applied_rules=tuple(row.applied_rules or ()),
+        miss_kind=row.miss_kind,
+        prefix_hash=row.prefix_hash,
+        prompt_text=row.prompt_text,
+        diverged_at_token=row.diverged_at_token,
+    )
+
+
+def existing_ids(conn: Connection, request_ids: Sequence[str]) -> set[str]:
+    """Which of these request ids already have a row."""
+    found: set[str] = set()
+    for start in range(0, len(request_ids), _LOOKUP_CHUNK):
+        chunk = request_ids[start : start + _LOOKUP_CHUNK]
+        found.update(conn.scalars(select(REQUESTS.c.id).where(REQUESTS.c.id.in_(chunk))))
+    return found
+
+
+def store_records(conn: Connection, records: Sequence[RequestRecord], *, check_existing: bool = True) -> StoreResult:
+    """Insert the records and add them to the rollups, in the caller's transaction.
+
+    Records whose id is already stored (or repeated within `records`) are skipped and left out of the rollups, so
+    storing the same record twice (a replayed spill file after a commit whose acknowledgement was lost) never
+    double counts. `check_existing=False` skips the lookup for ids known to be fresh (bulk loads).
+    """
+    unique: dict[str, RequestRecord] = {}
+    for record in records:
+        unique.setdefault(record.request_id, record)
+    if check_existing and unique:
+        for request_id in existing_ids(conn, list(unique)):
+            del unique[request_id]
+    fresh = list(unique.values())
+    if fresh:
+        conn.execute(insert(REQUESTS), [record_to_row(record) for record in fresh])
+        apply_rollups(conn, RollupAccumulator().add_all(fresh))
+    return StoreResult(inserted=len(fresh), duplicates=len(records) - len(fresh))
+
+
+def iter_records(conn: Connection, chunk_size: int = 10_000) -> Iterable[RequestRecord]:
+    """Every stored request as a record, streamed in chunks (for maintenance jobs over the whole table)."""
+    result = conn.execution_options(yield_per=chunk_size).execute(select(RequestRecordRow.__table__))
+    for row in result:
+        yield row_to_record(row)
+
+
+def rebuild_rollups(conn: Connection, chunk_size: int = 50_000) -> int:
+    """Recompute every rollup table from `requests` (after a bulk import or a change of rollup definitions).
+
+    Runs in the caller's transaction; returns the number of requests counted.
+    """
+    for model in (HourlyRollup, HourlyTtftBin, HourlyLabelCount):
+        conn.execute(delete(model.__table__))
+    accumulator = RollupAccumulator()
+    counted = 0
+    for record in iter_records(conn, chunk_size):
+        accumulator.add(record)
+        counted += 1
+    apply_rollups(conn, accumulator)
+    return counted

@@ -1,0 +1,329 @@
+"""`RecordWriter`: the recorder's database side. The request path hands records over and never waits.
+
+`submit` puts a record on a bounded in-memory queue (a full queue drops the record and counts it). A background
+task takes batches off the queue and stores them: request rows and rollups in one transaction. When the database
+cannot be reached the batch goes to the spill file instead; until a probe succeeds (every `replay_interval_s`) new
+batches go straight to the spill file rather than waiting on timeouts. Once the database is back, the spill file is
+replayed chunk by chunk and truncated. Storing is idempotent by request id, so a replay never duplicates a row or
+double counts a rollup. A record the database refuses (bad data) is set aside in the `.rejected` file next to the
+spill file. Every record ends up counted in exactly one of written, spilled (then replayed), rejected, dropped or
+lost (the spill file itself failed), and `counters()` exposes those counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from db.engine import create_async_engine_for
+from db.records import RequestRecord
+from db.spill import SpillFile
+from db.store import REQUESTS, StoreResult, store_records
+
+logger = logging.getLogger("prefixscope.db.writer")
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """Settings of a `RecordWriter`."""
+
+    database_url: str
+    queue_size: int = 10_000
+    batch_size: int = 500
+    flush_interval_s: float = 0.2
+    spill_path: Path = field(default_factory=lambda: Path("var/spill/requests.jsonl"))
+    replay_interval_s: float = 5.0
+    replay_batch_size: int = 2_000
+    # Longer than any healthy batch; a write that hangs past this is treated as the database being unavailable.
+    write_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class WriterCounters:
+    """Counts since the writer was created. `queued` and `pending_spill` are current levels, the rest totals.
+
+    Every accepted record is in exactly one place, so with an empty spill file at the start:
+    accepted == queued + written + pending_spill + replayed + rejected + lost. `spilled` counts records that went
+    through the spill file (each is then pending, replayed or rejected); `dropped` records were never accepted.
+    """
+
+    queued: int
+    written: int
+    spilled: int
+    replayed: int
+    dropped: int
+    pending_spill: int
+    accepted: int = 0
+    rejected: int = 0
+    lost: int = 0
+    database_available: bool = True
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    processed: int  # leading records that were stored or rejected; the rest still need a home
+    stored: int
+
+
+class RecordWriter:
+    """Batches request records into the database from a background task; see the module docstring.
+
+    `submit` must be called from the event loop the writer was started on (it is not thread-safe).
+    """
+
+    def __init__(self, config: WriterConfig, engine: AsyncEngine | None = None) -> None:
+        self.config = config
+        self._queue: asyncio.Queue[RequestRecord] = asyncio.Queue(maxsize=config.queue_size)
+        self._engine = engine
+        self._owns_engine = engine is None
+        self._spill = SpillFile(config.spill_path)
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._closed = False
+        self._available = True
+        self._next_probe = 0.0
+        self._in_flight = 0
+        self._accepted = self._written = self._spilled = self._replayed = 0
+        self._dropped = self._rejected = self._lost = 0
+
+    # -- the request path -------------------------------------------------------------------------------------
+
+    def submit(self, record: RequestRecord) -> bool:
+        """Queue a record for writing without waiting; False (and a counted drop) if the queue is full or closed."""
+        if self._closed:
+            self._dropped += 1
+            return False
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self._dropped += 1
+            return False
+        self._accepted += 1
+        return True
+
+    def counters(self) -> WriterCounters:
+        """A snapshot of the counts."""
+        return WriterCounters(
+            queued=self._queue.qsize() + self._in_flight,
+            written=self._written,
+            spilled=self._spilled,
+            replayed=self._replayed,
+            dropped=self._dropped,
+            pending_spill=self._spill.pending,
+            accepted=self._accepted,
+            rejected=self._rejected,
+            lost=self._lost,
+            database_available=self._available,
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether the background task is running."""
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        """Start the background task (records from an earlier run's spill file are replayed once it runs)."""
+        if self._task is not None:
+            return
+        if self._engine is None:
+            self._engine = create_async_engine_for(self.config.database_url)
+        self._task = asyncio.create_task(self._run(), name="prefixscope-record-writer")
+
+    async def flush(self) -> None:
+        """Wait until every record submitted so far is written or spilled."""
+        if not self.running:
+            raise RuntimeError("the writer is not running")
+        await self._queue.join()
+
+    async def stop(self) -> None:
+        """Refuse new records, write or spill everything queued, try a last replay, and release the engine."""
+        self._closed = True
+        if self._task is None and not self._queue.empty():
+            await self.start()
+        if self._task is not None:
+            self._stopping = True
+            await self._task
+        if self._owns_engine and self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None
+
+    # -- background task --------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self._collect()
+            if batch:
+                await self._handle(batch)
+                self._in_flight = 0
+                for _ in batch:
+                    self._queue.task_done()
+            if self._stopping and self._queue.empty():
+                break
+            await self._maybe_replay()
+        await self._replay_all()
+
+    async def _collect(self) -> list[RequestRecord]:
+        """Wait for a first record, then take more until the batch is full or `flush_interval_s` has passed."""
+        loop = asyncio.get_running_loop()
+        # Don't idle while there is a backlog to replay into a reachable database.
+        replaying = self._available and self._spill.pending > 0
+        idle_wait = 0.0 if (replaying or self._stopping) else self.config.flush_interval_s
+        try:
+            first = self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            try:
+                first = await asyncio.wait_for(self._queue.get(), timeout=idle_wait) if idle_wait else None
+            except TimeoutError:
+                first = None
+        if first is None:
+            return []
+        batch = [first]
+        self._in_flight = 1
+        deadline = loop.time() + self.config.flush_interval_s
+        while len(batch) < self.config.batch_size:
+            try:
+                batch.append(self._queue.get_nowait())
+            except asyncio.QueueEmpty:
+                remaining = deadline - loop.time()
+                if remaining <= 0 or self._stopping:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), timeout=remaining))
+                except TimeoutError:
+                    break
+            self._in_flight = len(batch)
+        return batch
+
+    async def _store(self, records: Sequence[RequestRecord]) -> StoreResult:
+        engine = self._engine
+        if engine is None:
+            raise RuntimeError("the writer has no engine; call start() first")
+
+        async def transaction() -> StoreResult:
+            async with engine.begin() as conn:
+                return await conn.run_sync(store_records, records)
+
+        return await asyncio.wait_for(transaction(), timeout=self.config.write_timeout_s)
+
+    def _mark_unavailable(self, exc: BaseException) -> None:
+        if self._available:
+            logger.warning("database unavailable, spilling records to %s: %s", self._spill.path, exc)
+        self._available = False
+        self._next_probe = asyncio.get_running_loop().time() + self.config.replay_interval_s
+
+    def _mark_available(self) -> None:
+        if not self._available:
+            logger.info("database available again")
+        self._available = True
+
+    async def _handle(self, batch: list[RequestRecord]) -> None:
+        if self._available:
+            outcome = await self._store_or_isolate(batch)
+            self._written += outcome.stored
+            batch = batch[outcome.processed :]
+        if batch:
+            await self._spill_records(batch)
+
+    async def _probe(self) -> bool:
+        """Whether the database takes queries on the `requests` table right now."""
+        engine = self._engine
+        if engine is None:
+            return False
+
+        async def query() -> None:
+            async with engine.connect() as conn:
+                await conn.execute(select(REQUESTS.c.id).limit(0))
+
+        try:
+            await asyncio.wait_for(query(), timeout=self.config.write_timeout_s)
+        except Exception:  # noqa: BLE001 - any failure means "not now"
+            return False
+        return True
+
+    async def _store_or_isolate(self, records: list[RequestRecord]) -> _Outcome:
+        """Store records, stopping at the first sign that the database is unavailable.
+
+        Drivers report a missing server, database or table with many exception types, so a failure is judged by
+        probing the database: if the probe fails too, the database is unavailable and the records are kept for
+        later. If the probe succeeds, the data is at fault: the records are retried one by one and those the
+        database refuses are rejected (counted, and kept in the `.rejected` file), so that one bad record can
+        neither block the spill file nor take its batch down with it.
+        """
+        try:
+            await self._store(records)
+            self._mark_available()
+            return _Outcome(processed=len(records), stored=len(records))
+        except Exception as exc:  # noqa: BLE001 - nothing may escape the writer task
+            if not await self._probe():
+                self._mark_unavailable(exc)
+                return _Outcome(processed=0, stored=0)
+            logger.warning("a batch of %d records failed, retrying one by one: %r", len(records), exc)
+        stored = 0
+        for index, record in enumerate(records):
+            try:
+                await self._store([record])
+                stored += 1
+            except Exception as exc:  # noqa: BLE001
+                if not await self._probe():
+                    self._mark_unavailable(exc)
+                    return _Outcome(processed=index, stored=stored)
+                logger.error("database refused record %s: %r", record.request_id, exc)
+                await self._reject([record.to_json()])
+        return _Outcome(processed=len(records), stored=stored)
+
+    async def _spill_records(self, records: list[RequestRecord]) -> None:
+        try:
+            await asyncio.to_thread(self._spill.append, records)
+            self._spilled += len(records)
+        except Exception:  # noqa: BLE001 - the one place records can be lost; count and log it loudly
+            logger.exception("could not write %d records to the spill file %s", len(records), self._spill.path)
+            self._lost += len(records)
+
+    async def _reject(self, lines: list[str]) -> None:
+        self._rejected += len(lines)
+        try:
+            await asyncio.to_thread(self._spill.reject, lines)
+        except Exception:  # noqa: BLE001
+            logger.exception("could not write %d rejected records to %s", len(lines), self._spill.rejected_path)
+
+    async def _maybe_replay(self) -> None:
+        if self._spill.pending == 0:
+            if not self._available and asyncio.get_running_loop().time() >= self._next_probe:
+                self._available = True  # nothing to replay with: let the next batch be the probe
+            return
+        if self._available or asyncio.get_running_loop().time() >= self._next_probe:
+            await self._replay_chunk()
+
+    async def _replay_chunk(self) -> bool:
+        """Replay one chunk of the spill file; False if the database is still unavailable."""
+        try:
+            chunk = await asyncio.to_thread(self._spill.read_chunk, self.config.replay_batch_size)
+        except Exception:  # noqa: BLE001
+            logger.exception("could not read the spill file %s", self._spill.path)
+            self._next_probe = asyncio.get_running_loop().time() + self.config.replay_interval_s
+            return False
+        if chunk.records:
+            outcome = await self._store_or_isolate(chunk.records)
+            if outcome.processed < len(chunk.records):
+                # Nothing is consumed: the chunk is read again, and what was stored is skipped as a duplicate then.
+                return False
+            self._replayed += outcome.stored
+        if chunk.bad_lines:
+            await self._reject(chunk.bad_lines)
+        self._spill.advance(chunk)
+        return True
+
+    async def _replay_all(self) -> None:
+        """At stop: replay whatever the database takes now, ignoring the probe interval."""
+        while self._spill.pending > 0:
+            if not await self._replay_chunk():
+                logger.warning("%d records stay in the spill file %s", self._spill.pending, self._spill.path)
+                return
