@@ -1,0 +1,173 @@
+"""The Litestar application: hot completions endpoints as raw ASGI handlers, the rest as ordinary handlers.
+
+`create_app(config, storage)` wires everything; the lifespan opens the shared upstream client, starts the record
+writer (after migrating the schema) and the key refresher, and closes them in reverse order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import httpx
+from litestar import Litestar, Request, Response, asgi, get
+from litestar.exceptions import HTTPException
+
+from gateway.auth import KeySnapshot, KeyStore
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError, UpstreamUnavailable, error_body
+from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.metrics import GatewayMetrics
+from gateway.parsing import CHAT, COMPLETIONS
+from gateway.proxy import CompletionProxy
+from gateway.recording import Recorder, RecordSink
+from gateway.routing import Router
+from gateway.runtime import Runtime, make_http_client
+from gateway.stats_api import make_stats_handler
+from gateway.tenancy import SaltDeriver, load_or_create_secret
+
+log = logging.getLogger(__name__)
+
+
+class Storage(Protocol):
+    """What the app needs from the database layer (`gateway.storage.DatabaseStorage` in production)."""
+
+    sink: RecordSink
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def load_keys(self) -> KeySnapshot: ...
+
+    def verify_key(self, plaintext: str, entries: Any) -> Any: ...
+
+    async def stats(self, since: Any, until: Any, bucket: str, group_by: str | None, tenant: str | None) -> list[Any]: ...
+
+
+def _error_response(exc: GatewayError) -> Response[bytes]:
+    return Response(content=exc.body(), status_code=exc.status_code, media_type="application/json")
+
+
+def _http_exception_response(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    if exc.status_code >= 500:
+        error_type = "server_error"
+    body = error_body(str(exc.detail), error_type)
+    return Response(content=body, status_code=exc.status_code, media_type="application/json")
+
+
+def _gateway_exception_response(_: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    return _error_response(exc)
+
+
+def create_app(config: GatewayConfig, storage: Storage) -> Litestar:
+    """Build the gateway app. Nothing touches the network or the database until the app starts."""
+    secret = config.server_secret or load_or_create_secret(config.secret_file)
+    metrics = GatewayMetrics()
+    metrics.watch_recorder(storage.sink.counters)
+    keys = KeyStore(storage.load_keys, storage.verify_key, config.key_refresh_interval_s)
+
+    def on_keys(snapshot: KeySnapshot) -> None:
+        metrics.keys_loaded.set(len(snapshot.entries))
+        metrics.open_mode.set(0 if snapshot.any_key_exists else 1)
+
+    keys.on_change = on_keys
+    runtime = Runtime(
+        config=config,
+        client=httpx.AsyncClient(),  # replaced by the pooled client when the app starts
+        keys=keys,
+        salts=SaltDeriver(secret),
+        router=Router(config),
+        recorder=Recorder(storage.sink, metrics),
+        metrics=metrics,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        runtime.client = make_http_client(config)
+        await storage.start()
+        try:
+            await keys.start()
+            try:
+                yield
+            finally:
+                await keys.stop()
+        finally:
+            await runtime.client.aclose()
+            await storage.stop()
+
+    chat = CompletionProxy(runtime, CHAT)
+    completions = CompletionProxy(runtime, COMPLETIONS)
+
+    @asgi("/v1/chat/completions", copy_scope=False)
+    async def chat_completions(scope: Any, receive: Any, send: Any) -> None:
+        await chat(scope, receive, send)
+
+    @asgi("/v1/completions", copy_scope=False)
+    async def legacy_completions(scope: Any, receive: Any, send: Any) -> None:
+        await completions(scope, receive, send)
+
+    @get("/health", sync_to_thread=False)
+    def health() -> dict[str, Any]:
+        counters = storage.sink.counters()
+        return {
+            "status": "ok" if keys.loaded else "starting",
+            "open_mode": keys.open_mode,
+            "api_keys": keys.num_active_keys,
+            "upstreams": [{"name": u.name, "kind": u.kind, "url": u.url} for u in config.upstreams],
+            "records": {
+                name: int(getattr(counters, name, 0))
+                for name in ("queued", "written", "spilled", "replayed", "dropped", "pending_spill")
+            },
+        }
+
+    @get("/metrics", sync_to_thread=False)
+    def metrics_endpoint() -> Response[bytes]:
+        return Response(content=metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+    @get("/v1/models")
+    async def models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+        keys.authenticate(request.headers.get("authorization"))
+        return await _list_models(runtime)
+
+    stats_handler = make_stats_handler(keys, storage)
+
+    return Litestar(
+        route_handlers=[chat_completions, legacy_completions, health, metrics_endpoint, models, stats_handler],
+        lifespan=[lifespan],
+        exception_handlers={GatewayError: _gateway_exception_response, HTTPException: _http_exception_response},
+        openapi_config=None,
+        logging_config=None,
+    )
+
+
+async def _list_models(runtime: Runtime) -> dict[str, Any]:
+    """The union of every upstream's model list, plus models routed by name in the config."""
+
+    async def fetch(route: Any) -> list[dict[str, Any]]:
+        response = await runtime.client.get(
+            f"{route.upstream.api_base}/models", headers=route.headers, timeout=route.timeout
+        )
+        response.raise_for_status()
+        data = response.json().get("data", [])
+        return [item for item in data if isinstance(item, dict) and isinstance(item.get("id"), str)]
+
+    routes = list(runtime.router.routes.values())
+    results = await asyncio.gather(*(fetch(route) for route in routes), return_exceptions=True)
+    seen: dict[str, dict[str, Any]] = {}
+    failures = []
+    for route, result in zip(routes, results, strict=True):
+        if isinstance(result, BaseException):
+            failures.append(f"{route.name}: {type(result).__name__}")
+            continue
+        for item in result:
+            seen.setdefault(item["id"], item)
+    if failures and not seen:
+        raise UpstreamUnavailable("No upstream answered /v1/models (" + ", ".join(failures) + ").")
+    for model in runtime.config.routes:
+        seen.setdefault(model, {"id": model, "object": "model", "created": 0, "owned_by": "prefixscope"})
+    return {"object": "list", "data": list(seen.values())}

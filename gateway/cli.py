@@ -1,0 +1,91 @@
+"""`prefixscope gateway` and `prefixscope bench gateway`.
+
+Cheap to import: litestar, httpx and the database layer are imported inside the handlers. This module is the
+only place where the gateway reads the process environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG_FILE = Path("prefixscope.toml")
+ENV_DATABASE_URL = "PREFIXSCOPE_DATABASE_URL"
+
+
+def register(commands: Any, bench_commands: Any) -> None:
+    """Add the gateway's subcommands to the `prefixscope` parser."""
+    gateway = commands.add_parser(
+        "gateway",
+        help="run the OpenAI-compatible gateway",
+        description="Run the gateway: auth, normalization, tenant-isolated routing, streaming and recording.",
+    )
+    gateway.add_argument("--config", type=Path, default=None, help="TOML config (default: ./prefixscope.toml if present)")
+    gateway.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    gateway.add_argument("--port", type=int, default=None, help="listen port (default 8080)")
+    gateway.add_argument("--upstream", default=None, metavar="URL", help="URL of the default upstream engine")
+    gateway.add_argument(
+        "--database-url", default=None, help=f"database URL (default: ${ENV_DATABASE_URL}, the config, or SQLite)"
+    )
+    gateway.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    gateway.set_defaults(handler=run_gateway)
+
+    bench = bench_commands.add_parser(
+        "gateway",
+        help="added latency and throughput of the gateway against a stub upstream",
+        description="Start a stub upstream and the gateway (recording into a temporary SQLite database), then "
+        "measure added latency at a fixed rate, the highest sustained rate, and that no record is lost.",
+    )
+    bench.add_argument("--rate", type=float, default=200.0, help="fixed request rate for the latency run (req/s)")
+    bench.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
+    bench.add_argument("--connections", type=int, default=64, help="client connections for the throughput run")
+    bench.add_argument("--stream", action="store_true", help="use streamed requests")
+    bench.set_defaults(handler=run_bench)
+
+
+def resolve_database_url(explicit: str | None, from_config: str | None) -> str:
+    """--database-url, then $PREFIXSCOPE_DATABASE_URL, then the config file, then db's default."""
+    from db.config import database_url_from_env
+
+    return database_url_from_env(explicit or os.environ.get(ENV_DATABASE_URL) or from_config)
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    import logging
+
+    from gateway.config import ConfigOverrides, load_config
+    from gateway.errors import ConfigError
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config_path = args.config
+    if config_path is None and DEFAULT_CONFIG_FILE.exists():
+        config_path = DEFAULT_CONFIG_FILE
+    try:
+        config = load_config(
+            config_path,
+            ConfigOverrides(host=args.host, port=args.port, upstream_url=args.upstream),
+        )
+        database_url = resolve_database_url(args.database_url, config.database_url)
+    except (ConfigError, ValueError) as exc:
+        print(f"prefixscope gateway: {exc}", file=sys.stderr)
+        return 2
+    from gateway.server import serve
+
+    serve(config, database_url, log_level=args.log_level)
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from gateway.bench.runner import BenchConfig, run
+
+    return run(
+        BenchConfig(
+            rate_per_s=args.rate,
+            duration_s=args.duration,
+            num_connections=args.connections,
+            stream=args.stream,
+        )
+    )

@@ -1,0 +1,282 @@
+"""Frozen configuration of the gateway, read from a TOML file plus command-line overrides.
+
+Nothing here reads the process environment: the CLI reads it once and passes values in.
+
+Example `prefixscope.toml`::
+
+    [gateway]
+    host = "127.0.0.1"
+    port = 8080
+    default_upstream = "local"
+    max_body_bytes = 8388608
+    # server_secret = "..."            # else generated once and kept in secret_file (0600)
+    secret_file = "var/gateway_secret"
+    database_url = "sqlite:///var/prefixscope.db"
+
+    [[upstreams]]
+    name = "local"
+    url = "http://127.0.0.1:8001"
+    kind = "local_engine"               # local_engine | openai | vllm | sglang
+    timeout = 600                       # seconds
+    # api_key = "sk-..."
+
+    [routes]                            # model -> upstream name; other models go to default_upstream
+    "gpt-4o-mini" = "openai"
+
+    [tenant_defaults]
+    store_prompt_text = false
+
+    [tenants.acme]
+    rules = { tool_order = false, hoist_volatile = true }
+    volatile_patterns = ['\\d{4}-\\d{2}-\\d{2}']
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import ConfigError
+from gateway.normalize.volatile import DEFAULT_VOLATILE_PATTERNS
+
+UPSTREAM_KINDS = ("local_engine", "openai", "vllm", "sglang")
+SEMANTIC_RULES = ("newlines", "tool_schema_key_order", "tool_order", "tool_call_arguments_key_order")
+OPT_IN_RULES = ("hoist_volatile",)
+ALL_RULES = SEMANTIC_RULES + OPT_IN_RULES
+HOIST_PLACEMENTS = ("after_system", "end")
+
+DEFAULT_UPSTREAM_URL = "http://127.0.0.1:8001"
+DEFAULT_SECRET_FILE = Path("var/gateway_secret")
+DEFAULT_SPILL_PATH = Path("var/gateway_spill.jsonl")
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """One engine the gateway forwards to. `url` is the server's base URL, with or without a trailing `/v1`."""
+
+    name: str
+    url: str
+    kind: str = "local_engine"
+    api_key: str | None = None
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 5.0
+
+    @property
+    def api_base(self) -> str:
+        """The base URL that `/chat/completions` and friends hang off (always ends in `/v1`)."""
+        base = self.url.rstrip("/")
+        return base if base.endswith("/v1") else base + "/v1"
+
+    @property
+    def server_root(self) -> str:
+        """The URL without the `/v1` suffix, where `/health` lives."""
+        base = self.url.rstrip("/")
+        return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+@dataclass(frozen=True)
+class TenantSettings:
+    """Per-tenant behaviour: which normalization rules run and whether prompt text is stored."""
+
+    rules: frozenset[str] = frozenset(SEMANTIC_RULES)
+    volatile_patterns: tuple[str, ...] = DEFAULT_VOLATILE_PATTERNS
+    hoist_placement: str = "after_system"
+    store_prompt_text: bool = False
+
+
+@dataclass(frozen=True)
+class RecorderConfig:
+    """Sizing of the background record writer (passed on to `db.writer.WriterConfig`)."""
+
+    queue_size: int = 10_000
+    batch_size: int = 256
+    flush_interval_s: float = 0.25
+    spill_path: Path = DEFAULT_SPILL_PATH
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Everything the gateway needs to start. Build it with `load_config`."""
+
+    upstreams: tuple[UpstreamConfig, ...] = (UpstreamConfig(name="local", url=DEFAULT_UPSTREAM_URL),)
+    default_upstream: str = "local"
+    routes: Mapping[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    database_url: str | None = None
+    server_secret: str | None = None
+    secret_file: Path = DEFAULT_SECRET_FILE
+    max_body_bytes: int = 8 * 1024 * 1024
+    key_refresh_interval_s: float = 5.0
+    max_connections: int = 512
+    tenant_defaults: TenantSettings = TenantSettings()
+    tenants: Mapping[str, TenantSettings] = field(default_factory=dict)
+    recorder: RecorderConfig = RecorderConfig()
+
+    def upstream(self, name: str) -> UpstreamConfig:
+        for upstream in self.upstreams:
+            if upstream.name == name:
+                return upstream
+        raise ConfigError(f"unknown upstream {name!r}")
+
+    def tenant_settings(self, tenant: str) -> TenantSettings:
+        return self.tenants.get(tenant, self.tenant_defaults)
+
+
+@dataclass(frozen=True)
+class ConfigOverrides:
+    """Command-line values that win over the file."""
+
+    host: str | None = None
+    port: int | None = None
+    upstream_url: str | None = None
+    database_url: str | None = None
+    server_secret: str | None = None
+
+
+def load_config(path: Path | None, overrides: ConfigOverrides = ConfigOverrides()) -> GatewayConfig:
+    """Read `path` (TOML) if given, apply `overrides` and validate. Raises `ConfigError` on any problem."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    return apply_overrides(parse_config(data), overrides)
+
+
+def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
+    """Build a `GatewayConfig` from the parsed TOML document."""
+    unknown = set(data) - {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder"}
+    if unknown:
+        raise ConfigError(f"unknown config sections: {sorted(unknown)}")
+    section = dict(data.get("gateway", {}))
+    upstreams = tuple(_parse_upstream(item) for item in data.get("upstreams", ())) or GatewayConfig.upstreams
+    names = [u.name for u in upstreams]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"duplicate upstream names: {names}")
+    default_upstream = str(section.pop("default_upstream", names[0]))
+    routes = {str(model): str(name) for model, name in dict(data.get("routes", {})).items()}
+    for name in [default_upstream, *routes.values()]:
+        if name not in names:
+            raise ConfigError(f"route to unknown upstream {name!r}; known: {names}")
+    tenant_defaults = _parse_tenant(dict(data.get("tenant_defaults", {})), TenantSettings())
+    tenants = {
+        str(tenant): _parse_tenant(dict(values), tenant_defaults)
+        for tenant, values in dict(data.get("tenants", {})).items()
+    }
+    recorder = _parse_recorder(dict(data.get("recorder", {})))
+    kwargs: dict[str, Any] = {}
+    for key, cast in (
+        ("host", str),
+        ("port", int),
+        ("database_url", str),
+        ("server_secret", str),
+        ("secret_file", Path),
+        ("max_body_bytes", int),
+        ("key_refresh_interval_s", float),
+        ("max_connections", int),
+    ):
+        if key in section:
+            kwargs[key] = cast(section.pop(key))
+    if section:
+        raise ConfigError(f"unknown [gateway] keys: {sorted(section)}")
+    if kwargs.get("max_body_bytes", 1) <= 0:
+        raise ConfigError("max_body_bytes must be positive")
+    return GatewayConfig(
+        upstreams=upstreams,
+        default_upstream=default_upstream,
+        routes=routes,
+        tenant_defaults=tenant_defaults,
+        tenants=tenants,
+        recorder=recorder,
+        **kwargs,
+    )
+
+
+def apply_overrides(config: GatewayConfig, overrides: ConfigOverrides) -> GatewayConfig:
+    changes: dict[str, Any] = {}
+    if overrides.host is not None:
+        changes["host"] = overrides.host
+    if overrides.port is not None:
+        changes["port"] = overrides.port
+    if overrides.database_url is not None:
+        changes["database_url"] = overrides.database_url
+    if overrides.server_secret is not None:
+        changes["server_secret"] = overrides.server_secret
+    if overrides.upstream_url is not None:
+        # --upstream replaces the default upstream's URL (keeping its kind), so `--upstream URL` alone just works.
+        changes["upstreams"] = tuple(
+            replace(u, url=overrides.upstream_url) if u.name == config.default_upstream else u
+            for u in config.upstreams
+        )
+    return replace(config, **changes) if changes else config
+
+
+def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
+    values = dict(item)
+    try:
+        name = str(values.pop("name"))
+        url = str(values.pop("url"))
+    except KeyError as exc:
+        raise ConfigError(f"an [[upstreams]] entry lacks {exc.args[0]!r}") from exc
+    kind = str(values.pop("kind", "local_engine"))
+    if kind not in UPSTREAM_KINDS:
+        raise ConfigError(f"upstream {name!r}: kind must be one of {UPSTREAM_KINDS}, not {kind!r}")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"upstream {name!r}: url must start with http:// or https://")
+    timeout_s = float(values.pop("timeout", values.pop("timeout_s", 600.0)))
+    connect_timeout_s = float(values.pop("connect_timeout", values.pop("connect_timeout_s", 5.0)))
+    api_key = values.pop("api_key", None)
+    if values:
+        raise ConfigError(f"upstream {name!r}: unknown keys {sorted(values)}")
+    if timeout_s <= 0 or connect_timeout_s <= 0:
+        raise ConfigError(f"upstream {name!r}: timeouts must be positive")
+    return UpstreamConfig(
+        name=name,
+        url=url,
+        kind=kind,
+        api_key=None if api_key is None else str(api_key),
+        timeout_s=timeout_s,
+        connect_timeout_s=connect_timeout_s,
+    )
+
+
+def _parse_tenant(values: dict[str, Any], base: TenantSettings) -> TenantSettings:
+    rules = set(base.rules)
+    for name, enabled in dict(values.pop("rules", {})).items():
+        if name not in ALL_RULES:
+            raise ConfigError(f"unknown normalization rule {name!r}; known: {ALL_RULES}")
+        (rules.add if enabled else rules.discard)(name)
+    # Shorthand: `hoist_volatile = true` at the tenant level.
+    if "hoist_volatile" in values:
+        (rules.add if values.pop("hoist_volatile") else rules.discard)("hoist_volatile")
+    patterns = tuple(str(p) for p in values.pop("volatile_patterns", base.volatile_patterns))
+    placement = str(values.pop("hoist_placement", base.hoist_placement))
+    if placement not in HOIST_PLACEMENTS:
+        raise ConfigError(f"hoist_placement must be one of {HOIST_PLACEMENTS}")
+    store_prompt_text = bool(values.pop("store_prompt_text", base.store_prompt_text))
+    if values:
+        raise ConfigError(f"unknown tenant settings: {sorted(values)}")
+    return TenantSettings(
+        rules=frozenset(rules),
+        volatile_patterns=patterns,
+        hoist_placement=placement,
+        store_prompt_text=store_prompt_text,
+    )
+
+
+def _parse_recorder(values: dict[str, Any]) -> RecorderConfig:
+    base = RecorderConfig()
+    config = RecorderConfig(
+        queue_size=int(values.pop("queue_size", base.queue_size)),
+        batch_size=int(values.pop("batch_size", base.batch_size)),
+        flush_interval_s=float(values.pop("flush_interval_s", base.flush_interval_s)),
+        spill_path=Path(values.pop("spill_path", base.spill_path)),
+    )
+    if values:
+        raise ConfigError(f"unknown [recorder] keys: {sorted(values)}")
+    return config

@@ -1,0 +1,61 @@
+"""What the record keeps about a prompt: a hash of its stable prefix, and optionally its text.
+
+`prefix_hash` identifies the part of a chat request that is meant to be shared between calls (the model, the
+tool definitions and the leading system/developer messages) after normalization, so the dashboard can group
+requests by prefix and show which prefixes hit and which miss. Completions have no such structure; their hash
+covers the first `COMPLETION_PREFIX_CHARS` characters of the prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+
+from gateway.parsing import CHAT
+
+_ENCODER = msgspec.json.Encoder(order="deterministic")
+COMPLETION_PREFIX_CHARS = 2048
+
+
+def _leading_instructions(messages: list[Any]) -> list[Any]:
+    leading = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ("system", "developer"):
+            break
+        leading.append(message.get("content"))
+    return leading
+
+
+def prefix_hash(endpoint: str, body: dict[str, Any]) -> str | None:
+    """16 hex characters, or None when the request has no recognisable prefix."""
+    if endpoint == CHAT:
+        leading = _leading_instructions(body.get("messages") or [])
+        tools = body.get("tools")
+        if not leading and not tools:
+            return None
+        material: Any = [body.get("model"), tools, leading]
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            prompt = prompt[0] if prompt else None
+        if not isinstance(prompt, str) or not prompt:
+            return None
+        material = [body.get("model"), prompt[:COMPLETION_PREFIX_CHARS]]
+    try:
+        encoded = _ENCODER.encode(material)
+    except (TypeError, msgspec.EncodeError):
+        return None
+    return hashlib.blake2b(encoded, digest_size=8).hexdigest()
+
+
+def prompt_text(endpoint: str, body: dict[str, Any]) -> str | None:
+    """The prompt as stored when a tenant opts in: the messages as JSON for chat, the prompt for completions."""
+    value = body.get("messages") if endpoint == CHAT else body.get("prompt")
+    if isinstance(value, str):
+        return value
+    try:
+        return _ENCODER.encode(value).decode("utf-8")
+    except (TypeError, msgspec.EncodeError):
+        return None

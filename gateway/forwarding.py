@@ -1,0 +1,168 @@
+"""Calling the upstream: one plain request/response, or a streamed response relayed chunk by chunk.
+
+Both functions send the client's response themselves and return the outcome `(status_code, error_type)` for
+the record. Before anything was sent to the client they raise `GatewayError`s (the caller answers with an
+OpenAI-shaped error); once a stream has started, failures end the stream with an error event instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+
+from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
+from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
+from gateway.recording import RequestTracker
+from gateway.routing import Route
+from gateway.sse import SSERelay
+
+log = logging.getLogger(__name__)
+
+
+class _Envelope(msgspec.Struct):
+    """The parts of a response body the gateway reads; `choices` and the rest are skipped by the decoder."""
+
+    usage: dict[str, Any] | None = None
+    meta_info: dict[str, Any] | None = None
+    prefix_cache: dict[str, Any] | None = None
+    error: Any = None
+
+
+_ENVELOPE = msgspec.json.Decoder(_Envelope)
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status_code: int
+    error_type: str | None = None
+
+
+def map_transport_error(exc: httpx.HTTPError, route: Route) -> GatewayError:
+    """httpx failures -> 504 for timeouts, 502 for everything else (refused, reset, protocol errors)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(f"The upstream {route.name!r} did not answer in time ({type(exc).__name__}).")
+    return UpstreamUnavailable(f"The upstream {route.name!r} is unavailable: {type(exc).__name__}: {exc}")
+
+
+def _response_headers(route: Route, upstream: httpx.Response, request_id: bytes) -> list[tuple[bytes, bytes]]:
+    headers = [(b"x-request-id", request_id)]
+    for name in route.adapter.passthrough_headers:
+        value = upstream.headers.get(name)
+        if value is not None:
+            headers.append((name.encode(), value.encode("latin-1")))
+    return headers
+
+
+def _decode_envelope(body: bytes) -> _Envelope | None:
+    try:
+        return _ENVELOPE.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def upstream_error_type(body: bytes) -> str:
+    """The `error.type` (or code) of an upstream error body, else a generic label."""
+    envelope = _decode_envelope(body)
+    if envelope is not None and isinstance(envelope.error, dict):
+        value = envelope.error.get("type") or envelope.error.get("code")
+        if value:
+            return str(value)
+    return "upstream_error"
+
+
+async def _relay_upstream_error(send: Send, upstream: httpx.Response, headers: list[tuple[bytes, bytes]]) -> Outcome:
+    """Pass an upstream error status and body through unchanged."""
+    body = upstream.content
+    content_type = upstream.headers.get("content-type", "application/json").encode("latin-1")
+    await send_response(send, upstream.status_code, body, [*headers, (b"content-type", content_type)])
+    return Outcome(upstream.status_code, upstream_error_type(body))
+
+
+async def forward_plain(
+    client: httpx.AsyncClient, route: Route, endpoint: str, payload: bytes, tracker: RequestTracker, send: Send
+) -> Outcome:
+    try:
+        upstream = await client.post(
+            route.url_for(endpoint), content=payload, headers=route.headers, timeout=route.timeout
+        )
+    except httpx.HTTPError as exc:
+        raise map_transport_error(exc, route) from None
+    headers = _response_headers(route, upstream, tracker.request_id.encode())
+    tracker.cache_report = route.adapter.cache_report(upstream.headers)
+    if upstream.status_code >= 400:
+        return await _relay_upstream_error(send, upstream, headers)
+    body = upstream.content
+    envelope = _decode_envelope(body)
+    if envelope is not None:
+        tracker.usage = route.adapter.usage(
+            {"usage": envelope.usage, "meta_info": envelope.meta_info, "prefix_cache": envelope.prefix_cache}
+        )
+    await send_response(send, upstream.status_code, body, [*headers, JSON_CONTENT_TYPE])
+    return Outcome(upstream.status_code)
+
+
+async def forward_stream(
+    client: httpx.AsyncClient,
+    route: Route,
+    endpoint: str,
+    payload: bytes,
+    tracker: RequestTracker,
+    send: Send,
+    *,
+    client_wants_usage: bool,
+    start_perf: float,
+) -> Outcome:
+    request = client.build_request(
+        "POST", route.url_for(endpoint), content=payload, headers=route.headers, timeout=route.timeout
+    )
+    try:
+        upstream = await client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        raise map_transport_error(exc, route) from None
+    try:
+        headers = _response_headers(route, upstream, tracker.request_id.encode())
+        tracker.cache_report = route.adapter.cache_report(upstream.headers)
+        if upstream.status_code >= 400:
+            try:
+                await upstream.aread()
+            except httpx.HTTPError as exc:
+                raise map_transport_error(exc, route) from None
+            return await _relay_upstream_error(send, upstream, headers)
+        relay = SSERelay(route.adapter, forward_usage=client_wants_usage, start_perf=start_perf)
+        await send({"type": "http.response.start", "status": upstream.status_code, "headers": _SSE_HEADERS + headers})
+        try:
+            return await _pump(upstream, relay, send, route)
+        finally:
+            # Also on cancellation (client gone): whatever was learnt so far goes into the record.
+            tracker.usage = relay.usage
+            tracker.ttft_ms = relay.ttft_ms
+    finally:
+        await upstream.aclose()
+
+
+async def _pump(upstream: httpx.Response, relay: SSERelay, send: Send, route: Route) -> Outcome:
+    """Relay the stream; after the first byte went out, failures become a final SSE error event."""
+    try:
+        async for chunk in upstream.aiter_raw():
+            out = relay.feed(chunk)
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+    except httpx.HTTPError as exc:
+        error = map_transport_error(exc, route)
+        log.warning("upstream stream from %s broke: %s", route.name, error.message)
+        tail = relay.flush() + b"data: " + error.body() + b"\n\n"
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        return Outcome(error.status_code, error.error_type)
+    await send({"type": "http.response.body", "body": relay.flush(), "more_body": False})
+    if relay.error_type is not None:
+        return Outcome(upstream.status_code, relay.error_type)
+    return Outcome(upstream.status_code)

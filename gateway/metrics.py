@@ -1,0 +1,101 @@
+"""Prometheus counters of the gateway (one registry per app, so several apps can live in one process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from db.records import RequestRecord
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _RecorderCollector(Collector):
+    """Exposes the record writer's counters at scrape time (the writer owns them; nothing is copied per request)."""
+
+    def __init__(self, counters: Callable[[], Any]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Any]:
+        counters = self._counters()
+        for name in ("queued", "written", "spilled", "replayed", "dropped"):
+            family = CounterMetricFamily(
+                f"prefixscope_gateway_records_{name}", f"Request records {name} by the background writer."
+            )
+            family.add_metric([], float(getattr(counters, name, 0)))
+            yield family
+        pending = GaugeMetricFamily(
+            "prefixscope_gateway_records_pending_spill", "Records in the spill file waiting to be replayed."
+        )
+        pending.add_metric([], float(getattr(counters, "pending_spill", 0)))
+        yield pending
+
+
+class GatewayMetrics:
+    """Per-request counters, updated once per finished request."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "prefixscope_gateway_requests",
+            "Completion requests by endpoint, upstream and status code.",
+            ("endpoint", "upstream", "status"),
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "prefixscope_gateway_prompt_tokens", "Prompt tokens reported by upstreams.", ("upstream",),
+            registry=self.registry,
+        )
+        self.cached_tokens = Counter(
+            "prefixscope_gateway_cached_tokens", "Prompt tokens served from the upstream's prefix cache.",
+            ("upstream",), registry=self.registry,
+        )
+        self.cache_hits = Counter(
+            "prefixscope_gateway_cache_hit_requests", "Requests with at least one cached prompt token.",
+            ("upstream",), registry=self.registry,
+        )
+        self.rules = Counter(
+            "prefixscope_gateway_normalization_rules_applied", "Requests changed by each normalization rule.",
+            ("rule",), registry=self.registry,
+        )
+        self.errors = Counter(
+            "prefixscope_gateway_errors", "Failed requests by error type.", ("error_type",), registry=self.registry
+        )
+        self.keys_loaded = Gauge(
+            "prefixscope_gateway_api_keys_loaded", "Active API keys held in memory.", registry=self.registry
+        )
+        self.open_mode = Gauge(
+            "prefixscope_gateway_open_mode", "1 while no API key exists and requests need none.",
+            registry=self.registry,
+        )
+        # labels() is comparatively slow; children are cached per label tuple.
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def watch_recorder(self, counters: Callable[[], Any]) -> None:
+        self.registry.register(_RecorderCollector(counters))
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def observe(self, record: RequestRecord) -> None:
+        self._child(self.requests, record.endpoint, record.upstream, str(record.status_code)).inc()
+        if record.error_type is not None:
+            self._child(self.errors, record.error_type).inc()
+        if record.prompt_tokens:
+            self._child(self.prompt_tokens, record.upstream).inc(record.prompt_tokens)
+        if record.cached_tokens:
+            self._child(self.cached_tokens, record.upstream).inc(record.cached_tokens)
+            self._child(self.cache_hits, record.upstream).inc()
+        for rule in record.applied_rules:
+            self._child(self.rules, rule).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

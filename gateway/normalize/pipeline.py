@@ -1,0 +1,56 @@
+"""An ordered list of rules, built once per tenant from its settings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.config import ALL_RULES, TenantSettings
+from gateway.normalize.base import Request, Rule
+from gateway.normalize.rules import Newlines, ToolCallArgumentsKeyOrder, ToolOrder, ToolSchemaKeyOrder
+from gateway.normalize.volatile import HoistVolatile
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizationResult:
+    request: Request
+    applied_rules: tuple[str, ...]  # names of the rules that changed something, in pipeline order
+
+
+class Pipeline:
+    """Runs rules in order; a rule's output is the next rule's input."""
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        self.rules = tuple(rules)
+
+    @property
+    def rule_names(self) -> tuple[str, ...]:
+        return tuple(rule.name for rule in self.rules)
+
+    def apply(self, request: Request) -> NormalizationResult:
+        applied: list[str] = []
+        for rule in self.rules:
+            result = rule.apply(request)
+            if result.changed:
+                applied.append(rule.name)
+                request = result.request
+        return NormalizationResult(request, tuple(applied))
+
+
+def make_rule(name: str, settings: TenantSettings) -> Rule:
+    if name == "newlines":
+        return Newlines()
+    if name == "tool_schema_key_order":
+        return ToolSchemaKeyOrder()
+    if name == "tool_order":
+        return ToolOrder()
+    if name == "tool_call_arguments_key_order":
+        return ToolCallArgumentsKeyOrder()
+    if name == "hoist_volatile":
+        return HoistVolatile(settings.volatile_patterns, settings.hoist_placement)
+    raise ValueError(f"unknown normalization rule {name!r}")
+
+
+def build_pipeline(settings: TenantSettings) -> Pipeline:
+    """The tenant's enabled rules in the canonical order (`ALL_RULES`): text first, then tools, then hoisting."""
+    return Pipeline([make_rule(name, settings) for name in ALL_RULES if name in settings.rules])

@@ -1,0 +1,200 @@
+"""Semantics-preserving rules: canonical JSON key order, stable tool order, newline and BOM normalization.
+
+Chat templates render tools and tool-call arguments with `json.dumps` in the order the client sent them, so two
+agents sending the same schema with keys in another order produce different prompt bytes and miss the cache.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.normalize.base import Request, RuleResult, unchanged
+
+
+def sort_keys_recursive(value: Any) -> tuple[Any, bool]:
+    """Return `value` with every dict's keys in sorted order, and whether anything moved.
+
+    Unchanged sub-trees are returned as the same objects; changed ones are fresh copies (the input is never
+    mutated).
+    """
+    if isinstance(value, dict):
+        changed = False
+        items = []
+        for key, item in value.items():
+            new_item, item_changed = sort_keys_recursive(item)
+            changed = changed or item_changed
+            items.append((key, new_item))
+        keys = [key for key, _ in items]
+        if any(not isinstance(key, str) for key in keys):
+            return (dict(items), True) if changed else (value, False)
+        if keys != sorted(keys):
+            items.sort(key=lambda pair: pair[0])
+            changed = True
+        return (dict(items), True) if changed else (value, False)
+    if isinstance(value, list):
+        changed = False
+        new_items = []
+        for item in value:
+            new_item, item_changed = sort_keys_recursive(item)
+            changed = changed or item_changed
+            new_items.append(new_item)
+        return (new_items, True) if changed else (value, False)
+    return value, False
+
+
+class ToolSchemaKeyOrder:
+    """Sort keys recursively inside every tool definition (the function's name, description and JSON schema)."""
+
+    name = "tool_schema_key_order"
+
+    def apply(self, request: Request) -> RuleResult:
+        tools = request.get("tools")
+        if not isinstance(tools, list) or not tools:
+            return unchanged(request)
+        new_tools, changed = sort_keys_recursive(tools)
+        if not changed:
+            return unchanged(request)
+        return RuleResult({**request, "tools": new_tools}, True)
+
+
+def _tool_sort_key(tool: Any) -> tuple[str, str]:
+    if not isinstance(tool, dict):
+        return ("~", "")
+    function = tool.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    return (str(tool.get("type", "")), name if isinstance(name, str) else "")
+
+
+class ToolOrder:
+    """Sort tools by (type, function name); a stable sort keeps same-named tools in their order."""
+
+    name = "tool_order"
+
+    def apply(self, request: Request) -> RuleResult:
+        tools = request.get("tools")
+        if not isinstance(tools, list) or len(tools) < 2:
+            return unchanged(request)
+        keys = [_tool_sort_key(tool) for tool in tools]
+        if all(keys[i] <= keys[i + 1] for i in range(len(keys) - 1)):
+            return unchanged(request)
+        order = sorted(range(len(tools)), key=keys.__getitem__)
+        return RuleResult({**request, "tools": [tools[i] for i in order]}, True)
+
+
+def canonical_json_text(text: str) -> str | None:
+    """`text` re-serialised with sorted keys and compact separators, or None when it is not JSON."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return None
+
+
+class ToolCallArgumentsKeyOrder:
+    """Re-serialise assistant `tool_calls[].function.arguments` canonically (only strings that parse as JSON)."""
+
+    name = "tool_call_arguments_key_order"
+
+    def apply(self, request: Request) -> RuleResult:
+        messages = request.get("messages")
+        if not isinstance(messages, list):
+            return unchanged(request)
+        new_messages = None
+        for index, message in enumerate(messages):
+            new_message = self._message(message)
+            if new_message is not message:
+                if new_messages is None:
+                    new_messages = list(messages)
+                new_messages[index] = new_message
+        if new_messages is None:
+            return unchanged(request)
+        return RuleResult({**request, "messages": new_messages}, True)
+
+    @staticmethod
+    def _message(message: Any) -> Any:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            return message
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list):
+            return message
+        new_calls = None
+        for index, call in enumerate(calls):
+            if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+                continue
+            arguments = call["function"].get("arguments")
+            if not isinstance(arguments, str):
+                continue
+            canonical = canonical_json_text(arguments)
+            if canonical is None or canonical == arguments:
+                continue
+            if new_calls is None:
+                new_calls = list(calls)
+            new_calls[index] = {**call, "function": {**call["function"], "arguments": canonical}}
+        if new_calls is None:
+            return message
+        return {**message, "tool_calls": new_calls}
+
+
+def normalize_newlines(text: str) -> str:
+    """CRLF and lone CR become LF; byte-order marks are removed."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\ufeff" in text:
+        text = text.replace("\ufeff", "")
+    return text
+
+
+def _content(content: Any) -> Any:
+    """Normalized message content (a string or a list of content parts), or the same object if unchanged."""
+    if isinstance(content, str):
+        new = normalize_newlines(content)
+        return content if new == content else new
+    if isinstance(content, list):
+        new_parts = None
+        for index, part in enumerate(content):
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                text = normalize_newlines(part["text"])
+                if text != part["text"]:
+                    if new_parts is None:
+                        new_parts = list(content)
+                    new_parts[index] = {**part, "text": text}
+        return content if new_parts is None else new_parts
+    return content
+
+
+class Newlines:
+    """Normalize line endings and strip BOMs in message text (strings and text parts) and completion prompts."""
+
+    name = "newlines"
+
+    def apply(self, request: Request) -> RuleResult:
+        changes: dict[str, Any] = {}
+        messages = request.get("messages")
+        if isinstance(messages, list):
+            new_messages = None
+            for index, message in enumerate(messages):
+                if not isinstance(message, dict) or "content" not in message:
+                    continue
+                content = _content(message["content"])
+                if content is not message["content"]:
+                    if new_messages is None:
+                        new_messages = list(messages)
+                    new_messages[index] = {**message, "content": content}
+            if new_messages is not None:
+                changes["messages"] = new_messages
+        prompt = request.get("prompt")
+        if isinstance(prompt, str):
+            new_prompt = normalize_newlines(prompt)
+            if new_prompt != prompt:
+                changes["prompt"] = new_prompt
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            new_list = [normalize_newlines(p) for p in prompt]
+            if new_list != prompt:
+                changes["prompt"] = new_list
+        if not changes:
+            return unchanged(request)
+        return RuleResult({**request, **changes}, True)

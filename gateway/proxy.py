@@ -1,0 +1,119 @@
+"""The completions endpoints as raw ASGI handlers: the gateway's hot path.
+
+auth (in memory) -> read body (bounded) -> parse -> normalize -> salt -> route -> forward or stream -> record.
+Nothing here awaits the database; the record goes to the writer's queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any
+
+import msgspec
+
+from gateway.asgi_io import JSON_CONTENT_TYPE, Receive, Send, header_values, read_body, run_until_disconnect
+from gateway.asgi_io import send_response
+from gateway.errors import ClientDisconnected, GatewayError, MethodNotAllowed, error_body
+from gateway.fingerprint import prefix_hash, prompt_text
+from gateway.forwarding import Outcome, forward_plain, forward_stream
+from gateway.parsing import parse_request
+from gateway.recording import RequestTracker
+from gateway.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+_ENCODER = msgspec.json.Encoder()
+_AUTHORIZATION = b"authorization"
+_CONTENT_LENGTH = b"content-length"
+
+
+class _TrackedSend:
+    """Wraps ASGI `send` to know whether the response has started (then errors can no longer change it)."""
+
+    __slots__ = ("_send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+class CompletionProxy:
+    """`POST /v1/chat/completions` or `POST /v1/completions`."""
+
+    def __init__(self, runtime: Runtime, endpoint: str) -> None:
+        self._runtime = runtime
+        self._endpoint = endpoint
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        start_perf = time.perf_counter()
+        runtime = self._runtime
+        request_id = "req_" + secrets.token_hex(12)
+        tracker = RequestTracker(runtime.recorder, request_id, self._endpoint, start_perf)
+        tracked_send = _TrackedSend(send)
+        try:
+            outcome = await self._handle(scope, receive, tracked_send, tracker, start_perf)
+            tracker.finish(outcome.status_code, outcome.error_type)
+        except GatewayError as exc:
+            if not tracked_send.started and not isinstance(exc, ClientDisconnected):
+                headers = [(b"x-request-id", request_id.encode()), JSON_CONTENT_TYPE]
+                await send_response(send, exc.status_code, exc.body(), headers)
+            tracker.finish(exc.status_code, exc.error_type)
+        except BaseException as exc:
+            # Unexpected failures and cancellation (server shutdown) are recorded too, then re-raised or answered.
+            tracker.finish(500, "internal_error" if isinstance(exc, Exception) else "cancelled")
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("unexpected error in %s", self._endpoint)
+            if not tracked_send.started:
+                body = error_body("The gateway hit an internal error.", "server_error")
+                await send_response(send, 500, body, [(b"x-request-id", request_id.encode()), JSON_CONTENT_TYPE])
+
+    async def _handle(
+        self, scope: dict[str, Any], receive: Receive, send: _TrackedSend, tracker: RequestTracker, start_perf: float
+    ) -> Outcome:
+        if scope["method"] != "POST":
+            raise MethodNotAllowed(f"Method {scope['method']} is not allowed here; use POST.")
+        runtime = self._runtime
+        headers = header_values(scope, _AUTHORIZATION, _CONTENT_LENGTH)
+        principal = runtime.keys.authenticate(headers.get(_AUTHORIZATION))
+        tracker.tenant = principal.tenant
+        tracker.key_id = principal.key_id
+        raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))
+        parsed = parse_request(self._endpoint, raw)
+        tracker.model = parsed.model
+        tracker.stream = parsed.stream
+        route = runtime.router.route(parsed.model)
+        tracker.upstream = route.name
+
+        normalized = runtime.pipeline_for(principal.tenant).apply(parsed.body)
+        tracker.applied_rules = normalized.applied_rules
+        body = route.adapter.apply_salt(normalized.request, runtime.salts.salt_for(principal.tenant))
+        if parsed.stream:
+            # Ask for usage on the client's behalf; the relay drops that chunk again if the client did not ask.
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        tracker.prefix_hash = prefix_hash(self._endpoint, normalized.request)
+        if runtime.config.tenant_settings(principal.tenant).store_prompt_text:
+            tracker.prompt_text = prompt_text(self._endpoint, normalized.request)
+        payload = _ENCODER.encode(body)
+
+        if parsed.stream:
+            work = forward_stream(
+                runtime.client,
+                route,
+                self._endpoint,
+                payload,
+                tracker,
+                send,
+                client_wants_usage=parsed.client_wants_usage,
+                start_perf=start_perf,
+            )
+        else:
+            work = forward_plain(runtime.client, route, self._endpoint, payload, tracker, send)
+        return await run_until_disconnect(work, receive)

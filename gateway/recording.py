@@ -1,0 +1,114 @@
+"""Turning one request into one `RequestRecord`, handed to the background writer without waiting.
+
+A `RequestTracker` follows a request through the proxy, collecting what is known as it becomes known; `finish`
+builds the record exactly once, whatever path the request took (success, upstream error, bad input, client
+disconnect), so every request is recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from db.records import RequestRecord
+from gateway.metrics import GatewayMetrics
+from gateway.upstreams.base import CacheReport, UsageReport
+
+log = logging.getLogger(__name__)
+
+UNAUTHENTICATED_TENANT = "unauthenticated"
+
+
+class RecordSink(Protocol):
+    """What the recorder hands records to: `db.writer.RecordWriter` in production."""
+
+    def submit(self, record: RequestRecord) -> bool: ...
+
+    def counters(self) -> Any: ...
+
+
+class Recorder:
+    """Submits finished records to the writer (never blocking) and counts them in the metrics."""
+
+    def __init__(self, sink: RecordSink, metrics: GatewayMetrics) -> None:
+        self._sink = sink
+        self._metrics = metrics
+        self.rejected = 0  # submissions the writer refused (it counts them as dropped too)
+
+    def record(self, record: RequestRecord) -> None:
+        self._metrics.observe(record)
+        try:
+            accepted = self._sink.submit(record)
+        except Exception:  # the request path must not fail because recording did
+            log.exception("record writer rejected request %s", record.request_id)
+            accepted = False
+        if not accepted:
+            self.rejected += 1
+
+    def counters(self) -> Any:
+        return self._sink.counters()
+
+
+class RequestTracker:
+    """Mutable per-request state; `finish` turns it into a record once."""
+
+    __slots__ = (
+        "_recorder", "_start_perf", "request_id", "created_at", "endpoint", "tenant", "key_id", "model",
+        "upstream", "stream", "applied_rules", "prefix_hash", "prompt_text", "usage", "cache_report", "ttft_ms",
+        "finished",
+    )
+
+    def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
+        self._recorder = recorder
+        self._start_perf = start_perf
+        self.request_id = request_id
+        self.created_at = datetime.now(UTC)
+        self.endpoint = endpoint
+        self.tenant = UNAUTHENTICATED_TENANT
+        self.key_id: str | None = None
+        self.model = ""
+        self.upstream = ""
+        self.stream = False
+        self.applied_rules: tuple[str, ...] = ()
+        self.prefix_hash: str | None = None
+        self.prompt_text: str | None = None
+        self.usage: UsageReport | None = None
+        self.cache_report: CacheReport | None = None
+        self.ttft_ms: float | None = None
+        self.finished = False
+
+    def finish(self, status_code: int, error_type: str | None = None) -> None:
+        """Record the request (only the first call counts)."""
+        if self.finished:
+            return
+        self.finished = True
+        latency_ms = (time.perf_counter() - self._start_perf) * 1000.0
+        usage = self.usage or UsageReport()
+        report = self.cache_report or CacheReport()
+        prompt_tokens = usage.prompt_tokens if usage.prompt_tokens is not None else report.prompt_tokens
+        cached_tokens = usage.cached_tokens if usage.cached_tokens is not None else report.matched_tokens
+        self._recorder.record(
+            RequestRecord(
+                request_id=self.request_id,
+                created_at=self.created_at,
+                tenant=self.tenant,
+                key_id=self.key_id,
+                endpoint=self.endpoint,
+                model=self.model,
+                upstream=self.upstream,
+                stream=self.stream,
+                status_code=status_code,
+                error_type=error_type,
+                prompt_tokens=prompt_tokens,
+                cached_tokens=cached_tokens,
+                completion_tokens=usage.completion_tokens,
+                ttft_ms=self.ttft_ms,
+                latency_ms=latency_ms,
+                applied_rules=self.applied_rules,
+                miss_kind=report.miss_kind,
+                prefix_hash=self.prefix_hash,
+                prompt_text=self.prompt_text,
+            )
+        )

@@ -1,0 +1,70 @@
+"""`GET /api/stats`: request history from the database, scoped to what the caller may see.
+
+Query parameters: `since` and `until` (a duration before now such as `24h`, `now`, or an ISO timestamp),
+`bucket` (`1h`, `1d`, ...), `group_by` (`tenant`, `model` or `upstream`) and `tenant`. Admin keys see every
+tenant (optionally one, with `tenant=`); a tenant key sees only its own tenant, and asking for another is a 403.
+This endpoint awaits the database; it is not on the request path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import msgspec
+from litestar import Request, Response, get
+
+from gateway.auth import KeyStore
+from gateway.errors import BadRequest, Forbidden, ServiceUnavailable
+
+GROUP_BY = ("tenant", "model", "upstream")
+
+
+class StatsSource(Protocol):
+    async def stats(self, since: Any, until: Any, bucket: str, group_by: str | None, tenant: str | None) -> list[Any]: ...
+
+
+def make_stats_handler(keys: KeyStore, source: StatsSource) -> Any:
+    from db.timeutil import parse_duration, parse_moment, utc_now
+
+    @get("/api/stats")
+    async def stats(request: Request[Any, Any, Any]) -> Response[bytes]:
+        principal = keys.authenticate(request.headers.get("authorization"))
+        params = request.query_params
+        now = utc_now()
+        try:
+            since = parse_moment(params.get("since", "24h"), now)
+            until = parse_moment(params.get("until", "now"), now)
+        except ValueError as exc:
+            raise BadRequest(str(exc), param="since") from None
+        if since >= until:
+            raise BadRequest("'since' must be earlier than 'until'.", param="since")
+        bucket = params.get("bucket", "1h")
+        try:
+            parse_duration(bucket)
+        except ValueError as exc:
+            raise BadRequest(str(exc), param="bucket") from None
+        group_by = params.get("group_by") or None
+        if group_by is not None and group_by not in GROUP_BY:
+            raise BadRequest(f"group_by must be one of {', '.join(GROUP_BY)}.", param="group_by")
+        tenant = params.get("tenant") or None
+        if not principal.is_admin:
+            if tenant is not None and tenant != principal.tenant:
+                raise Forbidden("This key may only read its own tenant's statistics.", param="tenant")
+            tenant = principal.tenant
+        try:
+            rows = await source.stats(since, until, bucket, group_by, tenant)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        except Exception as exc:
+            raise ServiceUnavailable(f"The database could not be queried: {type(exc).__name__}.") from None
+        body = {
+            "since": since,
+            "until": until,
+            "bucket": bucket,
+            "group_by": group_by,
+            "tenant": tenant,
+            "data": msgspec.to_builtins(rows),
+        }
+        return Response(content=msgspec.json.encode(body), media_type="application/json")
+
+    return stats

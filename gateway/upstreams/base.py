@@ -1,0 +1,83 @@
+"""The adapter interface shared by all upstream kinds.
+
+An adapter is stateless and knows three things about one kind of server: which body field carries the cache
+salt (if any), where its responses report cached prompt tokens, and which response headers describe the match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Fields through which a client could choose a cache namespace on some server. The gateway always removes them
+# and sets only the salt it derived itself.
+CLIENT_SALT_FIELDS = ("cache_salt", "salt", "extra_key", "prompt_cache_key")
+
+MISS_KINDS = frozenset({"hit", "partial", "cold", "evicted", "expired"})
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """Token counts of one response; None means the upstream did not say."""
+
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheReport:
+    """What the upstream said about its prefix-cache match in response headers (local engine only)."""
+
+    miss_kind: str | None = None
+    matched_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value)
+
+
+def usage_from_openai_shape(payload: Mapping[str, Any]) -> UsageReport:
+    """Read `usage.{prompt,completion}_tokens` and `usage.prompt_tokens_details.cached_tokens`."""
+    usage = payload.get("usage")
+    if not isinstance(usage, dict):
+        return UsageReport()
+    details = usage.get("prompt_tokens_details")
+    cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return UsageReport(
+        prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
+        cached_tokens=cached,
+        completion_tokens=_int_or_none(usage.get("completion_tokens")),
+    )
+
+
+class UpstreamAdapter:
+    """Base adapter: the OpenAI response shape, no salt and no match headers."""
+
+    kind = "openai"
+    salt_field: str | None = None
+    # Response headers passed back to the client unchanged (lower case).
+    passthrough_headers: tuple[str, ...] = ()
+
+    def apply_salt(self, request: dict[str, Any], salt: str) -> dict[str, Any]:
+        """A copy of `request` without client-supplied salt fields and with the tenant's salt where this kind
+        of server takes it. The input is not mutated."""
+        cleaned = {k: v for k, v in request.items() if k not in CLIENT_SALT_FIELDS}
+        if self.salt_field is not None:
+            cleaned[self.salt_field] = salt
+        return cleaned
+
+    def usage(self, payload: Mapping[str, Any]) -> UsageReport:
+        """Usage from a non-streamed response body or from a stream's final usage chunk."""
+        return usage_from_openai_shape(payload)
+
+    def cache_report(self, headers: Mapping[str, str]) -> CacheReport:
+        return CacheReport()
+
+    def has_usage(self, payload: Mapping[str, Any]) -> bool:
+        """Whether a stream chunk carries the usage this adapter reads."""
+        return isinstance(payload.get("usage"), dict)

@@ -1,0 +1,99 @@
+"""The concrete upstream kinds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from gateway.upstreams.base import MISS_KINDS, CacheReport, UpstreamAdapter, UsageReport, _int_or_none
+
+
+class OpenAICompatibleAdapter(UpstreamAdapter):
+    """Any OpenAI-compatible server, hosted APIs included.
+
+    Cached tokens come from `usage.prompt_tokens_details.cached_tokens` when present and are recorded as NULL
+    (unknown) when absent. Such servers take no cache salt, so the gateway sends none (and strips any the client
+    sent). Hosted APIs isolate their prompt caches per organization: every tenant that reaches one through the
+    same upstream entry (the same API key) shares that organization's cache. Tenants that must not share a cache
+    need separate upstream entries with separate organizations' keys.
+    """
+
+    kind = "openai"
+
+
+class VLLMAdapter(UpstreamAdapter):
+    """vLLM: salt in the `cache_salt` body field; cached tokens in `usage.prompt_tokens_details.cached_tokens`
+    (vLLM reports them when started with `--enable-prompt-tokens-details`, NULL otherwise)."""
+
+    kind = "vllm"
+    salt_field = "cache_salt"
+
+
+class SGLangAdapter(UpstreamAdapter):
+    """SGLang: salt in `cache_salt` (its OpenAI server maps it to the radix cache's `extra_key`); cached tokens
+    in `usage.prompt_tokens_details.cached_tokens` when the server runs with `--enable-cache-report`, or in
+    `meta_info.cached_tokens` (the native API's shape), else NULL."""
+
+    kind = "sglang"
+    salt_field = "cache_salt"
+
+    def usage(self, payload: Mapping[str, Any]) -> UsageReport:
+        report = super().usage(payload)
+        if report.cached_tokens is None:
+            meta = payload.get("meta_info")
+            if isinstance(meta, dict):
+                report = replace(
+                    report,
+                    cached_tokens=_int_or_none(meta.get("cached_tokens")),
+                    prompt_tokens=report.prompt_tokens
+                    if report.prompt_tokens is not None
+                    else _int_or_none(meta.get("prompt_tokens")),
+                    completion_tokens=report.completion_tokens
+                    if report.completion_tokens is not None
+                    else _int_or_none(meta.get("completion_tokens")),
+                )
+        return report
+
+    def has_usage(self, payload: Mapping[str, Any]) -> bool:
+        return isinstance(payload.get("usage"), dict) or isinstance(payload.get("meta_info"), dict)
+
+
+HEADER_MATCHED = "x-prefix-cache-matched-tokens"
+HEADER_PROMPT = "x-prefix-cache-prompt-tokens"
+HEADER_MISS = "x-prefix-cache-miss"
+
+
+def _header_int(headers: Mapping[str, str], name: str) -> int | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+class LocalEngineAdapter(UpstreamAdapter):
+    """prefixscope's own engine: salt in `cache_salt`; cached tokens in `usage.prompt_tokens_details`; the match
+    report (matched/prompt tokens and the miss kind) in `x-prefix-cache-*` headers, known before the first byte."""
+
+    kind = "local_engine"
+    salt_field = "cache_salt"
+    passthrough_headers = (HEADER_MATCHED, HEADER_PROMPT, HEADER_MISS)
+
+    def cache_report(self, headers: Mapping[str, str]) -> CacheReport:
+        miss = headers.get(HEADER_MISS)
+        return CacheReport(
+            miss_kind=miss if miss in MISS_KINDS else None,
+            matched_tokens=_header_int(headers, HEADER_MATCHED),
+            prompt_tokens=_header_int(headers, HEADER_PROMPT),
+        )
+
+    def usage(self, payload: Mapping[str, Any]) -> UsageReport:
+        report = super().usage(payload)
+        if report.cached_tokens is None:
+            prefix_cache = payload.get("prefix_cache")
+            if isinstance(prefix_cache, dict):
+                report = replace(report, cached_tokens=_int_or_none(prefix_cache.get("matched_tokens")))
+        return report

@@ -1,0 +1,76 @@
+"""Fixtures for the gateway tests: a stub upstream and gateways running in background threads."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from gateway_testkit import FakeStorage, StubState, StubUpstream, serve_in_thread  # noqa: E402
+
+from gateway.app import create_app  # noqa: E402
+from gateway.config import GatewayConfig, TenantSettings, UpstreamConfig  # noqa: E402
+
+TEST_SECRET = "test-server-secret"
+
+
+@pytest.fixture(scope="session")
+def stub_server() -> Iterator[tuple[StubUpstream, str]]:
+    stub = StubUpstream()
+    with serve_in_thread(stub) as url:
+        yield stub, url
+
+
+@pytest.fixture
+def stub(stub_server: tuple[StubUpstream, str]) -> StubUpstream:
+    """The stub upstream with fresh state for this test."""
+    stub_server[0].state = StubState()
+    return stub_server[0]
+
+
+@pytest.fixture
+def stub_url(stub_server: tuple[StubUpstream, str]) -> str:
+    return stub_server[1]
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    config: GatewayConfig
+    storage: Any
+
+    @property
+    def records(self) -> list[Any]:
+        return self.storage.sink.records
+
+
+def gateway_config(upstream_url: str, **changes: Any) -> GatewayConfig:
+    base = GatewayConfig(
+        upstreams=(UpstreamConfig(name="stub", url=upstream_url, kind="local_engine", timeout_s=30.0),),
+        default_upstream="stub",
+        server_secret=TEST_SECRET,
+        key_refresh_interval_s=0.1,
+        tenant_defaults=TenantSettings(),
+    )
+    return replace(base, **changes)
+
+
+@contextmanager
+def running_gateway(config: GatewayConfig, storage: Any | None = None) -> Iterator[RunningGateway]:
+    storage = storage if storage is not None else FakeStorage()
+    with serve_in_thread(create_app(config, storage)) as url:
+        yield RunningGateway(url=url, config=config, storage=storage)
+
+
+@pytest.fixture
+def gateway(stub: StubUpstream, stub_url: str) -> Iterator[RunningGateway]:
+    """An open-mode gateway (no keys) in front of the stub, with a fake storage."""
+    with running_gateway(gateway_config(stub_url)) as running:
+        yield running
