@@ -50,7 +50,7 @@ HOIST_PLACEMENTS = ("after_system", "end")
 
 DEFAULT_UPSTREAM_URL = "http://127.0.0.1:8001"
 DEFAULT_SECRET_FILE = Path("var/gateway_secret")
-DEFAULT_SPILL_PATH = Path("var/gateway_spill.jsonl")
+DEFAULT_SPILL_PATH = Path("var/spill/gateway_requests.jsonl")
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,7 @@ class RecorderConfig:
     batch_size: int = 256
     flush_interval_s: float = 0.25
     spill_path: Path = DEFAULT_SPILL_PATH
+    replay_interval_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -276,6 +277,7 @@ def _parse_recorder(values: dict[str, Any]) -> RecorderConfig:
         batch_size=int(values.pop("batch_size", base.batch_size)),
         flush_interval_s=float(values.pop("flush_interval_s", base.flush_interval_s)),
         spill_path=Path(values.pop("spill_path", base.spill_path)),
+        replay_interval_s=float(values.pop("replay_interval_s", base.replay_interval_s)),
     )
     if values:
         raise ConfigError(f"unknown [recorder] keys: {sorted(values)}")

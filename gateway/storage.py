@@ -41,6 +41,7 @@ class DatabaseStorage:
                 batch_size=config.recorder.batch_size,
                 flush_interval_s=config.recorder.flush_interval_s,
                 spill_path=Path(config.recorder.spill_path),
+                replay_interval_s=config.recorder.replay_interval_s,
             )
         )
 
@@ -82,7 +83,11 @@ class DatabaseStorage:
         self, since: datetime, until: datetime, bucket: str, group_by: str | None, tenant: str | None
     ) -> list[Any]:
         from db.engine import run_query
-        from db.queries import stats
+
+        try:
+            from db.queries import stats
+        except ImportError:
+            from db.queries.history import stats
 
         return await run_query(
             self._engine, stats, since=since, until=until, bucket=bucket, group_by=group_by, tenant=tenant

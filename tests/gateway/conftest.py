@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -48,7 +49,16 @@ class RunningGateway:
 
     @property
     def records(self) -> list[Any]:
+        """Records submitted so far. A record is submitted just after the last response byte, so use
+        `wait_records` right after a response."""
         return self.storage.sink.records
+
+    def wait_records(self, count: int, timeout_s: float = 10.0) -> list[Any]:
+        """Wait until at least `count` records were submitted (bounded), then return them all."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.storage.sink.records) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return list(self.storage.sink.records)
 
 
 def gateway_config(upstream_url: str, **changes: Any) -> GatewayConfig:

@@ -1,0 +1,141 @@
+"""Config parsing, the server secret file, and salt derivation."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import stat
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigOverrides, GatewayConfig, load_config, parse_config
+from gateway.errors import ConfigError
+from gateway.tenancy import SaltDeriver, derive_salt, load_or_create_secret
+
+EXAMPLE = """
+[gateway]
+host = "0.0.0.0"
+port = 9000
+default_upstream = "engine"
+max_body_bytes = 1024
+server_secret = "s3cret"
+database_url = "sqlite:///x.db"
+
+[[upstreams]]
+name = "engine"
+url = "http://127.0.0.1:8001"
+kind = "local_engine"
+timeout = 30
+
+[[upstreams]]
+name = "hosted"
+url = "https://api.example.test/v1"
+kind = "openai"
+api_key = "sk-upstream"
+
+[routes]
+"gpt-x" = "hosted"
+
+[tenant_defaults]
+store_prompt_text = true
+
+[tenants.acme]
+rules = { tool_order = false, hoist_volatile = true }
+volatile_patterns = ['ticket-\\d+']
+hoist_placement = "end"
+
+[recorder]
+batch_size = 64
+"""
+
+
+def test_full_config_file(tmp_path: Path):
+    path = tmp_path / "prefixscope.toml"
+    path.write_text(EXAMPLE)
+    config = load_config(path)
+    assert (config.host, config.port, config.max_body_bytes) == ("0.0.0.0", 9000, 1024)
+    assert config.default_upstream == "engine"
+    assert config.upstream("engine").timeout_s == 30
+    hosted = config.upstream("hosted")
+    assert hosted.kind == "openai" and hosted.api_key == "sk-upstream"
+    assert hosted.api_base == "https://api.example.test/v1"
+    assert config.upstream("engine").api_base == "http://127.0.0.1:8001/v1"
+    assert config.routes == {"gpt-x": "hosted"}
+    acme = config.tenant_settings("acme")
+    assert "hoist_volatile" in acme.rules and "tool_order" not in acme.rules and "newlines" in acme.rules
+    assert acme.volatile_patterns == (r"ticket-\d+",)
+    assert acme.hoist_placement == "end"
+    assert acme.store_prompt_text  # inherited from tenant_defaults
+    other = config.tenant_settings("someone-else")
+    assert other.store_prompt_text and "hoist_volatile" not in other.rules
+    assert config.recorder.batch_size == 64
+
+
+def test_defaults_proxy_to_local_engine():
+    config = GatewayConfig()
+    assert config.upstream(config.default_upstream).url == "http://127.0.0.1:8001"
+    assert config.upstream(config.default_upstream).kind == "local_engine"
+    assert (config.host, config.port) == ("127.0.0.1", 8080)
+    assert not config.tenant_defaults.store_prompt_text
+    assert "hoist_volatile" not in config.tenant_defaults.rules
+
+
+def test_overrides_win():
+    config = load_config(None, ConfigOverrides(host="0.0.0.0", port=1, upstream_url="http://127.0.0.1:9/v1"))
+    assert (config.host, config.port) == ("0.0.0.0", 1)
+    assert config.upstream("local").url == "http://127.0.0.1:9/v1"
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"upstreams": [{"name": "a", "url": "http://x", "kind": "nonsense"}]},
+        {"upstreams": [{"name": "a", "url": "ftp://x"}]},
+        {"upstreams": [{"url": "http://x"}]},
+        {"routes": {"m": "missing"}},
+        {"tenants": {"t": {"rules": {"no_such_rule": True}}}},
+        {"gateway": {"unknown_key": 1}},
+        {"nonsense": {}},
+        {"gateway": {"max_body_bytes": 0}},
+    ],
+)
+def test_invalid_configs_are_rejected(document):
+    with pytest.raises(ConfigError):
+        parse_config(document)
+
+
+def test_unreadable_config(tmp_path: Path):
+    with pytest.raises(ConfigError):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[gateway\n")
+    with pytest.raises(ConfigError):
+        load_config(bad)
+
+
+def test_salt_is_hmac_sha256_of_tenant():
+    expected = hmac.new(b"secret", b"acme", hashlib.sha256).hexdigest()
+    assert derive_salt("secret", "acme") == expected
+    deriver = SaltDeriver("secret")
+    assert deriver.salt_for("acme") == expected
+    assert deriver.salt_for("acme") != deriver.salt_for("other")
+    assert SaltDeriver("another-secret").salt_for("acme") != expected
+    with pytest.raises(ConfigError):
+        SaltDeriver("")
+
+
+def test_secret_file_is_created_0600_and_stable(tmp_path: Path):
+    path = tmp_path / "nested" / "gateway_secret"
+    first = load_or_create_secret(path)
+    assert len(first) == 64
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_or_create_secret(path) == first  # stable across restarts
+
+
+def test_secret_file_with_loose_mode_is_tightened(tmp_path: Path):
+    path = tmp_path / "secret"
+    path.write_text("abc\n")
+    path.chmod(0o644)
+    assert load_or_create_secret(path) == "abc"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
