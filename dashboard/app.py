@@ -1,0 +1,23 @@
+"""Streamlit entry script: `streamlit run dashboard/app.py` (what `prefixscope dashboard` runs).
+
+Each page is a script in `views/`; this file only sets the page up and picks the page.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+VIEWS = Path(__file__).resolve().parent / "views"
+
+st.set_page_config(page_title="prefixscope", page_icon="🔎", layout="wide")
+
+pages = [
+    st.Page(VIEWS / "overview.py", title="Overview", icon="📈", url_path="overview", default=True),
+    st.Page(VIEWS / "requests.py", title="Requests", icon="🧾", url_path="requests"),
+    st.Page(VIEWS / "prefixes.py", title="Prefixes and rules", icon="🧩", url_path="prefixes"),
+    st.Page(VIEWS / "engine.py", title="Engine cache", icon="🌳", url_path="engine"),
+    st.Page(VIEWS / "cost.py", title="Cost", icon="💲", url_path="cost"),
+]
+st.navigation(pages).run()

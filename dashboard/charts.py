@@ -1,0 +1,147 @@
+"""Plotly figures for the pages, built from query results (pure functions, no Streamlit)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+from db.queries import StatsRow
+
+from dashboard.cache_tree import FlatTree
+
+CACHED_COLOR = "#2a9d8f"
+COMPUTED_COLOR = "#e76f51"
+HIT_COLOR = "#2a9d8f"
+MISS_COLOR = "#e76f51"
+TREE_KINDS = ("icicle", "treemap", "sunburst")
+_MARGIN = {"l": 10, "r": 10, "t": 40, "b": 10}
+
+
+def hit_rate_figure(series: Sequence[StatsRow]) -> go.Figure:
+    """Token hit rate and the share of requests with any hit, per bucket."""
+    x = [row.bucket_start for row in series]
+    figure = go.Figure()
+    figure.add_trace(
+        go.Scatter(x=x, y=[row.token_hit_rate for row in series], name="token hit rate", mode="lines+markers")
+    )
+    figure.add_trace(
+        go.Scatter(x=x, y=[row.request_hit_share for row in series], name="requests with any hit", mode="lines+markers")
+    )
+    figure.update_layout(
+        title="Cache hit rate over time",
+        yaxis={"tickformat": ".0%", "range": [0, 1.02]},
+        legend={"orientation": "h", "y": -0.15},
+        margin=_MARGIN,
+        height=340,
+    )
+    return figure
+
+
+def ttft_figure(series: Sequence[StatsRow]) -> go.Figure:
+    """TTFT p50 and p95 for hits and misses, per bucket."""
+    x = [row.bucket_start for row in series]
+    figure = go.Figure()
+    for name, values, color, dash in (
+        ("hits p50", [row.ttft_hit_p50_ms for row in series], HIT_COLOR, "solid"),
+        ("hits p95", [row.ttft_hit_p95_ms for row in series], HIT_COLOR, "dot"),
+        ("misses p50", [row.ttft_miss_p50_ms for row in series], MISS_COLOR, "solid"),
+        ("misses p95", [row.ttft_miss_p95_ms for row in series], MISS_COLOR, "dot"),
+    ):
+        figure.add_trace(go.Scatter(x=x, y=values, name=name, mode="lines", line={"color": color, "dash": dash}))
+    figure.update_layout(
+        title="Time to first token: hits vs misses",
+        yaxis={"title": "ms", "type": "log"},
+        legend={"orientation": "h", "y": -0.15},
+        margin=_MARGIN,
+        height=340,
+    )
+    return figure
+
+
+def token_split_figure(cached_tokens: int, computed_tokens: int) -> go.Figure:
+    """One horizontal bar: prompt tokens served from cache vs computed (prefilled)."""
+    figure = go.Figure()
+    for name, value, color in (("cached", cached_tokens, CACHED_COLOR), ("computed", computed_tokens, COMPUTED_COLOR)):
+        figure.add_trace(
+            go.Bar(
+                y=["prompt"],
+                x=[value],
+                name=f"{name}: {value:,} tokens",
+                orientation="h",
+                marker_color=color,
+                text=[f"{value:,}"],
+                textposition="inside",
+            )
+        )
+    figure.update_layout(
+        barmode="stack",
+        height=150,
+        margin={"l": 10, "r": 10, "t": 10, "b": 10},
+        legend={"orientation": "h", "y": -0.4},
+        xaxis={"title": None},
+        yaxis={"visible": False},
+    )
+    return figure
+
+
+def pool_figure(protected_tokens: int, evictable_tokens: int, free_tokens: int) -> go.Figure:
+    """The KV pool as one stacked bar: locked by running requests, evictable, free."""
+    figure = go.Figure()
+    for name, value, color in (
+        ("protected (in use)", protected_tokens, "#e9c46a"),
+        ("evictable (cached)", evictable_tokens, CACHED_COLOR),
+        ("free", free_tokens, "#d9d9d9"),
+    ):
+        figure.add_trace(go.Bar(y=["pool"], x=[value], name=f"{name}: {value:,}", orientation="h", marker_color=color))
+    figure.update_layout(
+        barmode="stack",
+        height=150,
+        margin={"l": 10, "r": 10, "t": 10, "b": 10},
+        legend={"orientation": "h", "y": -0.4},
+        xaxis={"title": "tokens"},
+        yaxis={"visible": False},
+    )
+    return figure
+
+
+def cache_tree_figure(flat: FlatTree, kind: str = "icicle") -> go.Figure:
+    """The radix tree: box size is tokens (own edge plus descendants), colour is hit count."""
+    if kind not in TREE_KINDS:
+        raise ValueError(f"kind must be one of {TREE_KINDS}, got {kind!r}")
+    trace_type = {"icicle": go.Icicle, "treemap": go.Treemap, "sunburst": go.Sunburst}[kind]
+    customdata = [
+        [tokens, subtree, hits, "yes" if locked else "no"]
+        for tokens, subtree, hits, locked in zip(
+            flat.num_tokens, flat.subtree_tokens, flat.hit_counts, flat.locked, strict=True
+        )
+    ]
+    trace = trace_type(
+        ids=flat.ids,
+        parents=flat.parents,
+        labels=flat.labels,
+        values=flat.num_tokens,
+        branchvalues="remainder",
+        customdata=customdata,
+        marker={"colors": flat.hit_counts, "colorscale": "Teal", "showscale": True, "colorbar": {"title": "hits"}},
+        hovertemplate=(
+            "<b>%{label}</b><br>edge tokens: %{customdata[0]:,}<br>subtree tokens: %{customdata[1]:,}"
+            "<br>hits: %{customdata[2]:,}<br>locked: %{customdata[3]}<extra></extra>"
+        ),
+        maxdepth=8,
+    )
+    figure = go.Figure(trace)
+    figure.update_layout(margin={"l": 0, "r": 0, "t": 30, "b": 0}, height=560)
+    return figure
+
+
+def horizontal_bars(labels: Sequence[str], values: Sequence[float], title: str, x_title: str) -> go.Figure:
+    """A simple ranked bar chart (largest at the top)."""
+    figure = go.Figure(go.Bar(y=list(labels)[::-1], x=list(values)[::-1], orientation="h", marker_color=CACHED_COLOR))
+    figure.update_layout(
+        title=title,
+        xaxis={"title": x_title},
+        margin=_MARGIN,
+        height=max(220, 28 * len(labels) + 80),
+    )
+    return figure

@@ -1,0 +1,103 @@
+"""Read-only client for the engine's cache API (`GET /v1/cache`, `GET /v1/cache/tree`), over HTTP only.
+
+The dashboard never imports the engine; it asks a running one. Any failure (refused connection, timeout, non-2xx,
+malformed JSON) becomes `EngineUnavailable` with a one-line reason the page can show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+class EngineUnavailable(Exception):
+    """The engine could not be reached or answered something unusable."""
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """The engine's `/v1/cache` answer; `prefill_tokens_per_s` is None until the engine has measured it."""
+
+    capacity_tokens: int
+    used_tokens: int
+    evictable_tokens: int
+    protected_tokens: int
+    num_nodes: int
+    evicted_tokens_total: int
+    prefill_tokens_per_s: float | None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def free_tokens(self) -> int:
+        return max(self.capacity_tokens - self.used_tokens, 0)
+
+    @property
+    def used_share(self) -> float:
+        return self.used_tokens / self.capacity_tokens if self.capacity_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class CacheTreeSnapshot:
+    """The engine's `/v1/cache/tree` answer: one root node dict per namespace, plus whether nodes were cut off."""
+
+    namespaces: list[dict[str, Any]]
+    truncated: bool
+
+
+def _get_json(base_url: str, path: str, timeout_s: float, params: dict[str, Any] | None = None) -> Any:
+    url = base_url.rstrip("/") + path
+    try:
+        response = httpx.get(url, params=params, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise EngineUnavailable(f"cannot reach the engine at {base_url}: {exc.__class__.__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise EngineUnavailable(f"the engine answered {response.status_code} to GET {path}")
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise EngineUnavailable(f"the engine's answer to GET {path} is not JSON") from exc
+
+
+def _int(payload: dict[str, Any], key: str) -> int:
+    value = payload.get(key)
+    if value is None:
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError) as exc:
+        raise EngineUnavailable(f"/v1/cache field {key!r} is not a number: {value!r}") from exc
+
+
+def fetch_cache_stats(base_url: str, timeout_s: float) -> CacheStats:
+    """`GET {base_url}/v1/cache`."""
+    payload = _get_json(base_url, "/v1/cache", timeout_s)
+    if not isinstance(payload, dict):
+        raise EngineUnavailable("/v1/cache did not return a JSON object")
+    speed = payload.get("prefill_tokens_per_s")
+    try:
+        prefill_tokens_per_s = float(speed) if speed is not None else None
+    except (TypeError, ValueError):
+        prefill_tokens_per_s = None
+    if prefill_tokens_per_s is not None and prefill_tokens_per_s <= 0:
+        prefill_tokens_per_s = None
+    return CacheStats(
+        capacity_tokens=_int(payload, "capacity_tokens"),
+        used_tokens=_int(payload, "used_tokens"),
+        evictable_tokens=_int(payload, "evictable_tokens"),
+        protected_tokens=_int(payload, "protected_tokens"),
+        num_nodes=_int(payload, "num_nodes"),
+        evicted_tokens_total=_int(payload, "evicted_tokens_total"),
+        prefill_tokens_per_s=prefill_tokens_per_s,
+        raw=payload,
+    )
+
+
+def fetch_cache_tree(base_url: str, max_nodes: int, timeout_s: float) -> CacheTreeSnapshot:
+    """`GET {base_url}/v1/cache/tree?max_nodes=N`."""
+    payload = _get_json(base_url, "/v1/cache/tree", timeout_s, params={"max_nodes": max_nodes})
+    if not isinstance(payload, dict) or not isinstance(payload.get("namespaces"), list):
+        raise EngineUnavailable("/v1/cache/tree did not return an object with a 'namespaces' list")
+    namespaces = [ns for ns in payload["namespaces"] if isinstance(ns, dict) and isinstance(ns.get("root"), dict)]
+    return CacheTreeSnapshot(namespaces=namespaces, truncated=bool(payload.get("truncated", False)))

@@ -1,0 +1,69 @@
+"""Engine cache: the live radix tree from the engine's cache API, pool usage and evictions. Refreshes itself."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, data, ui
+from dashboard.cache_tree import flatten_tree
+from dashboard.engine_client import EngineUnavailable
+
+settings = ui.load_settings()
+st.title("Engine cache")
+st.caption(f"Engine: {settings.engine_url}")
+
+left, right = st.columns(2)
+kind = left.segmented_control("Chart", list(charts.TREE_KINDS), default="icicle", key="engine_chart_kind")
+max_nodes = right.select_slider(
+    "Most nodes to draw", options=[100, 250, 500, 1000, 2500, 5000], value=1000, key="engine_max_nodes"
+)
+
+
+@st.fragment(run_every=settings.refresh_s)
+def live_engine() -> None:
+    try:
+        stats = data.engine_stats(settings.engine_url, settings.engine_timeout_s)
+        tree = data.engine_tree(settings.engine_url, int(max_nodes), settings.engine_timeout_s)
+    except EngineUnavailable as exc:
+        st.warning(
+            f"The engine is not reachable, so there is no live cache to show. {exc}. Start it with "
+            "`prefixscope engine` or point the dashboard at it with `prefixscope dashboard --engine URL`."
+        )
+        return
+
+    columns = st.columns(5)
+    columns[0].metric("Pool used", f"{stats.used_share:.1%}", help=f"{stats.used_tokens:,} of {stats.capacity_tokens:,}")
+    columns[1].metric("Capacity (tokens)", f"{stats.capacity_tokens:,}")
+    columns[2].metric("Cached nodes", f"{stats.num_nodes:,}")
+    columns[3].metric("Evicted tokens (total)", f"{stats.evicted_tokens_total:,}")
+    speed = stats.prefill_tokens_per_s
+    columns[4].metric("Prefill speed", "not measured yet" if speed is None else f"{speed:,.0f} tok/s")
+    st.plotly_chart(
+        charts.pool_figure(stats.protected_tokens, stats.evictable_tokens, stats.free_tokens), width="stretch"
+    )
+
+    flat, summaries = flatten_tree(tree.namespaces)
+    if not summaries or all(summary.num_tokens == 0 for summary in summaries):
+        st.info("The engine's cache is empty: no prompt has been cached yet.")
+        return
+    st.plotly_chart(charts.cache_tree_figure(flat, kind or "icicle"), width="stretch")
+    if tree.truncated:
+        st.caption(f"The engine sent its {max_nodes:,} largest nodes only; raise the limit to see more.")
+    st.dataframe(
+        [
+            {
+                "namespace": summary.namespace,
+                "nodes": summary.num_nodes,
+                "tokens": summary.num_tokens,
+                "hits": summary.hit_count,
+                "locked nodes": summary.num_locked,
+            }
+            for summary in summaries
+        ],
+        hide_index=True,
+    )
+    st.caption("Each namespace is one tenant's cache salt; namespaces never share nodes. Refreshes every "
+               f"{settings.refresh_s:g} s.")
+
+
+live_engine()

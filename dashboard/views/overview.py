@@ -1,0 +1,85 @@
+"""Overview: hit rates over time, tokens and prefill time saved, TTFT on hits vs misses. Refreshes itself."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, data, ui
+from dashboard.engine_client import EngineUnavailable
+from dashboard.loaders import OverviewData
+
+settings = ui.load_settings()
+st.title("Overview")
+
+catalog = ui.read_database(data.catalog, settings.database_url)
+if catalog.is_empty:
+    ui.stop_with_info(
+        "No requests recorded yet. Send traffic through the gateway, or write demo history with "
+        "`prefixscope demo-data --rows 10000`."
+    )
+filters = ui.sidebar_filters(catalog.tenants, catalog.models)
+
+
+def prefill_speed() -> tuple[float, str]:
+    """Tokens/s used to turn cached tokens into time saved, and a sentence saying where the figure comes from."""
+    try:
+        measured = data.engine_stats(settings.engine_url, settings.engine_timeout_s).prefill_tokens_per_s
+    except EngineUnavailable:
+        measured, reason = None, f"the engine at {settings.engine_url} is not reachable"
+    else:
+        reason = "the engine has not measured its prefill speed yet"
+    if measured is not None:
+        return measured, f"the engine's measured prefill speed, {measured:,.0f} tokens/s ({settings.engine_url})"
+    speed = settings.default_prefill_tokens_per_s
+    return speed, f"the configured default of {speed:,.0f} tokens/s, because {reason}"
+
+
+def render_totals(result: OverviewData) -> None:
+    totals = result.totals
+    speed, speed_source = prefill_speed()
+    saved_s = totals.cached_tokens / speed
+    columns = st.columns(5)
+    columns[0].metric("Requests", f"{totals.requests:,}")
+    columns[1].metric("Token hit rate", ui.format_share(totals.token_hit_rate), help="cached / prompt tokens")
+    columns[2].metric("Requests with any hit", ui.format_share(totals.request_hit_share))
+    columns[3].metric("Tokens served from cache", ui.format_tokens(totals.cached_tokens))
+    columns[4].metric("Prefill time saved", ui.format_seconds(saved_s), help="cached tokens / prefill speed")
+    st.caption(f"Prefill time saved uses {speed_source}.")
+
+    columns = st.columns(5)
+    columns[0].metric("TTFT p50, hits", ui.format_ms(totals.ttft_hit_p50_ms))
+    columns[1].metric("TTFT p50, misses", ui.format_ms(totals.ttft_miss_p50_ms))
+    columns[2].metric("TTFT p95, hits", ui.format_ms(totals.ttft_hit_p95_ms))
+    columns[3].metric("TTFT p95, misses", ui.format_ms(totals.ttft_miss_p95_ms))
+    if totals.ttft_hit_p50_ms and totals.ttft_miss_p50_ms:
+        columns[4].metric("p50 speed-up on hits", f"{totals.ttft_miss_p50_ms / totals.ttft_hit_p50_ms:.1f}x")
+    unknown = totals.requests - totals.requests_with_known_cache
+    if unknown:
+        st.caption(
+            f"{unknown:,} requests came from upstreams that did not report cached tokens; hit rates leave them out. "
+            "TTFT percentiles are estimated from histograms (within about 15%)."
+        )
+
+
+@st.fragment(run_every=settings.refresh_s)
+def live_overview() -> None:
+    current = filters.refreshed()
+    result = ui.read_database(
+        data.overview, settings.database_url, current.since, current.until, current.tenant, current.model
+    )
+    scope = " · ".join(part for part in (current.label, current.tenant, current.model) if part)
+    st.caption(f"{scope} · {current.since:%Y-%m-%d %H:%M} to {current.until:%Y-%m-%d %H:%M} UTC · "
+               f"refreshes every {settings.refresh_s:g} s")
+    if result.totals.requests == 0:
+        st.info("No requests in this time range. Pick a longer range or another tenant or model.")
+        return
+    render_totals(result)
+    left, right = st.columns(2)
+    left.plotly_chart(charts.hit_rate_figure(result.series), width="stretch")
+    right.plotly_chart(charts.ttft_figure(result.series), width="stretch")
+    if result.totals.miss_kinds:
+        kinds = sorted(result.totals.miss_kinds.items(), key=lambda item: -item[1])
+        st.caption("Requests by cache outcome: " + ", ".join(f"{kind} {count:,}" for kind, count in kinds))
+
+
+live_overview()
