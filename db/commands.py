@@ -1,0 +1,231 @@
+"""Handlers of the database's CLI commands (registered lazily by `db.cli`). Each returns an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from db import keys, migrate, queries
+from db.config import database_url_from_env
+from db.engine import create_sync_engine_for
+from db.errors import DatabaseError
+from db.store import rebuild_rollups
+from db.timeutil import parse_moment, utc_now
+
+
+def _fail(message: str) -> int:
+    print(f"prefixscope: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _url(args: argparse.Namespace) -> str:
+    return database_url_from_env(args.database_url)
+
+
+@contextmanager
+def _engine(args: argparse.Namespace) -> Iterator[Engine]:
+    engine = create_sync_engine_for(_url(args))
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Report configuration, input and database errors as one line and exit status 2, not a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except (DatabaseError, ValueError) as exc:
+            return _fail(str(exc))
+        except SQLAlchemyError as exc:
+            return _fail(f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}")
+
+    run.__name__ = fn.__name__
+    return run
+
+
+def _json_default(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=_json_default))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(headers[i]), *(len(row[i]) for row in rows)) if rows else len(headers[i])
+              for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+@_guarded
+def db_upgrade(args: argparse.Namespace) -> int:
+    migrate.upgrade(_url(args), args.revision)
+    print(f"database at revision {migrate.current_revision(_url(args))}")
+    return 0
+
+
+@_guarded
+def db_downgrade(args: argparse.Namespace) -> int:
+    migrate.downgrade(_url(args), args.revision)
+    print(f"database at revision {migrate.current_revision(_url(args)) or 'base'}")
+    return 0
+
+
+@_guarded
+def db_current(args: argparse.Namespace) -> int:
+    revision = migrate.current_revision(_url(args))
+    head = migrate.head_revision()
+    print(f"{revision or 'base'}{' (head)' if revision == head else f' (head is {head})'}")
+    return 0
+
+
+@_guarded
+def db_rebuild_rollups(args: argparse.Namespace) -> int:
+    with _engine(args) as engine, engine.begin() as conn:
+        counted = rebuild_rollups(conn)
+    print(f"rollups rebuilt from {counted} requests")
+    return 0
+
+
+@_guarded
+def demo_data(args: argparse.Namespace) -> int:
+    from db.demo_data import write_demo_data
+
+    result = write_demo_data(_url(args), rows=args.rows, seed=args.seed, days=args.days)
+    print(f"wrote {result.rows} demo requests for {len(result.tenants)} tenants "
+          f"from {result.since:%Y-%m-%d %H:%M} to {result.until:%Y-%m-%d %H:%M} UTC in {result.seconds:.1f}s")
+    return 0
+
+
+@_guarded
+def keys_create(args: argparse.Namespace) -> int:
+    with _engine(args) as engine:
+        created = keys.create_api_key(engine, args.tenant, is_admin=args.admin, label=args.label)
+    if args.json:
+        _print_json(asdict(created))
+        return 0
+    role = "admin key" if created.is_admin else "key"
+    print(f"Created {role} {created.key_id} for tenant {created.tenant}. It is shown only this once:")
+    print(created.plaintext_key)
+    return 0
+
+
+@_guarded
+def keys_revoke(args: argparse.Namespace) -> int:
+    with _engine(args) as engine:
+        revoked = keys.revoke_api_key(engine, args.key_id)
+    if not revoked:
+        return _fail(f"no active key with id {args.key_id!r}")
+    print(f"revoked {args.key_id}")
+    return 0
+
+
+@_guarded
+def keys_list(args: argparse.Namespace) -> int:
+    with _engine(args) as engine:
+        listed = keys.list_api_keys(engine, include_revoked=not args.active)
+    if args.json:
+        _print_json([asdict(item) for item in listed])
+        return 0
+    rows = [
+        [item.key_id, item.tenant, "yes" if item.is_admin else "no", item.label or "",
+         f"{item.created_at:%Y-%m-%d %H:%M}", f"{item.revoked_at:%Y-%m-%d %H:%M}" if item.revoked_at else ""]
+        for item in listed
+    ]
+    print(_table(["KEY ID", "TENANT", "ADMIN", "LABEL", "CREATED (UTC)", "REVOKED (UTC)"], rows))
+    return 0
+
+
+@_guarded
+def stats(args: argparse.Namespace) -> int:
+    now = utc_now()
+    since = parse_moment(args.since, now)
+    until = parse_moment(args.until, now) if args.until else now
+    with _engine(args) as engine, engine.connect() as conn:
+        result = queries.stats(conn, since, until, bucket=args.bucket, group_by=args.by, tenant=args.tenant,
+                               model=args.model)
+    if args.json:
+        _print_json([asdict(row) for row in result])
+        return 0
+    headers = ["BUCKET (UTC)", *([args.by.upper()] if args.by else []), "REQUESTS", "PROMPT TOK", "CACHED TOK",
+               "TOKEN HIT", "REQ HIT", "TTFT HIT p50/p95 ms", "TTFT MISS p50/p95 ms"]
+    rows = [
+        [f"{row.bucket_start:%Y-%m-%d %H:%M}", *([row.group or ""] if args.by else []), str(row.requests),
+         str(row.prompt_tokens), str(row.cached_tokens), _pct(row.token_hit_rate), _pct(row.request_hit_share),
+         f"{_ms(row.ttft_hit_p50_ms)}/{_ms(row.ttft_hit_p95_ms)}",
+         f"{_ms(row.ttft_miss_p50_ms)}/{_ms(row.ttft_miss_p95_ms)}"]
+        for row in result
+    ]
+    print(_table(headers, rows) if rows else "no requests in this range")
+    return 0
+
+
+def _best_ms(fn: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(max(1, repeat)):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+@_guarded
+def bench_queries(args: argparse.Namespace) -> int:
+    from db.demo_data import write_demo_data
+
+    with tempfile.TemporaryDirectory() as scratch:
+        url = args.database_url or f"sqlite:///{Path(scratch) / 'bench.db'}"
+        migrate.upgrade(url)
+        engine = create_sync_engine_for(url)
+        try:
+            with engine.connect() as conn:
+                stored = len(queries.recent_requests(conn, limit=1))
+            if not stored:
+                result = write_demo_data(url, rows=args.rows, seed=0)
+                print(f"demo data: {result.rows} rows in {result.seconds:.1f}s")
+            now = utc_now()
+            week, month = now - timedelta(days=7), now - timedelta(days=30)
+            with engine.connect() as conn:
+                cases: list[tuple[str, Callable[[], object]]] = [
+                    ("stats 7d 1h", lambda: queries.stats(conn, week, now)),
+                    ("stats 30d 1d by tenant", lambda: queries.stats(conn, month, now, "1d", "tenant")),
+                    ("overview 30d", lambda: queries.overview(conn, month, now)),
+                    ("recent_requests 100", lambda: queries.recent_requests(conn, 100)),
+                    ("recent_requests 100 misses of a tenant",
+                     lambda: queries.recent_requests(conn, 100, tenant="initech-rag", hit=False)),
+                    ("top_prefixes 7d", lambda: queries.top_prefixes(conn, week, now, 20)),
+                    ("rule_counts 30d", lambda: queries.rule_counts(conn, month, now)),
+                    ("tenants + models", lambda: (queries.tenants(conn), queries.models(conn))),
+                ]
+                for name, fn in cases:
+                    print(f"{name:<42} {_best_ms(fn, args.repeat):8.1f} ms")
+        finally:
+            engine.dispose()
+    return 0

@@ -1,0 +1,116 @@
+"""The small named results of the read-side queries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class CacheFigures:
+    """Cache and latency figures over a set of requests, as computed from the rollups.
+
+    `token_hit_rate` is cached / prompt tokens over requests that reported both; `request_hit_share` the share of
+    requests with any cached token among those that reported cached tokens. Both are None when nothing was known.
+    TTFT quantiles come from the rollups' histograms (within about 15% of the exact value); None without samples.
+    """
+
+    requests: int = 0
+    error_requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    requests_with_known_cache: int = 0
+    requests_with_hit: int = 0
+    token_hit_rate: float | None = None
+    request_hit_share: float | None = None
+    latency_mean_ms: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    ttft_hit_p50_ms: float | None = None
+    ttft_hit_p95_ms: float | None = None
+    ttft_hit_mean_ms: float | None = None
+    ttft_miss_p50_ms: float | None = None
+    ttft_miss_p95_ms: float | None = None
+    ttft_miss_mean_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class StatsRow(CacheFigures):
+    """One time bucket (and group, when grouping) of `stats`. `group` is None when not grouping."""
+
+    bucket_start: datetime | None = None
+    group: str | None = None
+
+
+@dataclass(frozen=True)
+class Overview(CacheFigures):
+    """Totals over a time range (`overview`), plus how requests were labelled."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    miss_kinds: dict[str, int] = field(default_factory=dict)
+    error_types: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """A request as listed by `recent_requests` (the prompt text is only in `request_detail`)."""
+
+    request_id: str
+    created_at: datetime
+    tenant: str
+    key_id: str | None
+    endpoint: str
+    model: str
+    upstream: str
+    stream: bool
+    status_code: int
+    error_type: str | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+    ttft_ms: float | None
+    latency_ms: float
+    applied_rules: tuple[str, ...]
+    miss_kind: str | None
+    prefix_hash: str | None
+    diverged_at_token: int | None
+
+    @property
+    def cache_hit(self) -> bool | None:
+        """True when some prompt tokens came from cache, False on a known miss, None when unknown."""
+        return None if self.cached_tokens is None else self.cached_tokens > 0
+
+    @property
+    def uncached_tokens(self) -> int | None:
+        """Prompt tokens that had to be prefilled, when both counts are known."""
+        if self.prompt_tokens is None or self.cached_tokens is None:
+            return None
+        return max(0, self.prompt_tokens - self.cached_tokens)
+
+
+@dataclass(frozen=True)
+class PrefixRow:
+    """Reuse of one prompt prefix (by `prefix_hash`) over a time range."""
+
+    prefix_hash: str
+    requests: int
+    requests_with_hit: int
+    prompt_tokens: int
+    cached_tokens: int
+    first_seen: datetime
+    last_seen: datetime
+
+    @property
+    def request_hit_share(self) -> float:
+        """Share of this prefix's requests that hit the cache."""
+        return self.requests_with_hit / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class LabelCount:
+    """How many requests carried a label (a normalization rule, a miss kind, an error type)."""
+
+    value: str
+    requests: int
