@@ -182,7 +182,11 @@ def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
         ("max_connections", int),
     ):
         if key in section:
-            kwargs[key] = cast(section.pop(key))
+            value = section.pop(key)
+            try:
+                kwargs[key] = cast(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"[gateway] {key} = {value!r} is not a valid {cast.__name__}") from None
     if section:
         raise ConfigError(f"unknown [gateway] keys: {sorted(section)}")
     if kwargs.get("max_body_bytes", 1) <= 0:

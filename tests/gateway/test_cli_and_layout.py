@@ -1,0 +1,56 @@
+"""The CLI registration, cheap imports, and the import direction (the gateway never loads the engine)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from prefixscope.cli import build_parser
+
+GATEWAY_DIR = Path(__file__).resolve().parents[2] / "gateway"
+FORBIDDEN = {"torch", "transformers", "local_engine", "dashboard", "streamlit"}
+
+
+def test_gateway_commands_are_registered():
+    parser = build_parser()
+    args = parser.parse_args(["gateway", "--port", "9999", "--upstream", "http://127.0.0.1:1", "--database-url", "sqlite:///x.db"])
+    assert (args.port, args.upstream, args.database_url) == (9999, "http://127.0.0.1:1", "sqlite:///x.db")
+    assert callable(args.handler)
+    bench = parser.parse_args(["bench", "gateway", "--duration", "1"])
+    assert bench.duration == 1 and callable(bench.handler)
+
+
+def test_cli_module_is_cheap_to_import():
+    code = "import gateway.cli, sys; heavy = {'litestar', 'httpx', 'sqlalchemy', 'torch'} & set(sys.modules); print(sorted(heavy))"
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert output == "[]"
+
+
+def test_gateway_never_imports_the_engine_or_torch():
+    offenders = []
+    for path in GATEWAY_DIR.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
+    assert offenders == []
+
+
+def test_modules_stay_small():
+    sizes = {path.name: len(path.read_text().splitlines()) for path in GATEWAY_DIR.rglob("*.py")}
+    assert max(sizes.values()) <= 400, sizes
+
+
+def test_bad_config_exits_with_an_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[gateway]\nport = 'x'\nnope = 1\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "prefixscope", "gateway", "--config", str(bad)], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "prefixscope gateway:" in result.stderr
