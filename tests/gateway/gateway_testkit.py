@@ -263,3 +263,67 @@ class FakeStorage:
         self.stats_calls.append({"since": since, "until": until, "bucket": bucket, "group_by": group_by,
                                  "tenant": tenant})
         return [row for row in self.stats_rows if tenant is None or row.get("tenant") == tenant]
+
+
+# --- a TCP proxy whose plug can be pulled (database outages) -----------------------------------------------------
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:`port` to `target`; `stop()` refuses new connections and cuts open ones, `start()`
+    listens again on the same port. Runs its own event loop in a thread."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
+
+    def start(self) -> None:
+        self._call(self._start())
+
+    def stop(self) -> None:
+        self._call(self._stop())
+
+    def close(self) -> None:
+        self.stop()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_writer.transport.abort()
+            return
+        self._writers.update((client_writer, upstream_writer))
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.transport.abort()
+                self._writers.discard(writer)
+
+        await asyncio.gather(pipe(client_reader, upstream_writer), pipe(upstream_reader, client_writer))
