@@ -1,4 +1,4 @@
-"""`prefixscope dashboard` and `prefixscope bench dashboard` (and `prefixscope demo-data` when `db` lacks it).
+"""`prefixscope dashboard` and `prefixscope bench dashboard` (`prefixscope demo-data` belongs to `db`).
 
 Cheap to import: Streamlit, SQLAlchemy and the `db` package load only inside the handlers.
 """
@@ -40,15 +40,10 @@ def register(commands: argparse._SubParsersAction, bench_commands: argparse._Sub
     )
     bench.add_argument("--repeats", type=int, default=3, help="timed runs per page (the median is reported)")
     bench.add_argument("--seed", type=int, default=0, help="demo-data seed when the database is created")
+    bench.add_argument(
+        "--render", action="store_true", help="also run each page's whole script once (Streamlit's test runner)"
+    )
     bench.set_defaults(handler=_run_bench)
-
-    # `db` owns demo data; offer the command here only if its CLI did not (it registers before us).
-    if "demo-data" not in commands.choices:
-        demo = commands.add_parser("demo-data", help="write realistic demo request history into a database")
-        demo.add_argument("--rows", type=int, required=True, help="number of requests to write")
-        demo.add_argument("--database-url", default=None, metavar="URL", help="target database (default: db's setting)")
-        demo.add_argument("--seed", type=int, default=0)
-        demo.set_defaults(handler=_run_demo_data)
 
 
 def _run_dashboard(args: argparse.Namespace) -> int:
@@ -61,10 +56,3 @@ def _run_bench(args: argparse.Namespace) -> int:
     from dashboard.bench import run_bench
 
     return run_bench(args)
-
-
-def _run_demo_data(args: argparse.Namespace) -> int:
-    from dashboard.bench import write_demo_database
-
-    write_demo_database(args.database_url, args.rows, args.seed)
-    return 0

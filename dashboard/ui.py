@@ -29,6 +29,7 @@ RANGE_CHOICES: dict[str, timedelta] = {
     "Last 90 days": timedelta(days=90),
 }
 DEFAULT_RANGE = "Last 7 days"
+EARLIEST_DATE = date(2000, 1, 1)
 # Sidebar choices live under these keys (not the widgets' own), so they survive switching to a page without them.
 _STATE_PREFIX = "prefixscope_filter_"
 
@@ -109,7 +110,11 @@ def time_range_picker(now: datetime | None = None) -> tuple[datetime, datetime, 
     today = current.date()
     start_default, end_default = _remembered("dates", (today - timedelta(days=6), today))
     picked = st.sidebar.date_input(
-        "From / to (UTC, inclusive)", value=(start_default, end_default), key=f"{_STATE_PREFIX}dates_widget"
+        "From / to (UTC, inclusive)",
+        value=(start_default, end_default),
+        min_value=EARLIEST_DATE,
+        max_value=today + timedelta(days=1),
+        key=f"{_STATE_PREFIX}dates_widget",
     )
     dates = list(picked) if isinstance(picked, tuple | list) else [picked]
     start: date = dates[0] if dates else start_default
@@ -154,7 +159,7 @@ def read_database(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         reason = (str(getattr(exc, "orig", None) or exc).splitlines() or [exc.__class__.__name__])[0]
         hint = ""
         if "no such table" in reason or "does not exist" in reason:
-            hint = " The schema has not been created yet: run the database migrations first."
+            hint = " The schema has not been created yet: run `prefixscope db upgrade` first."
         st.warning(f"Cannot read the database: {reason[:300]}.{hint}")
         st.stop()
         raise  # unreachable: st.stop() raises

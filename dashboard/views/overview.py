@@ -56,9 +56,10 @@ def render_totals(result: OverviewData) -> None:
     unknown = totals.requests - totals.requests_with_known_cache
     if unknown:
         st.caption(
-            f"{unknown:,} requests came from upstreams that did not report cached tokens; hit rates leave them out. "
-            "TTFT percentiles are estimated from histograms (within about 15%)."
+            f"{unknown:,} requests have no cached-token count (failed, or sent to an upstream that does not report "
+            "it); the hit rates leave them out."
         )
+    st.caption("TTFT percentiles are estimated from the hourly histograms (within about 15%).")
 
 
 @st.fragment(run_every=settings.refresh_s)

@@ -1,0 +1,154 @@
+"""`prefixscope bench dashboard`: how long each page waits for its data on a large database.
+
+Each page's loaders (`dashboard.loaders`, the functions its cached wrappers call) run uncached on a fresh connection,
+`--repeats` times; the median and the per-loader split are printed as JSON. With `--render`, each page's whole script
+also runs once through Streamlit's test runner with empty caches, which adds chart and table building.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from dashboard import loaders
+from dashboard.ui import DEFAULT_RANGE, RANGE_CHOICES, ceil_minute
+
+BENCH_DIR = Path("var") / "bench"
+# Demo data spans this many days, so the pages' default range (7 days) sees about half of it.
+DEMO_DAYS = 14
+
+Step = tuple[str, Callable[..., Any], tuple[Any, ...]]
+
+
+def default_bench_url(rows: int) -> str:
+    return f"sqlite:///{(BENCH_DIR / f'dashboard-{rows}.db').resolve()}"
+
+
+def write_demo_database(url: str | None, rows: int, seed: int) -> None:
+    """Write `rows` demo requests with `db.demo_data` (migrating the database first) and say so."""
+    from db.config import database_url_from_env
+    from db.demo_data import write_demo_data
+
+    target = database_url_from_env(url)
+    print(f"writing {rows:,} demo requests into {target} ...", file=sys.stderr, flush=True)
+    result = write_demo_data(target, rows, seed=seed, days=DEMO_DAYS)
+    print(f"wrote {result.rows:,} requests in {result.seconds:.1f} s", file=sys.stderr, flush=True)
+
+
+def _count_requests(engine: Any) -> int:
+    from db.queries import overview
+
+    with engine.connect() as conn:
+        return overview(conn, datetime(1970, 1, 1, tzinfo=UTC), ceil_minute(datetime.now(UTC))).requests
+
+
+def _page_steps(engine: Any, since: datetime, until: datetime) -> dict[str, list[Step]]:
+    """What each page loads with the default filters (all tenants, all models, the default range)."""
+    with engine.connect() as conn:
+        newest = loaders.load_recent_requests(conn, since, until, None, None, None, None, limit=1)
+    newest_id = newest[0].request_id if newest else ""
+    catalog: Step = ("catalog", loaders.load_catalog, ())
+    return {
+        "overview": [catalog, ("overview", loaders.load_overview, (since, until, None, None))],
+        "requests": [
+            catalog,
+            ("recent_requests", loaders.load_recent_requests, (since, until, None, None, None, None)),
+            ("recent_requests(misses, evicted)", loaders.load_recent_requests, (since, until, None, None, False, "evicted")),
+            ("request_detail", loaders.load_request_detail, (newest_id,)),
+        ],
+        "prefixes": [catalog, ("prefixes", loaders.load_prefixes, (since, until, None))],
+        "cost": [catalog, ("model_usage", loaders.load_model_usage, (since, until, None))],
+    }
+
+
+def _time_page(engine: Any, steps: list[Step], repeats: int) -> dict[str, Any]:
+    totals: list[float] = []
+    per_step: dict[str, list[float]] = {name: [] for name, _, _ in steps}
+    for _ in range(repeats):
+        total = 0.0
+        for name, fn, args in steps:
+            started = time.perf_counter()
+            with engine.connect() as conn:
+                fn(conn, *args)
+            elapsed = (time.perf_counter() - started) * 1000
+            per_step[name].append(elapsed)
+            total += elapsed
+        totals.append(total)
+    return {
+        "query_ms_median": round(statistics.median(totals), 1),
+        "query_ms_max": round(max(totals), 1),
+        "queries_ms_median": {name: round(statistics.median(values), 1) for name, values in per_step.items()},
+    }
+
+
+def _render_ms(url: str, page: str) -> float:
+    """One run of the page's script through Streamlit's test runner, caches cleared first."""
+    import logging
+    import os
+
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard.settings import ENV_DATABASE_URL, ENV_ENGINE_URL
+
+    # The test runner warns about running outside a server on every run; the figures go to stdout regardless.
+    logging.getLogger("streamlit").setLevel(logging.ERROR)
+    os.environ[ENV_DATABASE_URL] = url
+    # The benchmark times the database side; a closed port makes the engine calls fail at once.
+    os.environ.setdefault(ENV_ENGINE_URL, "http://127.0.0.1:9")
+    app = AppTest.from_file(str(Path(__file__).resolve().parent / "app.py"), default_timeout=120)
+    app.run()
+    if page != "overview":
+        app.switch_page(f"views/{page}.py")
+    st.cache_data.clear()
+    started = time.perf_counter()
+    app.run()
+    elapsed = (time.perf_counter() - started) * 1000
+    if app.exception:
+        raise RuntimeError(f"page {page} failed: {app.exception[0].message}")
+    return round(elapsed, 1)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from db.config import sqlite_path
+    from db.engine import create_sync_engine_for
+
+    url = args.database_url or default_bench_url(args.rows)
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        write_demo_database(url, args.rows, args.seed)
+    engine = create_sync_engine_for(url)
+    try:
+        present = _count_requests(engine)
+        if present == 0:
+            write_demo_database(url, args.rows, args.seed)
+            present = _count_requests(engine)
+        elif present != args.rows:
+            print(f"note: the database holds {present:,} requests, not {args.rows:,}", file=sys.stderr)
+        until = ceil_minute(datetime.now(UTC))
+        window: timedelta = RANGE_CHOICES[DEFAULT_RANGE]
+        steps = _page_steps(engine, until - window, until)
+        pages = {page: _time_page(engine, page_steps, max(1, args.repeats)) for page, page_steps in steps.items()}
+    finally:
+        engine.dispose()
+    pages["engine"] = {"query_ms_median": 0.0, "note": "no database queries: reads the engine's cache API over HTTP"}
+    if args.render:
+        for page in pages:
+            pages[page]["render_ms"] = _render_ms(url, page)
+    report = {
+        "benchmark": "dashboard",
+        "database": url,
+        "requests": present,
+        "range": DEFAULT_RANGE,
+        "repeats": max(1, args.repeats),
+        "pages": pages,
+    }
+    print(json.dumps(report, indent=2))
+    return 0

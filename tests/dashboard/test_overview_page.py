@@ -1,0 +1,107 @@
+"""Overview page on a seeded database: the figures must equal the ones computed from the seeded rows."""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+
+from dashboard_testkit import engine_stats_payload, expected_figures
+
+from dashboard import ui
+from dashboard.settings import DEFAULT_PREFILL_TOKENS_PER_S, ENV_PREFILL_TOKENS_PER_S
+
+
+def metrics(app: object) -> dict[str, str]:
+    return {metric.label: metric.value for metric in app.metric}  # type: ignore[attr-defined]
+
+
+def captions(app: object) -> str:
+    return "\n".join(caption.value for caption in app.caption)  # type: ignore[attr-defined]
+
+
+def test_overview_shows_hit_rates_and_tokens_from_the_rows(run_page, seeded_url, records, engine) -> None:
+    expected = expected_figures(records)
+    app = run_page("overview", seeded_url, engine_url=engine[0])
+    shown = metrics(app)
+    assert shown["Requests"] == f"{expected.requests:,}"
+    assert shown["Token hit rate"] == ui.format_share(expected.token_hit_rate) == "39.4%"
+    assert shown["Requests with any hit"] == ui.format_share(expected.request_hit_share) == "66.7%"
+    assert shown["Tokens served from cache"] == ui.format_tokens(expected.cached_tokens) == "3.15k"
+
+
+def test_prefill_time_saved_uses_the_engines_measured_speed(run_page, seeded_url, records, engine) -> None:
+    engine_url, state = engine
+    state.stats = engine_stats_payload(prefill_tokens_per_s=500.0)
+    app = run_page("overview", seeded_url, engine_url=engine_url)
+    assert metrics(app)["Prefill time saved"] == ui.format_seconds(expected_figures(records).cached_tokens / 500.0)
+    assert "the engine's measured prefill speed, 500 tokens/s" in captions(app)
+
+
+def test_prefill_time_saved_falls_back_to_the_configured_default(run_page, seeded_url, records) -> None:
+    app = run_page("overview", seeded_url, **{ENV_PREFILL_TOKENS_PER_S: "2000"})
+    assert metrics(app)["Prefill time saved"] == ui.format_seconds(expected_figures(records).cached_tokens / 2000.0)
+    assert "configured default of 2,000 tokens/s" in captions(app)
+    assert "not reachable" in captions(app)
+
+
+def test_prefill_default_is_used_while_the_engine_has_not_measured(run_page, seeded_url, engine) -> None:
+    engine_url, state = engine
+    state.stats = engine_stats_payload(prefill_tokens_per_s=None)
+    app = run_page("overview", seeded_url, engine_url=engine_url)
+    assert f"configured default of {DEFAULT_PREFILL_TOKENS_PER_S:,.0f} tokens/s" in captions(app)
+    assert "has not measured" in captions(app)
+
+
+def test_ttft_on_hits_and_misses(run_page, seeded_url) -> None:
+    shown = metrics(run_page("overview", seeded_url))
+    # Hits took 20-60 ms and misses 300-320 ms; the histogram estimates land within their bins.
+    hit_p50 = float(shown["TTFT p50, hits"].removesuffix(" ms"))
+    miss_p50 = float(shown["TTFT p50, misses"].removesuffix(" ms"))
+    assert 15 <= hit_p50 <= 30
+    assert 250 <= miss_p50 <= 400
+    assert "p50 speed-up on hits" in shown
+
+
+def test_tenant_filter_narrows_the_figures(run_page, seeded_url, records) -> None:
+    app = run_page("overview", seeded_url)
+    app.sidebar.selectbox[1].set_value("beta").run()
+    assert not app.exception
+    beta = [record for record in records if record.tenant == "beta"]
+    shown = metrics(app)
+    assert shown["Requests"] == str(len(beta))
+    assert shown["Token hit rate"] == ui.format_share(expected_figures(beta).token_hit_rate) == "0.0%"
+
+
+def test_time_range_without_requests_says_so(run_page, seeded_url) -> None:
+    app = run_page("overview", seeded_url)
+    app.sidebar.selectbox[0].set_value(ui.CUSTOM_RANGE).run()
+    app.sidebar.date_input[0].set_value((date(2001, 1, 1), date(2001, 1, 7))).run()
+    assert not app.exception
+    assert any("No requests in this time range" in info.value for info in app.info)
+
+
+def test_charts_are_drawn(run_page, seeded_url) -> None:
+    app = run_page("overview", seeded_url)
+    specs = [chart.proto.spec for chart in app.get("plotly_chart")]
+    assert any("token hit rate" in spec for spec in specs)
+    assert any("misses p50" in spec for spec in specs)
+
+
+def test_empty_database_shows_a_message(run_page, empty_url) -> None:
+    app = run_page("overview", empty_url)
+    assert any("No requests recorded yet" in info.value for info in app.info)
+    assert not app.metric
+
+
+def test_database_without_schema_shows_a_warning(run_page, tmp_path: Path) -> None:
+    bare = tmp_path / "bare.db"
+    bare.write_bytes(b"")
+    app = run_page("overview", f"sqlite:///{bare}")
+    assert any("prefixscope db upgrade" in warning.value for warning in app.warning)
+
+
+def test_missing_database_file_shows_a_warning_and_is_not_created(run_page, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.db"
+    app = run_page("overview", f"sqlite:///{missing}")
+    assert any("does not exist" in warning.value for warning in app.warning)
+    assert not missing.exists()
