@@ -1,4 +1,4 @@
-"""The database's subcommands of `prefixscope`: `db ...`, `keys ...`, `stats`, and `bench db-queries`.
+"""The database's subcommands of `prefixscope`: `db ...`, `keys ...`, `stats`, `demo-data`, `bench db-queries`.
 
 Cheap to import: only argparse here. Each handler imports `db.commands` (and with it SQLAlchemy) when it runs.
 """
@@ -98,9 +98,11 @@ def register(commands: Any, bench_commands: Any) -> None:
     _register_db(commands)
     _register_keys(commands)
     _register_stats(commands)
-    bench = _with_url(
-        bench_commands.add_parser("db-queries", help="time the dashboard's queries on demo data")
-    )
+    # Also at top level, as `prefixscope demo-data`; guarded so that a program registering the same name first wins.
+    if "demo-data" not in commands.choices:
+        add_demo_data_arguments(commands.add_parser("demo-data", help="write realistic demo request history"))
+    bench = bench_commands.add_parser("db-queries", help="time the read-side queries on demo data")
+    bench.add_argument("--database-url", default=None, help="database to time (default: a temporary SQLite file)")
     bench.add_argument("--rows", type=int, default=200_000, help="demo rows to generate first when the DB is empty")
     bench.add_argument("--repeat", type=int, default=3, help="runs per query (the best is printed)")
     bench.set_defaults(handler=_lazy("bench_queries"))

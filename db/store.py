@@ -112,7 +112,9 @@ def store_records(conn: Connection, records: Sequence[RequestRecord], *, check_e
 
 def iter_records(conn: Connection, chunk_size: int = 10_000) -> Iterable[RequestRecord]:
     """Every stored request as a record, streamed in chunks (for maintenance jobs over the whole table)."""
-    result = conn.execution_options(yield_per=chunk_size).execute(select(RequestRecordRow.__table__))
+    # Options on the statement, not the connection: Connection.execution_options changes the connection in place,
+    # and a server-side cursor left switched on breaks later executemany calls on it.
+    result = conn.execute(select(REQUESTS).execution_options(yield_per=chunk_size))
     for row in result:
         yield row_to_record(row)
 

@@ -62,6 +62,7 @@ class WriterCounters:
     accepted: int = 0
     rejected: int = 0
     lost: int = 0
+    batches: int = 0  # transactions that stored records (direct writes and replayed chunks)
     database_available: bool = True
 
 
@@ -90,7 +91,7 @@ class RecordWriter:
         self._next_probe = 0.0
         self._in_flight = 0
         self._accepted = self._written = self._spilled = self._replayed = 0
-        self._dropped = self._rejected = self._lost = 0
+        self._dropped = self._rejected = self._lost = self._batches = 0
 
     # -- the request path -------------------------------------------------------------------------------------
 
@@ -119,6 +120,7 @@ class RecordWriter:
             accepted=self._accepted,
             rejected=self._rejected,
             lost=self._lost,
+            batches=self._batches,
             database_available=self._available,
         )
 
@@ -211,7 +213,9 @@ class RecordWriter:
             async with engine.begin() as conn:
                 return await conn.run_sync(store_records, records)
 
-        return await asyncio.wait_for(transaction(), timeout=self.config.write_timeout_s)
+        result = await asyncio.wait_for(transaction(), timeout=self.config.write_timeout_s)
+        self._batches += 1
+        return result
 
     def _mark_unavailable(self, exc: BaseException) -> None:
         if self._available:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from sqlalchemy import ColumnElement, Connection, func, select
+from sqlalchemy import ColumnElement, Connection, cast, func, select
 from sqlalchemy.orm import Session
 
 from db.histogram import merge, quantile
@@ -93,7 +93,8 @@ def rollup_filters(table: Any, since: Any, until: Any, **equal: str | None) -> l
 def summed_rollups(conn: Reader, where: list[ColumnElement[bool]], group_columns: list[Any]) -> list[Any]:
     """Rows of `group_columns` plus the `SUMMED` sums, one per distinct group."""
     stmt = (
-        select(*group_columns, *(func.sum(ROLLUPS.c[name]).label(name) for name in SUMMED))
+        # Cast back to the column type: PostgreSQL sums BIGINT into NUMERIC, which arrives as Decimal.
+        select(*group_columns, *(cast(func.sum(ROLLUPS.c[name]), ROLLUPS.c[name].type).label(name) for name in SUMMED))
         .where(*where)
         .group_by(*group_columns)
     )
