@@ -149,14 +149,14 @@ class RadixCache:
                 leaf = RadixNode(node, token_ids[position:stored], slots[position:stored].clone(), now)
                 node.children[child_key(token_ids, position, self.page_size)] = leaf
                 self.evictable_tokens += leaf.num_tokens
-                return InsertResult(num_cached_tokens=position, num_stored_tokens=stored)
+                return InsertResult(num_cached_tokens=position, num_stored_tokens=stored, node=leaf)
             same = common_prefix_tokens(child.key, token_ids, position, stored, self.page_size)
             if same < child.num_tokens:
                 child = self._split(child, same)
             child.last_access_s = now
             position += same
             node = child
-        return InsertResult(num_cached_tokens=stored, num_stored_tokens=stored)
+        return InsertResult(num_cached_tokens=stored, num_stored_tokens=stored, node=node if position else None)
 
     def _split(self, child: RadixNode, num_tokens: int) -> RadixNode:
         """Cut `child`'s edge after `num_tokens`; returns the new upper node, which keeps the child's locks."""

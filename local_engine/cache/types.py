@@ -51,3 +51,4 @@ class InsertResult:
 
     num_cached_tokens: int
     num_stored_tokens: int
+    node: Any = None  # the node ending at `num_stored_tokens`, to lock what was just stored

@@ -1,0 +1,89 @@
+"""`prefixscope engine` and `prefixscope bench engine`. Imports torch only when a command runs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="'smollm2' or a local transformers model directory")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--kv-cache-tokens", type=int, default=None, help="KV pool capacity in tokens")
+    size.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool capacity in GiB")
+    parser.add_argument("--page-size", type=int, default=1, help="tokens per page (matches are page-aligned)")
+    parser.add_argument("--eviction", default="lru", choices=["lru", "fifo", "lfu"])
+    parser.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="drop prefixes unused this long")
+    parser.add_argument("--no-prefix-cache", action="store_true", help="serve without reuse (A/B baseline)")
+    parser.add_argument("--max-active-requests", type=int, default=8)
+
+
+def engine_config_from(args: argparse.Namespace):
+    from local_engine.config import EngineConfig
+
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        kv_cache_tokens=args.kv_cache_tokens,
+        kv_cache_gib=args.kv_cache_gib,
+        page_size=args.page_size,
+        eviction=args.eviction,
+        ttl_s=args.ttl,
+        prefix_cache=not args.no_prefix_cache,
+        max_active_requests=args.max_active_requests,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import os
+
+    import uvicorn
+
+    from local_engine.config import ServerConfig
+    from local_engine.engine import Engine
+    from local_engine.model_loader import load_model, resolve_device
+    from local_engine.server import create_app
+
+    config = engine_config_from(args)
+    loaded = load_model(config.model, resolve_device(config.device))
+    engine = Engine(config, loaded)
+    admin_token = args.admin_token or os.environ.get("PREFIXSCOPE_ENGINE_ADMIN_TOKEN")
+    server_config = ServerConfig(host=args.host, port=args.port, admin_token=admin_token)
+    print(
+        f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
+        f"{engine.pool.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
+        f"{'prefix cache ' + config.eviction if config.prefix_cache else 'no prefix cache'}; "
+        f"listening on http://{args.host}:{args.port}",
+        flush=True,
+    )
+    engine.start()
+    try:
+        uvicorn.run(create_app(engine, server_config), host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.stop()
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from local_engine.bench import run_engine_benchmark
+
+    return run_engine_benchmark(args)
+
+
+def register(commands, bench_commands) -> None:
+    serve = commands.add_parser("engine", help="serve a model with the radix prefix cache (OpenAI-compatible API)")
+    _add_engine_options(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8001)
+    serve.add_argument("--admin-token", default=None, help="required by POST /v1/cache/flush")
+    serve.add_argument("--log-level", default="warning")
+    serve.set_defaults(handler=_serve)
+
+    bench = bench_commands.add_parser("engine", help="TTFT on cache hits vs misses, against the no-cache baseline")
+    _add_engine_options(bench)
+    bench.add_argument("--num-prefixes", type=int, default=4, help="distinct long system prompts")
+    bench.add_argument("--prefix-tokens", type=int, default=2048)
+    bench.add_argument("--turns-per-prefix", type=int, default=4, help="requests per system prompt")
+    bench.add_argument("--max-tokens", type=int, default=16)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.set_defaults(handler=_bench, kv_cache_tokens=None)

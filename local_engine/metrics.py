@@ -1,0 +1,52 @@
+"""Prometheus exposition of the engine's counters (monotonic) and the pool's state (gauges)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from local_engine.cache import MissKind
+
+
+class _EngineCollector:
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        counters = self.engine.counters
+        stats = self.engine.cache_stats()
+        simple_counters = [
+            ("prefixscope_engine_prompt_tokens", "Prompt tokens received.", counters.prompt_tokens),
+            ("prefixscope_engine_cached_tokens", "Prompt tokens served from the prefix cache.", counters.cached_tokens),
+            ("prefixscope_engine_prefill_tokens", "Prompt tokens computed (not served from cache).", counters.prefill_tokens),
+            ("prefixscope_engine_completion_tokens", "Tokens generated.", counters.completion_tokens),
+            ("prefixscope_engine_evicted_tokens", "Cached tokens evicted to make room.", stats["evicted_tokens_total"]),
+            ("prefixscope_engine_expired_tokens", "Cached tokens dropped by the TTL.", stats["expired_tokens_total"]),
+            ("prefixscope_engine_failed_requests", "Requests that ended in an error.", counters.failed_requests),
+            ("prefixscope_engine_prefill_seconds", "Time spent computing prompt tokens.", counters.prefill_s),
+        ]
+        for name, documentation, value in simple_counters:
+            yield CounterMetricFamily(name, documentation, value=value)
+        by_kind = CounterMetricFamily(
+            "prefixscope_engine_requests", "Requests admitted, by prefix-cache outcome.", labels=["miss"]
+        )
+        for kind in MissKind:
+            by_kind.add_metric([kind.value], counters.requests_by_miss_kind.get(kind.value, 0))
+        yield by_kind
+        gauges = [
+            ("prefixscope_engine_pool_capacity_tokens", "KV pool capacity in tokens.", stats["capacity_tokens"]),
+            ("prefixscope_engine_pool_used_tokens", "KV pool slots in use.", stats["capacity_tokens"] - stats["free_tokens"]),
+            ("prefixscope_engine_cache_evictable_tokens", "Cached tokens no request holds.", stats["evictable_tokens"]),
+            ("prefixscope_engine_cache_protected_tokens", "Cached tokens held by running requests.", stats["protected_tokens"]),
+            ("prefixscope_engine_tree_nodes", "Radix tree nodes.", stats["num_nodes"]),
+            ("prefixscope_engine_active_requests", "Requests being decoded.", stats["active_requests"]),
+            ("prefixscope_engine_waiting_requests", "Requests queued for admission.", stats["waiting_requests"]),
+        ]
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(name, documentation, value=value)
+
+
+def render_metrics(engine) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_EngineCollector(engine))
+    return generate_latest(registry)

