@@ -19,6 +19,7 @@ from dashboard.prices import ModelUsage
 
 RECENT_REQUESTS_LIMIT = 500
 TOP_PREFIXES_LIMIT = 25
+LABEL_SCAN_REQUESTS = 10
 
 
 def bucket_for_span(span: timedelta) -> str:
@@ -107,15 +108,18 @@ def _prompt_label(text: str, max_chars: int = 60) -> str:
 
 
 def load_prefix_labels(conn: Connection, prefix_hashes: list[str]) -> dict[str, str]:
-    """A short label per prefix from the prompt text of its newest request, where that request stored its prompt."""
+    """A short label per prefix: the start of the newest stored prompt among its last few requests.
+
+    Prompts are stored only for tenants that opted in (and perhaps sampled), so each prefix's newest
+    `LABEL_SCAN_REQUESTS` requests are looked at, newest first, by primary key.
+    """
     labels: dict[str, str] = {}
     for prefix_hash in prefix_hashes:
-        newest = queries.recent_requests(conn, limit=1, prefix_hash=prefix_hash)
-        if not newest:
-            continue
-        detail = queries.request_detail(conn, newest[0].request_id)
-        if detail is not None and detail.prompt_text:
-            labels[prefix_hash] = _prompt_label(detail.prompt_text)
+        for row in queries.recent_requests(conn, limit=LABEL_SCAN_REQUESTS, prefix_hash=prefix_hash):
+            detail = queries.request_detail(conn, row.request_id)
+            if detail is not None and detail.prompt_text:
+                labels[prefix_hash] = _prompt_label(detail.prompt_text)
+                break
     return labels
 
 

@@ -1,0 +1,68 @@
+"""Engine cache page against a stand-in engine serving the cache API's exact shape."""
+
+from __future__ import annotations
+
+import json
+
+from dashboard_testkit import ENGINE_TREE_NUM_NODES, ENGINE_TREE_TOTAL_TOKENS, engine_stats_payload
+
+
+def metrics(app: object) -> dict[str, str]:
+    return {metric.label: metric.value for metric in app.metric}  # type: ignore[attr-defined]
+
+
+def chart_specs(app: object) -> list[dict]:
+    return [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]  # type: ignore[attr-defined]
+
+
+def test_pool_usage_and_evictions(run_page, empty_url, engine) -> None:
+    app = run_page("engine", empty_url, engine_url=engine[0])
+    shown = metrics(app)
+    stats = engine_stats_payload()
+    assert shown["Pool used"] == "25.0%"
+    assert shown["Capacity (tokens)"] == f"{stats['capacity_tokens']:,}"
+    assert shown["Evicted tokens (total)"] == "2,048"
+    assert shown["Cached nodes"] == "7"
+    assert shown["Prefill speed"] == "1,000 tok/s"
+    pool = chart_specs(app)[0]
+    assert [trace["x"][0] for trace in pool["data"]] == [64, 960, 4096 - 1024]
+
+
+def test_cache_tree_is_drawn_with_tokens_and_hits(run_page, empty_url, engine) -> None:
+    app = run_page("engine", empty_url, engine_url=engine[0])
+    tree = chart_specs(app)[1]["data"][0]
+    assert tree["type"] == "icicle"
+    assert len(tree["ids"]) == 1 + ENGINE_TREE_NUM_NODES  # plus the synthetic top node
+    assert sum(tree["values"]) == ENGINE_TREE_TOTAL_TOKENS
+    assert max(tree["marker"]["colors"]) == 9
+    namespaces = app.dataframe[0].value.set_index("namespace")
+    assert namespaces.loc["5a1t0001", "tokens"] == 512 + 128 + 64
+    assert namespaces.loc["5a1t0001", "locked nodes"] == 1
+    assert namespaces.loc["5a1t0002", "hits"] == 2
+    assert engine[1].tree_queries[-1] == "max_nodes=1000"
+
+
+def test_chart_kind_and_node_limit(run_page, empty_url, engine) -> None:
+    app = run_page("engine", empty_url, engine_url=engine[0])
+    app.segmented_control[0].set_value("sunburst").run()
+    assert chart_specs(app)[1]["data"][0]["type"] == "sunburst"
+    app.select_slider[0].set_value(250).run()
+    assert engine[1].tree_queries[-1] == "max_nodes=250"
+
+
+def test_truncated_tree_is_mentioned(run_page, empty_url, engine) -> None:
+    engine[1].tree = dict(engine[1].tree, truncated=True)
+    app = run_page("engine", empty_url, engine_url=engine[0])
+    assert any("largest nodes only" in caption.value for caption in app.caption)
+
+
+def test_empty_cache_says_so(run_page, empty_url, engine) -> None:
+    engine[1].tree = {"namespaces": [], "truncated": False}
+    app = run_page("engine", empty_url, engine_url=engine[0])
+    assert any("cache is empty" in info.value for info in app.info)
+
+
+def test_unreachable_engine_shows_a_warning(run_page, empty_url) -> None:
+    app = run_page("engine", empty_url)
+    assert any("engine is not reachable" in warning.value for warning in app.warning)
+    assert not app.get("plotly_chart")
