@@ -97,7 +97,7 @@ def test_pages_hold_no_sql() -> None:
         assert not any(name.split(".")[0] == "sqlalchemy" for name in imported), path.name
         assert "db.queries" not in imported and "db.engine" not in imported, path.name
         source = path.read_text()
-        assert not re.search(r"\bSELECT\b|\bselect\(|\.execute\(|\btext\(", source), path.name
+        assert not re.search(r"\bSELECT\b|(?<![\w.])(select|text)\(|\.execute\(", source), path.name
 
 
 def test_modules_stay_small() -> None:
