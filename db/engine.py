@@ -28,16 +28,19 @@ POSTGRES_CONNECT_TIMEOUT_S = 5
 T = TypeVar("T")
 
 
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        # With WAL, NORMAL keeps the database consistent across crashes and only risks the last commits on power loss.
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-    finally:
-        cursor.close()
+def _sqlite_pragmas(busy_timeout_ms: int) -> Callable[[Any, Any], None]:
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            # With WAL, NORMAL stays consistent across crashes and only risks the last commits on power loss.
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    return on_connect
 
 
 def _connect_args(url: str, is_async: bool) -> dict[str, Any]:
@@ -48,18 +51,26 @@ def _connect_args(url: str, is_async: bool) -> dict[str, Any]:
     return {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}
 
 
-def create_sync_engine_for(url: str, **kwargs: Any) -> Engine:
-    """A blocking engine for `url` (any accepted spelling); extra keyword arguments go to `create_engine`."""
+def create_sync_engine_for(url: str, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, **kwargs: Any) -> Engine:
+    """A blocking engine for `url` (any accepted spelling); extra keyword arguments go to `create_engine`.
+
+    `busy_timeout_ms` is how long a SQLite connection waits for another writer's lock before failing.
+    """
     target = sync_url(url)
     kwargs.setdefault("connect_args", _connect_args(target, is_async=False))
     engine = create_engine(target, **kwargs)
     if backend_of(target) == "sqlite":
-        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_ms))
     return engine
 
 
-def create_async_engine_for(url: str, **kwargs: Any) -> AsyncEngine:
-    """An asyncio engine for `url` (any accepted spelling); extra keyword arguments go to `create_async_engine`."""
+def create_async_engine_for(
+    url: str, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, **kwargs: Any
+) -> AsyncEngine:
+    """An asyncio engine for `url` (any accepted spelling); extra keyword arguments go to `create_async_engine`.
+
+    `busy_timeout_ms` is how long a SQLite connection waits for another writer's lock before failing.
+    """
     target = async_url(url)
     kwargs.setdefault("connect_args", _connect_args(target, is_async=True))
     if backend_of(target) == "postgresql":
@@ -67,7 +78,7 @@ def create_async_engine_for(url: str, **kwargs: Any) -> AsyncEngine:
         kwargs.setdefault("pool_pre_ping", True)
     engine = create_async_engine(target, **kwargs)
     if backend_of(target) == "sqlite":
-        event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas(busy_timeout_ms))
     return engine
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -25,45 +25,22 @@ from db.engine import create_async_engine_for
 from db.records import RequestRecord
 from db.spill import SpillFile
 from db.store import REQUESTS, StoreResult, store_records
+from db.writer_config import WriterConfig, WriterCounters
+
+__all__ = ["RecordWriter", "WriterConfig", "WriterCounters"]
 
 logger = logging.getLogger("prefixscope.db.writer")
 
-
-@dataclass(frozen=True)
-class WriterConfig:
-    """Settings of a `RecordWriter`."""
-
-    database_url: str
-    queue_size: int = 10_000
-    batch_size: int = 500
-    flush_interval_s: float = 0.2
-    spill_path: Path = field(default_factory=lambda: Path("var/spill/requests.jsonl"))
-    replay_interval_s: float = 5.0
-    replay_batch_size: int = 2_000
-    # Longer than any healthy batch; a write that hangs past this is treated as the database being unavailable.
-    write_timeout_s: float = 30.0
-
-
-@dataclass(frozen=True)
-class WriterCounters:
-    """Counts since the writer was created. `queued` and `pending_spill` are current levels, the rest totals.
-
-    Every accepted record is in exactly one place, so with an empty spill file at the start:
-    accepted == queued + written + pending_spill + replayed + rejected + lost. `spilled` counts records that went
-    through the spill file (each is then pending, replayed or rejected); `dropped` records were never accepted.
-    """
-
-    queued: int
-    written: int
-    spilled: int
-    replayed: int
-    dropped: int
-    pending_spill: int
-    accepted: int = 0
-    rejected: int = 0
-    lost: int = 0
-    batches: int = 0  # transactions that stored records (direct writes and replayed chunks)
-    database_available: bool = True
+# Errors that say the database cannot take writes now, whatever the data: no connection, a missing file or schema,
+# a lock held past the busy timeout, a deadlock or cancelled statement, a write that timed out.
+_UNAVAILABLE_ERRORS = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.DisconnectionError,
+    sa_exc.TimeoutError,
+    OSError,
+    TimeoutError,
+)
 
 
 @dataclass(frozen=True)
@@ -163,13 +140,22 @@ class RecordWriter:
         while True:
             batch = await self._collect()
             if batch:
-                await self._handle(batch)
-                self._in_flight = 0
-                for _ in batch:
-                    self._queue.task_done()
+                try:
+                    await self._handle(batch)
+                except Exception:  # noqa: BLE001 - a bug must not stop recording; count what it cost
+                    logger.exception("unexpected error handling a batch of %d records", len(batch))
+                    self._lost += len(batch)
+                finally:
+                    self._in_flight = 0
+                    for _ in batch:
+                        self._queue.task_done()
             if self._stopping and self._queue.empty():
                 break
-            await self._maybe_replay()
+            try:
+                await self._maybe_replay()
+            except Exception:  # noqa: BLE001
+                logger.exception("unexpected error replaying the spill file")
+                self._next_probe = asyncio.get_running_loop().time() + self.config.replay_interval_s
         await self._replay_all()
 
     async def _collect(self) -> list[RequestRecord]:
@@ -252,21 +238,27 @@ class RecordWriter:
             return False
         return True
 
+    async def _is_unavailable(self, exc: BaseException) -> bool:
+        """Whether a failed write means "not now" (keep the records) rather than "not this data" (set them aside).
+
+        Some errors say so outright. Beyond those, drivers report a missing server, database or table with many
+        exception types, so the database is probed: if the probe fails too, it is unavailable.
+        """
+        return isinstance(exc, _UNAVAILABLE_ERRORS) or not await self._probe()
+
     async def _store_or_isolate(self, records: list[RequestRecord]) -> _Outcome:
         """Store records, stopping at the first sign that the database is unavailable.
 
-        Drivers report a missing server, database or table with many exception types, so a failure is judged by
-        probing the database: if the probe fails too, the database is unavailable and the records are kept for
-        later. If the probe succeeds, the data is at fault: the records are retried one by one and those the
-        database refuses are rejected (counted, and kept in the `.rejected` file), so that one bad record can
-        neither block the spill file nor take its batch down with it.
+        When the database is there but the batch failed, the data is at fault: the records are retried one by one
+        and those the database refuses are rejected (counted, and kept in the `.rejected` file), so that one bad
+        record can neither block the spill file nor take its batch down with it.
         """
         try:
             await self._store(records)
             self._mark_available()
             return _Outcome(processed=len(records), stored=len(records))
         except Exception as exc:  # noqa: BLE001 - nothing may escape the writer task
-            if not await self._probe():
+            if await self._is_unavailable(exc):
                 self._mark_unavailable(exc)
                 return _Outcome(processed=0, stored=0)
             logger.warning("a batch of %d records failed, retrying one by one: %r", len(records), exc)
@@ -276,7 +268,7 @@ class RecordWriter:
                 await self._store([record])
                 stored += 1
             except Exception as exc:  # noqa: BLE001
-                if not await self._probe():
+                if await self._is_unavailable(exc):
                     self._mark_unavailable(exc)
                     return _Outcome(processed=index, stored=stored)
                 logger.error("database refused record %s: %r", record.request_id, exc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -11,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from db.engine import create_sync_engine_for
+from db.engine import create_async_engine_for, create_sync_engine_for
 from db.migrate import upgrade
 from db.records import RequestRecord
 from db.store import store_records
@@ -227,3 +228,31 @@ async def test_flush_needs_a_running_writer(db_url: str, tmp_path: Path) -> None
     writer = RecordWriter(_config(db_url, tmp_path))
     with pytest.raises(RuntimeError):
         await writer.flush()
+
+
+async def test_a_locked_sqlite_database_spills_rather_than_rejects(
+    sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
+) -> None:
+    db_path = tmp_path / "locked.db"
+    shutil.copyfile(sqlite_template, db_path)
+    db_url = f"sqlite:///{db_path}"
+    engine = create_async_engine_for(db_url, busy_timeout_ms=50)
+    writer = RecordWriter(_config(db_url, tmp_path), engine=engine)
+    records = [make_record() for _ in range(4)]
+    blocker = create_sync_engine_for(db_url)
+    try:
+        with blocker.connect() as lock:
+            lock.exec_driver_sql("BEGIN IMMEDIATE")  # another process holds the write lock (a long bulk load)
+            await writer.start()
+            for item in records:
+                writer.submit(item)
+            await writer.flush()
+            counters = writer.counters()
+            assert (counters.spilled, counters.rejected, counters.written) == (4, 0, 0)
+            lock.exec_driver_sql("ROLLBACK")
+        await writer.stop()
+    finally:
+        blocker.dispose()
+        await engine.dispose()
+    assert writer.counters().replayed == 4
+    assert sorted(db_helpers.stored_ids(db_url)) == sorted(item.request_id for item in records)
