@@ -8,6 +8,7 @@ import time
 from litestar import Litestar, Request, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
+from litestar.params import FromQuery
 from litestar.response import Response, Stream
 
 from local_engine.config import ServerConfig
@@ -114,7 +115,7 @@ async def cache_stats(state: State) -> dict:
 
 
 @get("/v1/cache/tree")
-async def cache_tree(state: State, max_nodes: int = 500) -> dict:
+async def cache_tree(state: State, max_nodes: FromQuery[int] = 500) -> dict:
     if max_nodes <= 0:
         raise InvalidRequest("max_nodes must be positive", param="max_nodes")
     return state.engine.tree_snapshot(min(max_nodes, _MAX_TREE_NODES))
