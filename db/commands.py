@@ -69,8 +69,9 @@ def _print_json(value: Any) -> None:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(headers[i]), *(len(row[i]) for row in rows)) if rows else len(headers[i])
-              for i in range(len(headers))]
+    widths = [
+        max(len(headers[i]), *(len(row[i]) for row in rows)) if rows else len(headers[i]) for i in range(len(headers))
+    ]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(headers, widths, strict=True)).rstrip()]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(lines)
@@ -119,8 +120,10 @@ def demo_data(args: argparse.Namespace) -> int:
     from db.demo_data import write_demo_data
 
     result = write_demo_data(_url(args), rows=args.rows, seed=args.seed, days=args.days)
-    print(f"wrote {result.rows} demo requests for {len(result.tenants)} tenants "
-          f"from {result.since:%Y-%m-%d %H:%M} to {result.until:%Y-%m-%d %H:%M} UTC in {result.seconds:.1f}s")
+    print(
+        f"wrote {result.rows} demo requests for {len(result.tenants)} tenants "
+        f"from {result.since:%Y-%m-%d %H:%M} to {result.until:%Y-%m-%d %H:%M} UTC in {result.seconds:.1f}s"
+    )
     return 0
 
 
@@ -155,8 +158,14 @@ def keys_list(args: argparse.Namespace) -> int:
         _print_json([asdict(item) for item in listed])
         return 0
     rows = [
-        [item.key_id, item.tenant, "yes" if item.is_admin else "no", item.label or "",
-         f"{item.created_at:%Y-%m-%d %H:%M}", f"{item.revoked_at:%Y-%m-%d %H:%M}" if item.revoked_at else ""]
+        [
+            item.key_id,
+            item.tenant,
+            "yes" if item.is_admin else "no",
+            item.label or "",
+            f"{item.created_at:%Y-%m-%d %H:%M}",
+            f"{item.revoked_at:%Y-%m-%d %H:%M}" if item.revoked_at else "",
+        ]
         for item in listed
     ]
     print(_table(["KEY ID", "TENANT", "ADMIN", "LABEL", "CREATED (UTC)", "REVOKED (UTC)"], rows))
@@ -169,18 +178,35 @@ def stats(args: argparse.Namespace) -> int:
     since = parse_moment(args.since, now)
     until = parse_moment(args.until, now) if args.until else now
     with _engine(args) as engine, engine.connect() as conn:
-        result = queries.stats(conn, since, until, bucket=args.bucket, group_by=args.by, tenant=args.tenant,
-                               model=args.model)
+        result = queries.stats(
+            conn, since, until, bucket=args.bucket, group_by=args.by, tenant=args.tenant, model=args.model
+        )
     if args.json:
         _print_json([asdict(row) for row in result])
         return 0
-    headers = ["BUCKET (UTC)", *([args.by.upper()] if args.by else []), "REQUESTS", "PROMPT TOK", "CACHED TOK",
-               "TOKEN HIT", "REQ HIT", "TTFT HIT p50/p95 ms", "TTFT MISS p50/p95 ms"]
+    headers = [
+        "BUCKET (UTC)",
+        *([args.by.upper()] if args.by else []),
+        "REQUESTS",
+        "PROMPT TOK",
+        "CACHED TOK",
+        "TOKEN HIT",
+        "REQ HIT",
+        "TTFT HIT p50/p95 ms",
+        "TTFT MISS p50/p95 ms",
+    ]
     rows = [
-        [f"{row.bucket_start:%Y-%m-%d %H:%M}", *([row.group or ""] if args.by else []), str(row.requests),
-         str(row.prompt_tokens), str(row.cached_tokens), _pct(row.token_hit_rate), _pct(row.request_hit_share),
-         f"{_ms(row.ttft_hit_p50_ms)}/{_ms(row.ttft_hit_p95_ms)}",
-         f"{_ms(row.ttft_miss_p50_ms)}/{_ms(row.ttft_miss_p95_ms)}"]
+        [
+            f"{row.bucket_start:%Y-%m-%d %H:%M}",
+            *([row.group or ""] if args.by else []),
+            str(row.requests),
+            str(row.prompt_tokens),
+            str(row.cached_tokens),
+            _pct(row.token_hit_rate),
+            _pct(row.request_hit_share),
+            f"{_ms(row.ttft_hit_p50_ms)}/{_ms(row.ttft_hit_p95_ms)}",
+            f"{_ms(row.ttft_miss_p50_ms)}/{_ms(row.ttft_miss_p95_ms)}",
+        ]
         for row in result
     ]
     print(_table(headers, rows) if rows else "no requests in this range")
@@ -218,8 +244,10 @@ def bench_queries(args: argparse.Namespace) -> int:
                     ("stats 30d 1d by tenant", lambda: queries.stats(conn, month, now, "1d", "tenant")),
                     ("overview 30d", lambda: queries.overview(conn, month, now)),
                     ("recent_requests 100", lambda: queries.recent_requests(conn, 100)),
-                    ("recent_requests 100 misses of a tenant",
-                     lambda: queries.recent_requests(conn, 100, tenant="initech-rag", hit=False)),
+                    (
+                        "recent_requests 100 misses of a tenant",
+                        lambda: queries.recent_requests(conn, 100, tenant="initech-rag", hit=False),
+                    ),
                     ("top_prefixes 7d", lambda: queries.top_prefixes(conn, week, now, 20)),
                     ("rule_counts 30d", lambda: queries.rule_counts(conn, month, now)),
                     ("tenants + models", lambda: (queries.tenants(conn), queries.models(conn))),

@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from db.engine import create_sync_engine_for
 from db.migrate import upgrade
@@ -43,15 +44,37 @@ class _TenantProfile:
     stores_prompts: bool = False
 
 
+# fmt: off
 _TENANTS = (
-    _TenantProfile("acme-support", 0.35, ("smollm2-135m-instruct",), 8, (1500, 3000), 0.92, 0.03, "evicted", 0.3,
-                   stores_prompts=True),
-    _TenantProfile("globex-agents", 0.25, ("llama-3.1-8b-instruct", "smollm2-135m-instruct"), 40, (2500, 6000),
-                   0.75, 0.35, "evicted", 0.8),
-    _TenantProfile("initech-rag", 0.2, ("qwen2.5-7b-instruct",), 200, (800, 4000), 0.45, 0.1, "expired", 0.2),
-    _TenantProfile("umbrella-timestamps", 0.12, ("llama-3.1-8b-instruct",), 15, (1000, 2000), 0.08, 0.5, "cold", 0.1),
-    _TenantProfile("hooli-batch", 0.08, ("gpt-4o-mini",), 30, (500, 1500), 0.6, 0.1, "expired", 0.0),
+    # A support bot: one long system prompt, almost always cached; stores prompts for the explorer.
+    _TenantProfile(
+        name="acme-support", weight=0.35, models=("smollm2-135m-instruct",), num_prefixes=8,
+        prefix_tokens=(1500, 3000), hit_rate=0.92, partial_rate=0.03, lost_kind="evicted", rules_rate=0.3,
+        stores_prompts=True,
+    ),
+    # Agents whose tool schemas arrive reordered: many partial hits.
+    _TenantProfile(
+        name="globex-agents", weight=0.25, models=("llama-3.1-8b-instruct", "smollm2-135m-instruct"),
+        num_prefixes=40, prefix_tokens=(2500, 6000), hit_rate=0.75, partial_rate=0.35, lost_kind="evicted",
+        rules_rate=0.8,
+    ),
+    # RAG over many documents: prefixes expire before they are reused.
+    _TenantProfile(
+        name="initech-rag", weight=0.2, models=("qwen2.5-7b-instruct",), num_prefixes=200,
+        prefix_tokens=(800, 4000), hit_rate=0.45, partial_rate=0.1, lost_kind="expired", rules_rate=0.2,
+    ),
+    # A timestamp in the system prompt: cold misses unless the hoisting rule is on.
+    _TenantProfile(
+        name="umbrella-timestamps", weight=0.12, models=("llama-3.1-8b-instruct",), num_prefixes=15,
+        prefix_tokens=(1000, 2000), hit_rate=0.08, partial_rate=0.5, lost_kind="cold", rules_rate=0.1,
+    ),
+    # Batch jobs on a hosted API that does not report cached tokens.
+    _TenantProfile(
+        name="hooli-batch", weight=0.08, models=("gpt-4o-mini",), num_prefixes=30, prefix_tokens=(500, 1500),
+        hit_rate=0.6, partial_rate=0.1, lost_kind="expired", rules_rate=0.0,
+    ),
 )
+# fmt: on
 # Which server hosts each model; "hosted-openai" does not report cached tokens to prefixscope here.
 _UPSTREAMS = {
     "smollm2-135m-instruct": ("local-engine",),
@@ -102,7 +125,7 @@ def _record(rng: random.Random, created_at: datetime, profile: _TenantProfile, r
     rules = tuple(rule for rule in _RULES if rng.random() < profile.rules_rate)
     if profile.name == "umbrella-timestamps" and rng.random() < 0.1:
         rules += (_HOIST,)
-    common = {
+    common: dict[str, Any] = {
         "request_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
         "created_at": created_at,
         "tenant": profile.name,
@@ -116,9 +139,16 @@ def _record(rng: random.Random, created_at: datetime, profile: _TenantProfile, r
     }
     if rng.random() < 0.015:
         status_code, error_type = rng.choice(_ERRORS)
-        return RequestRecord(**common, status_code=status_code, error_type=error_type, prompt_tokens=None,
-                             cached_tokens=None, completion_tokens=None, ttft_ms=None,
-                             latency_ms=rng.uniform(5, 30_000))
+        return RequestRecord(
+            **common,
+            status_code=status_code,
+            error_type=error_type,
+            prompt_tokens=None,
+            cached_tokens=None,
+            completion_tokens=None,
+            ttft_ms=None,
+            latency_ms=rng.uniform(5, 30_000),
+        )
     cached_tokens: int | None
     diverged: int | None = None
     if upstream in _UNREPORTED_UPSTREAMS:
@@ -139,10 +169,19 @@ def _record(rng: random.Random, created_at: datetime, profile: _TenantProfile, r
     prompt_text = None
     if profile.stores_prompts and rng.random() < 0.05:
         prompt_text = f"[system prompt {prefix_index}] ... user question #{request_index}"
-    return RequestRecord(**common, status_code=200, error_type=None, prompt_tokens=prompt_tokens,
-                         cached_tokens=cached_tokens, completion_tokens=completion_tokens, ttft_ms=ttft_ms,
-                         latency_ms=latency_ms, miss_kind=miss_kind, prompt_text=prompt_text,
-                         diverged_at_token=diverged)
+    return RequestRecord(
+        **common,
+        status_code=200,
+        error_type=None,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens,
+        ttft_ms=ttft_ms,
+        latency_ms=latency_ms,
+        miss_kind=miss_kind,
+        prompt_text=prompt_text,
+        diverged_at_token=diverged,
+    )
 
 
 def write_demo_data(

@@ -64,9 +64,7 @@ def create_sync_engine_for(url: str, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_
     return engine
 
 
-def create_async_engine_for(
-    url: str, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, **kwargs: Any
-) -> AsyncEngine:
+def create_async_engine_for(url: str, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, **kwargs: Any) -> AsyncEngine:
     """An asyncio engine for `url` (any accepted spelling); extra keyword arguments go to `create_async_engine`.
 
     `busy_timeout_ms` is how long a SQLite connection waits for another writer's lock before failing.

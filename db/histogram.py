@@ -59,7 +59,7 @@ def quantile(counts: Mapping[int, int], q: float) -> float | None:
             if lower == 0.0:
                 return upper * fraction
             # Geometric interpolation: bins are log-spaced, so this spreads samples evenly in log space.
-            return lower * (upper / lower) ** fraction
+            return float(lower * (upper / lower) ** fraction)
         cumulative += count
     # Unreachable with non-negative counts; kept so the function is total.
     return bin_bounds(max(counts))[0]

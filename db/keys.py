@@ -21,7 +21,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, insert, select, update
 
 from db.engine import run_in_transaction, run_in_transaction_async
-from db.models import ApiKey, Tenant
+from db.models import ApiKey, Tenant, table_of
 from db.tenants import AsyncBind, SyncBind, ensure_tenant
 from db.timeutil import utc_now
 
@@ -30,8 +30,8 @@ _HASH_SCHEME: Final = "sha256$"
 _KEY_ID_BYTES: Final = 6
 _SECRET_BYTES: Final = 32
 
-KEYS = ApiKey.__table__
-TENANTS = Tenant.__table__
+KEYS = table_of(ApiKey)
+TENANTS = table_of(Tenant)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,21 @@ Tables:
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, MetaData, SmallInteger, String, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from db.timeutil import utc_now
@@ -173,3 +185,8 @@ class HourlyLabelCount(Base):
     requests: Mapped[int] = mapped_column(Integer, default=0)
 
     __table_args__ = (Index("ix_hourly_label_counts_dimension_bucket_start", "dimension", "bucket_start"),)
+
+
+def table_of(model: type[Base]) -> Table:
+    """The Core `Table` of a model, typed as such (for insert/update/upsert statements)."""
+    return cast(Table, model.__table__)

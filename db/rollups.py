@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Table
 
 from db.dialect import upsert_insert
 from db.histogram import bin_of
-from db.models import HourlyLabelCount, HourlyRollup, HourlyTtftBin
+from db.models import HourlyLabelCount, HourlyRollup, HourlyTtftBin, table_of
 from db.records import RequestRecord
 from db.timeutil import floor_hour
 
@@ -142,10 +142,6 @@ def _upsert_add(conn: Connection, table: Table, key_columns: Sequence[str], rows
 
 def apply_rollups(conn: Connection, accumulator: RollupAccumulator) -> None:
     """Add the accumulated sums to the three rollup tables (inside the caller's transaction)."""
-    _upsert_add(conn, HourlyRollup.__table__, ROLLUP_KEY_COLUMNS, accumulator.rollup_rows())
-    _upsert_add(
-        conn, HourlyTtftBin.__table__, (*ROLLUP_KEY_COLUMNS, "cache_state", "bin"), accumulator.ttft_bin_rows()
-    )
-    _upsert_add(
-        conn, HourlyLabelCount.__table__, (*ROLLUP_KEY_COLUMNS, "dimension", "value"), accumulator.label_rows()
-    )
+    _upsert_add(conn, table_of(HourlyRollup), ROLLUP_KEY_COLUMNS, accumulator.rollup_rows())
+    _upsert_add(conn, table_of(HourlyTtftBin), (*ROLLUP_KEY_COLUMNS, "cache_state", "bin"), accumulator.ttft_bin_rows())
+    _upsert_add(conn, table_of(HourlyLabelCount), (*ROLLUP_KEY_COLUMNS, "dimension", "value"), accumulator.label_rows())

@@ -12,11 +12,11 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select
 
-from db.models import HourlyLabelCount, HourlyRollup, HourlyTtftBin, RequestRecordRow
+from db.models import HourlyLabelCount, HourlyRollup, HourlyTtftBin, RequestRecordRow, table_of
 from db.records import RequestRecord
 from db.rollups import RollupAccumulator, apply_rollups
 
-REQUESTS = RequestRecordRow.__table__
+REQUESTS = table_of(RequestRecordRow)
 # Bound parameters per IN (...) lookup; SQLite's default limit is 32766 and PostgreSQL's 65535.
 _LOOKUP_CHUNK = 1000
 
@@ -125,7 +125,7 @@ def rebuild_rollups(conn: Connection, chunk_size: int = 50_000) -> int:
     Runs in the caller's transaction; returns the number of requests counted.
     """
     for model in (HourlyRollup, HourlyTtftBin, HourlyLabelCount):
-        conn.execute(delete(model.__table__))
+        conn.execute(delete(table_of(model)))
     accumulator = RollupAccumulator()
     counted = 0
     for record in iter_records(conn, chunk_size):

@@ -17,12 +17,12 @@ from sqlalchemy.orm import Session
 from db.dialect import upsert_insert
 from db.engine import run_in_transaction, run_in_transaction_async
 from db.errors import UnknownTenantError
-from db.models import TENANT_NAME_MAX, Tenant
+from db.models import TENANT_NAME_MAX, Tenant, table_of
 from db.timeutil import utc_now
 
 SyncBind = Engine | Connection | Session
 AsyncBind = AsyncEngine | AsyncConnection | AsyncSession
-TENANTS = Tenant.__table__
+TENANTS = table_of(Tenant)
 
 
 @dataclass(frozen=True)

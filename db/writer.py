@@ -164,6 +164,7 @@ class RecordWriter:
         # Don't idle while there is a backlog to replay into a reachable database.
         replaying = self._available and self._spill.pending > 0
         idle_wait = 0.0 if (replaying or self._stopping) else self.config.flush_interval_s
+        first: RequestRecord | None
         try:
             first = self._queue.get_nowait()
         except asyncio.QueueEmpty:

@@ -7,6 +7,8 @@ matching sync driver, since migrations run synchronously.
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic import context
 from sqlalchemy import Connection
 
@@ -18,7 +20,7 @@ config = context.config
 target_metadata = Base.metadata
 
 
-def _configure(**kwargs: object) -> None:
+def _configure(**kwargs: Any) -> None:
     context.configure(
         target_metadata=target_metadata,
         # SQLite cannot ALTER most things; batch mode rebuilds the table instead, and is a no-op cost on PostgreSQL.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select, union
 
-from db.models import Tenant
+from db.models import Tenant, table_of
 from db.queries.totals import ROLLUPS, Reader
 
 
@@ -15,7 +15,7 @@ def _distinct(conn: Reader, column_name: str) -> list[str]:
 
 def tenants(conn: Reader) -> list[str]:
     """Every tenant name: those with recorded requests and those registered (perhaps without traffic yet)."""
-    names = union(select(ROLLUPS.c.tenant.label("name")).distinct(), select(Tenant.__table__.c.name))
+    names = union(select(ROLLUPS.c.tenant.label("name")).distinct(), select(table_of(Tenant).c.name))
     return sorted(conn.scalars(select(names.subquery().c.name)))
 
 

@@ -6,13 +6,13 @@ from datetime import datetime
 
 from sqlalchemy import func, select
 
-from db.models import HourlyLabelCount
+from db.models import HourlyLabelCount, table_of
 from db.queries.results import LabelCount
 from db.queries.totals import Reader, rollup_filters
 from db.rollups import DIMENSION_RULE
 from db.timeutil import as_utc, floor_hour, utc_now
 
-LABELS = HourlyLabelCount.__table__
+LABELS = table_of(HourlyLabelCount)
 
 
 def label_counts(

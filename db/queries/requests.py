@@ -10,14 +10,14 @@ from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, Row, case, func, select
 
-from db.models import RequestRecordRow
+from db.models import RequestRecordRow, table_of
 from db.queries.results import PrefixRow, RequestRow
 from db.queries.totals import Reader
 from db.records import RequestRecord
 from db.store import row_to_record
 from db.timeutil import as_utc, utc_now
 
-REQUESTS = RequestRecordRow.__table__
+REQUESTS = table_of(RequestRecordRow)
 _LISTED_COLUMNS = [column for column in REQUESTS.c if column.name != "prompt_text"]
 
 
@@ -134,4 +134,3 @@ def _moment(value: datetime | str) -> datetime:
     if isinstance(value, str):  # SQLite returns aggregate results over timestamps as text
         return as_utc(datetime.fromisoformat(value))
     return as_utc(value)
-

@@ -9,7 +9,7 @@ from sqlalchemy import ColumnElement, Connection, cast, func, select
 from sqlalchemy.orm import Session
 
 from db.histogram import merge, quantile
-from db.models import HourlyRollup, HourlyTtftBin
+from db.models import HourlyRollup, HourlyTtftBin, table_of
 
 # Rollup columns summed by the history queries.
 SUMMED: Final = (
@@ -30,8 +30,8 @@ SUMMED: Final = (
 )
 
 Reader = Connection | Session
-ROLLUPS = HourlyRollup.__table__
-BINS = HourlyTtftBin.__table__
+ROLLUPS = table_of(HourlyRollup)
+BINS = table_of(HourlyTtftBin)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:

@@ -8,6 +8,7 @@ Create Date: 2026-11-29
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -23,7 +24,7 @@ depends_on: str | Sequence[str] | None = None
 UTC_TIMESTAMP = sa.DateTime(timezone=True)
 
 
-def _json() -> sa.types.TypeEngine[object]:
+def _json() -> sa.types.TypeEngine[Any]:
     return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 

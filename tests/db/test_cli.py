@@ -34,8 +34,9 @@ def test_db_upgrade_current_downgrade(empty_db_url: str, capsys: pytest.CaptureF
 
 
 def test_keys_create_list_revoke(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "keys", "create", "--tenant", "acme", "--admin", "--label", "ops",
-                        "--database-url", db_url)
+    code, out, _ = _run(
+        capsys, "keys", "create", "--tenant", "acme", "--admin", "--label", "ops", "--database-url", db_url
+    )
     assert code == 0
     plaintext = out.strip().splitlines()[-1]
     engine = create_sync_engine_for(db_url)
@@ -69,10 +70,13 @@ def test_stats_table_and_json(
     now = datetime.now(UTC)
     engine = create_sync_engine_for(db_url)
     with engine.begin() as conn:
-        store_records(conn, [
-            make_record(created_at=now - timedelta(hours=2), tenant="acme", prompt_tokens=100, cached_tokens=50),
-            make_record(created_at=now - timedelta(hours=2), tenant="globex", prompt_tokens=100, cached_tokens=0),
-        ])
+        store_records(
+            conn,
+            [
+                make_record(created_at=now - timedelta(hours=2), tenant="acme", prompt_tokens=100, cached_tokens=50),
+                make_record(created_at=now - timedelta(hours=2), tenant="globex", prompt_tokens=100, cached_tokens=0),
+            ],
+        )
     engine.dispose()
     monkeypatch.setenv(ENV_DATABASE_URL, db_url)  # no --database-url: taken from the environment
 

@@ -23,24 +23,83 @@ def _dataset(make_record: Callable[..., RequestRecord]) -> dict[str, RequestReco
     acme = {"tenant": "acme", "model": "m1", "upstream": "local"}
     globex = {"tenant": "globex", "model": "m2", "upstream": "vllm"}
     return {
-        "r1": make_record(**acme, created_at=T0, prompt_tokens=1000, cached_tokens=800, ttft_ms=20.0,
-                          applied_rules=("a",), miss_kind="hit", prefix_hash=P1),
-        "r2": make_record(**acme, created_at=T0 + timedelta(minutes=10), prompt_tokens=1000, cached_tokens=0,
-                          ttft_ms=200.0, miss_kind="cold", prefix_hash=P1),
-        "r3": make_record(**acme, created_at=T0 + timedelta(minutes=20), prompt_tokens=500, cached_tokens=256,
-                          ttft_ms=30.0, applied_rules=("a", "b"), miss_kind="partial", prefix_hash=P2),
-        "r4": make_record(**globex, created_at=T0 + timedelta(minutes=30), prompt_tokens=400, cached_tokens=None,
-                          ttft_ms=100.0, prefix_hash=P3),
-        "r5": make_record(**globex, created_at=T0 + timedelta(minutes=40), status_code=502,
-                          error_type="bad_gateway", prompt_tokens=None, cached_tokens=None,
-                          completion_tokens=None, ttft_ms=None),
-        "r6": make_record(**acme, created_at=T0 + timedelta(minutes=65), prompt_tokens=2000, cached_tokens=1600,
-                          ttft_ms=25.0, applied_rules=("b",), miss_kind="hit", prefix_hash=P1),
-        "r7": make_record(**globex, created_at=DAY2, prompt_tokens=300, cached_tokens=0, ttft_ms=150.0,
-                          miss_kind="evicted", prefix_hash=P3),
-        "r8": make_record(**globex, created_at=DAY2 + timedelta(minutes=30), prompt_tokens=300, cached_tokens=100,
-                          ttft_ms=40.0, miss_kind="partial", prefix_hash=P3, prompt_text="hello",
-                          diverged_at_token=104),
+        "r1": make_record(
+            **acme,
+            created_at=T0,
+            prompt_tokens=1000,
+            cached_tokens=800,
+            ttft_ms=20.0,
+            applied_rules=("a",),
+            miss_kind="hit",
+            prefix_hash=P1,
+        ),
+        "r2": make_record(
+            **acme,
+            created_at=T0 + timedelta(minutes=10),
+            prompt_tokens=1000,
+            cached_tokens=0,
+            ttft_ms=200.0,
+            miss_kind="cold",
+            prefix_hash=P1,
+        ),
+        "r3": make_record(
+            **acme,
+            created_at=T0 + timedelta(minutes=20),
+            prompt_tokens=500,
+            cached_tokens=256,
+            ttft_ms=30.0,
+            applied_rules=("a", "b"),
+            miss_kind="partial",
+            prefix_hash=P2,
+        ),
+        "r4": make_record(
+            **globex,
+            created_at=T0 + timedelta(minutes=30),
+            prompt_tokens=400,
+            cached_tokens=None,
+            ttft_ms=100.0,
+            prefix_hash=P3,
+        ),
+        "r5": make_record(
+            **globex,
+            created_at=T0 + timedelta(minutes=40),
+            status_code=502,
+            error_type="bad_gateway",
+            prompt_tokens=None,
+            cached_tokens=None,
+            completion_tokens=None,
+            ttft_ms=None,
+        ),
+        "r6": make_record(
+            **acme,
+            created_at=T0 + timedelta(minutes=65),
+            prompt_tokens=2000,
+            cached_tokens=1600,
+            ttft_ms=25.0,
+            applied_rules=("b",),
+            miss_kind="hit",
+            prefix_hash=P1,
+        ),
+        "r7": make_record(
+            **globex,
+            created_at=DAY2,
+            prompt_tokens=300,
+            cached_tokens=0,
+            ttft_ms=150.0,
+            miss_kind="evicted",
+            prefix_hash=P3,
+        ),
+        "r8": make_record(
+            **globex,
+            created_at=DAY2 + timedelta(minutes=30),
+            prompt_tokens=300,
+            cached_tokens=100,
+            ttft_ms=40.0,
+            miss_kind="partial",
+            prefix_hash=P3,
+            prompt_text="hello",
+            diverged_at_token=104,
+        ),
     }
 
 
@@ -116,7 +175,9 @@ def test_stats_per_day_by_tenant(conn: Connection) -> None:
 def test_stats_hourly_weekly_and_range_edges(conn: Connection) -> None:
     hourly = queries.stats(conn, SINCE, UNTIL)
     assert [(row.bucket_start, row.requests, row.group) for row in hourly] == [
-        (T0, 5, None), (T0 + timedelta(hours=1), 1, None), (DAY2, 2, None)
+        (T0, 5, None),
+        (T0 + timedelta(hours=1), 1, None),
+        (DAY2, 2, None),
     ]
     weekly = queries.stats(conn, SINCE, UNTIL, bucket="1w")
     assert [(row.bucket_start, row.requests) for row in weekly] == [(T0.replace(hour=0), 8)]
@@ -143,7 +204,8 @@ def test_recent_requests_filters(conn: Connection, data: dict[str, RequestRecord
     assert names(queries.recent_requests(conn, limit=50, hit=False)) == ["r7", "r2"]
     assert names(queries.recent_requests(conn, limit=50, miss_kind="partial")) == ["r8", "r3"]
     assert names(queries.recent_requests(conn, limit=50, tenant="acme", since=T0 + timedelta(minutes=15))) == [
-        "r6", "r3"
+        "r6",
+        "r3",
     ]
     assert names(queries.recent_requests(conn, limit=2, until=data["r7"].created_at)) == ["r6", "r5"]
     assert names(queries.recent_requests(conn, limit=50, prefix_hash=P3, model="m2")) == ["r8", "r7", "r4"]
@@ -161,7 +223,9 @@ def test_request_detail_returns_the_record(conn: Connection, data: dict[str, Req
 def test_top_prefixes(conn: Connection) -> None:
     by_requests = queries.top_prefixes(conn, SINCE, UNTIL, limit=10)
     assert [(row.prefix_hash, row.requests, row.requests_with_hit, row.cached_tokens) for row in by_requests] == [
-        (P1, 3, 2, 2400), (P3, 3, 1, 100), (P2, 1, 1, 256)
+        (P1, 3, 2, 2400),
+        (P3, 3, 1, 100),
+        (P2, 1, 1, 256),
     ]
     assert by_requests[0].prompt_tokens == 4000
     assert by_requests[0].first_seen == T0 and by_requests[0].last_seen == T0 + timedelta(minutes=65)
@@ -173,7 +237,8 @@ def test_top_prefixes(conn: Connection) -> None:
 def test_rule_counts_and_catalog(conn: Connection) -> None:
     assert [(item.value, item.requests) for item in queries.rule_counts(conn, SINCE, UNTIL)] == [("a", 2), ("b", 2)]
     assert [(item.value, item.requests) for item in queries.rule_counts(conn, SINCE, UNTIL, tenant="acme")] == [
-        ("a", 2), ("b", 2)
+        ("a", 2),
+        ("b", 2),
     ]
     statuses = queries.label_counts(conn, "status", SINCE, UNTIL)
     assert [(item.value, item.requests) for item in statuses] == [("200", 7), ("502", 1)]

@@ -120,9 +120,7 @@ def test_histogram_quantiles_are_within_one_bin_of_exact() -> None:
 _records = st.builds(
     RequestRecord,
     request_id=st.uuids().map(str),
-    created_at=st.datetimes(
-        min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
-    ),
+    created_at=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
     tenant=st.text(min_size=1, max_size=20),
     key_id=st.none() | st.text(max_size=12),
     endpoint=st.sampled_from(["chat.completions", "completions"]),
@@ -162,12 +160,29 @@ def test_rollup_accumulator_sums_by_hour_and_key(make_record) -> None:  # type: 
     base = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)
     accumulator = RollupAccumulator().add_all(
         [
-            make_record(created_at=base, prompt_tokens=100, cached_tokens=80, ttft_ms=10.0,
-                        applied_rules=("a", "a", "b"), miss_kind="hit"),
-            make_record(created_at=base + timedelta(minutes=59), prompt_tokens=100, cached_tokens=0, ttft_ms=90.0,
-                        miss_kind="cold"),
-            make_record(created_at=base + timedelta(minutes=30), prompt_tokens=None, cached_tokens=None,
-                        ttft_ms=None, status_code=502, error_type="bad_gateway"),
+            make_record(
+                created_at=base,
+                prompt_tokens=100,
+                cached_tokens=80,
+                ttft_ms=10.0,
+                applied_rules=("a", "a", "b"),
+                miss_kind="hit",
+            ),
+            make_record(
+                created_at=base + timedelta(minutes=59),
+                prompt_tokens=100,
+                cached_tokens=0,
+                ttft_ms=90.0,
+                miss_kind="cold",
+            ),
+            make_record(
+                created_at=base + timedelta(minutes=30),
+                prompt_tokens=None,
+                cached_tokens=None,
+                ttft_ms=None,
+                status_code=502,
+                error_type="bad_gateway",
+            ),
             make_record(created_at=base + timedelta(hours=1), prompt_tokens=50, cached_tokens=None),
         ]
     )
@@ -179,8 +194,11 @@ def test_rollup_accumulator_sums_by_hour_and_key(make_record) -> None:  # type: 
     assert first["ttft_hit_count"] == 1 and first["ttft_miss_count"] == 1
     second = rows[floor_hour(base) + timedelta(hours=1)]
     assert second["prompt_tokens"] == 50 and second["cache_known_prompt_tokens"] == 0
-    labels = {(row["dimension"], row["value"]): row["requests"] for row in accumulator.label_rows()
-              if row["bucket_start"] == floor_hour(base)}
+    labels = {
+        (row["dimension"], row["value"]): row["requests"]
+        for row in accumulator.label_rows()
+        if row["bucket_start"] == floor_hour(base)
+    }
     assert labels[("rule", "a")] == 1  # listed twice, still one request
     assert labels[("miss_kind", "hit")] == 1 and labels[("error_type", "bad_gateway")] == 1
     assert labels[("status", "502")] == 1
