@@ -77,7 +77,7 @@ def flatten_tree(namespaces: list[dict[str, Any]]) -> tuple[FlatTree, list[Names
             hits = _as_int(node.get("hit_count"))
             flat.ids.append(node_id)
             flat.parents.append(parent_id)
-            flat.labels.append(f"ns {namespace}" if is_root else f"{tokens} tok")
+            flat.labels.append(f"ns {namespace}" if is_root else f"{tokens} tok · {hits} hits")
             flat.num_tokens.append(tokens)
             flat.subtree_tokens.append(tokens)
             flat.hit_counts.append(hits)

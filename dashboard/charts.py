@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import plotly.graph_objects as go
 
@@ -18,7 +19,15 @@ TREE_KINDS = ("icicle", "treemap", "sunburst")
 _MARGIN = {"l": 10, "r": 10, "t": 40, "b": 10}
 
 
-def hit_rate_figure(series: Sequence[StatsRow]) -> go.Figure:
+XRange = tuple[datetime, datetime] | None
+
+
+def _time_axis(x_range: XRange) -> dict[str, object]:
+    # Without a range a single bucket would zoom the axis to microseconds; the chosen time range reads better.
+    return {"range": list(x_range)} if x_range is not None else {}
+
+
+def hit_rate_figure(series: Sequence[StatsRow], x_range: XRange = None) -> go.Figure:
     """Token hit rate and the share of requests with any hit, per bucket."""
     x = [row.bucket_start for row in series]
     figure = go.Figure()
@@ -30,6 +39,7 @@ def hit_rate_figure(series: Sequence[StatsRow]) -> go.Figure:
     )
     figure.update_layout(
         title="Cache hit rate over time",
+        xaxis=_time_axis(x_range),
         yaxis={"tickformat": ".0%", "range": [0, 1.02]},
         legend={"orientation": "h", "y": -0.15},
         margin=_MARGIN,
@@ -38,7 +48,7 @@ def hit_rate_figure(series: Sequence[StatsRow]) -> go.Figure:
     return figure
 
 
-def ttft_figure(series: Sequence[StatsRow]) -> go.Figure:
+def ttft_figure(series: Sequence[StatsRow], x_range: XRange = None) -> go.Figure:
     """TTFT p50 and p95 for hits and misses, per bucket."""
     x = [row.bucket_start for row in series]
     figure = go.Figure()
@@ -48,10 +58,13 @@ def ttft_figure(series: Sequence[StatsRow]) -> go.Figure:
         ("misses p50", [row.ttft_miss_p50_ms for row in series], MISS_COLOR, "solid"),
         ("misses p95", [row.ttft_miss_p95_ms for row in series], MISS_COLOR, "dot"),
     ):
-        figure.add_trace(go.Scatter(x=x, y=values, name=name, mode="lines", line={"color": color, "dash": dash}))
+        figure.add_trace(
+            go.Scatter(x=x, y=values, name=name, mode="lines+markers", line={"color": color, "dash": dash})
+        )
     figure.update_layout(
         title="Time to first token: hits vs misses",
-        yaxis={"title": "ms", "type": "log"},
+        xaxis=_time_axis(x_range),
+        yaxis={"title": "ms", "rangemode": "tozero"},
         legend={"orientation": "h", "y": -0.15},
         margin=_MARGIN,
         height=340,

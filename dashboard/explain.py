@@ -29,7 +29,7 @@ def describe_miss_kind(miss_kind: str | None, diverged_at_token: int | None = No
 
 def _hit_label(row: RequestRow) -> str:
     if row.cache_hit is None:
-        return "unknown"
+        return "error" if row.status_code >= 400 else "unknown"
     return "hit" if row.cache_hit else "miss"
 
 

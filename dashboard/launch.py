@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -77,6 +78,8 @@ def launch_dashboard(args: argparse.Namespace) -> int:
         return 2
     print(f"prefixscope dashboard: http://{args.host}:{args.port} (database {settings.database_url})", flush=True)
     process = subprocess.Popen(streamlit_command(args.host, args.port), env=child_environment(settings))
+    # Stopping `prefixscope dashboard` (Ctrl-C, or SIGTERM from a supervisor) must stop Streamlit too.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: process.terminate())
     try:
         return process.wait()
     except KeyboardInterrupt:

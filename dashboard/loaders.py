@@ -50,6 +50,8 @@ class OverviewData:
     totals: Overview
     series: list[StatsRow]
     bucket: str
+    # Start of the bucket holding `since`: where the charts' time axis begins.
+    first_bucket_start: datetime
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,9 @@ def load_overview(
     bucket = bucket_for_span(until - since)
     totals = queries.overview(conn, since, until, tenant=tenant, model=model)
     series = queries.stats(conn, since, until, bucket=bucket, tenant=tenant, model=model)
-    return OverviewData(totals=totals, series=series, bucket=bucket)
+    return OverviewData(
+        totals=totals, series=series, bucket=bucket, first_bucket_start=queries.bucket_floor(since, bucket)
+    )
 
 
 def load_recent_requests(

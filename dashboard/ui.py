@@ -195,4 +195,7 @@ def format_seconds(value: float | None) -> str:
 
 
 def format_usd(value: float | None) -> str:
-    return "n/a" if value is None else f"${value:,.2f}"
+    if value is None:
+        return "n/a"
+    # Small deployments save fractions of a cent per hour; show them rather than "$0.00".
+    return f"${value:,.2f}" if abs(value) >= 1 or value == 0 else f"${value:.4f}"

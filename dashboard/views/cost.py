@@ -100,7 +100,7 @@ st.dataframe(
     ],
     hide_index=True,
     column_config={
-        name: st.column_config.NumberColumn(format="$%.2f")
+        name: st.column_config.NumberColumn(format="$%.4f")
         for name in ("cost without cache ($)", "cost with cache ($)", "saved ($)")
     },
 )

@@ -76,8 +76,9 @@ def live_overview() -> None:
         return
     render_totals(result)
     left, right = st.columns(2)
-    left.plotly_chart(charts.hit_rate_figure(result.series), width="stretch")
-    right.plotly_chart(charts.ttft_figure(result.series), width="stretch")
+    x_range = (result.first_bucket_start, current.until)
+    left.plotly_chart(charts.hit_rate_figure(result.series, x_range), width="stretch")
+    right.plotly_chart(charts.ttft_figure(result.series, x_range), width="stretch")
     if result.totals.miss_kinds:
         kinds = sorted(result.totals.miss_kinds.items(), key=lambda item: -item[1])
         st.caption("Requests by cache outcome: " + ", ".join(f"{kind} {count:,}" for kind, count in kinds))

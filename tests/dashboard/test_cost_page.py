@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboard import ui
 from dashboard.prices import DEFAULT_PRICE_TABLE, FALLBACK_MODEL
 from dashboard.settings import ENV_PRICE_FILE
 
@@ -30,7 +31,7 @@ def test_savings_under_the_default_table(run_page, seeded_url, records) -> None:
         with_cache = cached * price.cached_input_per_mtok + (prompt - cached) * price.cache_write_per_mtok
         saved += (without - with_cache) / 1e6
     shown = metrics(app)
-    assert shown["Saved by the cache"] == f"${saved:,.2f}"
+    assert shown["Saved by the cache"] == ui.format_usd(saved)
     frame = app.dataframe[-1].value.set_index("model")
     assert set(frame["priced as"]) == {FALLBACK_MODEL}
     assert frame.loc["m-small", "saved ($)"] == pytest.approx(3148 * (0.15 - 0.075) / 1e6)

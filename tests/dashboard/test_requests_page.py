@@ -24,6 +24,7 @@ def test_table_lists_requests_newest_first(run_page, seeded_url, records) -> Non
     assert by_id.loc["req-005", "hit/miss"] == "miss"
     assert by_id.loc["req-005", "miss kind"] == "cold"
     assert by_id.loc["req-007", "hit/miss"] == "unknown"
+    assert by_id.loc["req-008", "hit/miss"] == "error"
 
 
 def test_outcome_and_miss_kind_filters(run_page, seeded_url) -> None:

@@ -195,4 +195,4 @@ def test_formatting() -> None:
     assert ui.format_tokens(3148) == "3.15k" and ui.format_tokens(15_830_000) == "15.83M" and ui.format_tokens(12) == "12"
     assert ui.format_ms(43.2) == "43 ms" and ui.format_ms(2690) == "2.69 s"
     assert ui.format_seconds(3.148) == "3.1 s" and ui.format_seconds(1584) == "26.4 min"
-    assert ui.format_usd(1234.5) == "$1,234.50"
+    assert ui.format_usd(1234.5) == "$1,234.50" and ui.format_usd(0.000236) == "$0.0002" and ui.format_usd(0) == "$0.00"

@@ -1,0 +1,166 @@
+"""The dashboard in a real headless browser: `prefixscope dashboard` serving a seeded SQLite database.
+
+Needs the `playwright` Python package and a system Chromium (Debian's `chromium`); no browser is downloaded. When
+CI=true a missing browser fails the test instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from dashboard_testkit import expected_figures, free_port
+
+from dashboard import ui
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+STARTUP_TIMEOUT_S = 60
+PAGE_TIMEOUT_MS = 30_000
+
+
+def _chromium_path() -> str | None:
+    for candidate in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None
+
+
+def _require_browser() -> str:
+    reason = None
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        reason = "the playwright Python package is not installed"
+    chromium = _chromium_path()
+    if reason is None and chromium is None:
+        reason = "no system Chromium (apt-get install chromium)"
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser test cannot run in CI: {reason}")
+        pytest.skip(reason)
+    assert chromium is not None
+    return chromium
+
+
+def _prefixscope_command() -> list[str]:
+    script = Path(sys.executable).parent / "prefixscope"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "prefixscope.cli"]
+
+
+@pytest.fixture(scope="module")
+def dashboard_url(seeded_url: str, engine_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = (tmp_path_factory.mktemp("dashboard-log") / "dashboard.log").open("w")
+    process = subprocess.Popen(
+        [*_prefixscope_command(), "dashboard", "--port", str(port), "--database-url", seeded_url,
+         "--engine", engine_server[0]],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, so teardown stops Streamlit as well
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            try:
+                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                pytest.fail(f"the dashboard did not start: {Path(log.name).read_text()[-2000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser_page(dashboard_url: str) -> Iterator[object]:
+    chromium = _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
+            yield page
+        finally:
+            browser.close()
+
+
+def _wait_until_rendered(page: object) -> None:
+    """Wait for the script run to finish: no "running" indicator and no placeholder skeletons left."""
+    page.wait_for_function(  # type: ignore[attr-defined]
+        """() => document.querySelector('[data-testid="stApp"][data-test-script-state="notRunning"]')
+             && !document.querySelector('[data-testid="stSkeleton"]')"""
+    )
+    page.wait_for_timeout(500)  # type: ignore[attr-defined]  # let charts and the data grid paint
+
+
+def _metric_value(page: object, label: str) -> str:
+    metric = page.locator('[data-testid="stMetric"]', has_text=label).first  # type: ignore[attr-defined]
+    metric.wait_for()
+    return metric.locator('[data-testid="stMetricValue"]').inner_text().strip()
+
+
+def test_overview_in_a_browser_shows_the_databases_hit_rate(
+    browser_page, dashboard_url: str, records, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    page = browser_page
+    page.goto(dashboard_url)
+    expected = expected_figures(records)
+    assert _metric_value(page, "Token hit rate") == ui.format_share(expected.token_hit_rate)
+    assert _metric_value(page, "Requests with any hit") == ui.format_share(expected.request_hit_share)
+    page.locator(".js-plotly-plot").first.wait_for()
+    _wait_until_rendered(page)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    screenshot = tmp_path_factory.mktemp("screens") / "overview.png"
+    page.screenshot(path=str(screenshot), full_page=True)
+    assert screenshot.stat().st_size > 10_000
+    print(f"screenshot: {screenshot}")
+
+
+@pytest.mark.parametrize(
+    ("path", "marker"),
+    [
+        ("requests", '[data-testid="stMetric"]'),
+        ("prefixes", '[data-testid="stDataFrame"]'),
+        ("engine", ".js-plotly-plot"),
+        ("cost", '[data-testid="stMetric"]'),
+    ],
+)
+def test_every_page_renders_in_a_browser(
+    browser_page, dashboard_url: str, path: str, marker: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    page = browser_page
+    page.goto(f"{dashboard_url}/{path}")
+    page.locator(marker).first.wait_for()
+    _wait_until_rendered(page)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    page.screenshot(path=str(tmp_path_factory.mktemp("screens") / f"{path}.png"), full_page=True)
