@@ -1,0 +1,183 @@
+"""`prefixscope bench gateway`: measure what the gateway adds, and how much it can take, with recording on.
+
+Processes: a stub upstream (answers at once), the gateway under uvicorn (recording into a temporary SQLite
+database), and the load generator, each its own process so the client does not take the gateway's CPU. Steps:
+
+1. latency at a fixed rate straight to the stub, then through the gateway: the difference is the added latency;
+2. a closed-loop run through the gateway: the highest sustained request rate of one gateway process;
+3. stop the gateway (its writer flushes) and check that every request sent has exactly one row.
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SYSTEM_PROMPT = (
+    "You are the support assistant of an online shop. Answer briefly and politely. "
+    "Use the tools to look up orders and products; never invent order numbers. " * 12
+)
+TOOLS = [
+    {"type": "function", "function": {"name": "lookup_order", "description": "Find an order by id.",
+     "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}},
+    {"type": "function", "function": {"name": "search_products", "description": "Full-text product search.",
+     "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}}}},
+]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    rate_per_s: float = 200.0
+    duration_s: float = 10.0
+    num_connections: int = 64
+    stream: bool = False
+    warmup_s: float = 2.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_http(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up")
+        time.sleep(0.1)
+
+
+def _loadgen(mode: str, url: str, body_file: Path, config: BenchConfig, *, duration_s: float, connections: int) -> dict[str, Any]:
+    command = [
+        sys.executable, "-m", "gateway.bench.loadgen", mode, "--url", url, "--body-file", str(body_file),
+        "--rate", str(config.rate_per_s), "--duration", str(duration_s), "--connections", str(connections),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
+
+
+def _records(url: str) -> dict[str, int]:
+    return httpx.get(f"{url}/health", timeout=10).json()["records"]
+
+
+def _count_rows(db_path: Path) -> int:
+    import sqlite3
+
+    with sqlite3.connect(db_path) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
+
+
+def run(config: BenchConfig) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="prefixscope-bench-"))
+    stub_port, gateway_port = _free_port(), _free_port()
+    stub_url = f"http://127.0.0.1:{stub_port}"
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
+    db_path = workdir / "bench.db"
+    body = {"model": "bench", "messages": [{"role": "system", "content": SYSTEM_PROMPT},
+                                            {"role": "user", "content": "Where is my order 12345?"}],
+            "tools": TOOLS, "max_tokens": 8, "stream": config.stream}
+    body_file = workdir / "body.json"
+    body_file.write_bytes(json.dumps(body).encode())
+    config_file = workdir / "gateway.toml"
+    config_file.write_text(
+        f'[gateway]\nsecret_file = "{workdir / "secret"}"\n\n'
+        f'[recorder]\nspill_path = "{workdir / "spill.jsonl"}"\n'
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("PREFIXSCOPE_DATABASE_URL", None)
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        processes.append(subprocess.Popen([sys.executable, "-m", "gateway.bench.stub", "--port", str(stub_port)], env=env))
+        _wait_http(f"{stub_url}/health")
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "prefixscope", "gateway", "--config", str(config_file), "--port", str(gateway_port),
+             "--upstream", stub_url, "--database-url", f"sqlite:///{db_path}", "--log-level", "warning"],
+            env=env,
+        )
+        processes.append(gateway)
+        _wait_http(f"{gateway_url}/health")
+        chat = "/v1/chat/completions"
+        sent_to_gateway = 0
+        warm = _loadgen("fixed", gateway_url + chat, body_file, config, duration_s=config.warmup_s, connections=16)
+        sent_to_gateway += warm["sent"]
+        direct = _loadgen("fixed", stub_url + chat, body_file, config, duration_s=config.duration_s, connections=16)
+        through = _loadgen("fixed", gateway_url + chat, body_file, config, duration_s=config.duration_s, connections=16)
+        sent_to_gateway += through["sent"]
+        before = _records(gateway_url)
+        started = time.perf_counter()
+        peak = _loadgen("max", gateway_url + chat, body_file, config, duration_s=config.duration_s,
+                        connections=config.num_connections)
+        peak_elapsed = time.perf_counter() - started
+        after = _records(gateway_url)
+        sent_to_gateway += peak["sent"]
+        drain_started = time.perf_counter()
+        gateway.send_signal(signal.SIGTERM)
+        gateway.wait(timeout=120)
+        drain_s = time.perf_counter() - drain_started
+        stored = _count_rows(db_path)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
+
+    def added(q: str) -> float | None:
+        a, b = through["latency_ms"][q], direct["latency_ms"][q]
+        return None if a is None or b is None else round(a - b, 3)
+
+    report = {
+        "benchmark": "gateway",
+        "request": {"bytes": body_file.stat().st_size, "stream": config.stream, "tools": len(TOOLS)},
+        "cpu_count": os.cpu_count(),
+        "fixed_rate": {
+            "rate_per_s": config.rate_per_s,
+            "duration_s": config.duration_s,
+            "direct_latency_ms": direct["latency_ms"],
+            "gateway_latency_ms": through["latency_ms"],
+            "added_latency_ms": {"p50": added("p50"), "p99": added("p99")},
+            "gateway_statuses": through["statuses"],
+        },
+        "max_rate": {
+            "connections": config.num_connections,
+            "requests_per_s": peak["rate_per_s"],
+            "latency_ms": peak["latency_ms"],
+            "statuses": peak["statuses"],
+            "failed": peak["failed"],
+            "records_written_per_s": round((after["written"] - before["written"]) / peak_elapsed, 1),
+            "records_queued_at_end": after["queued"],
+        },
+        "records": {
+            "sent": sent_to_gateway,
+            "stored": stored,
+            "lost": sent_to_gateway - stored,
+            "dropped": after["dropped"],
+            "spilled": after["spilled"],
+            "shutdown_drain_s": round(drain_s, 3),
+        },
+        "targets": {
+            "added_p50_ms_max": 1.0,
+            "added_p99_ms_max": 5.0,
+            "requests_per_s_min": 1000,
+        },
+    }
+    print(json.dumps(report, indent=2))
+    return 0 if stored == sent_to_gateway else 1
