@@ -23,6 +23,7 @@ class FlatTree:
     subtree_tokens: list[int] = field(default_factory=list)
     hit_counts: list[int] = field(default_factory=list)
     locked: list[bool] = field(default_factory=list)
+    # Seconds since the node was last used, as the engine reports it.
     last_access_s: list[float | None] = field(default_factory=list)
 
     def __len__(self) -> int:

@@ -98,12 +98,13 @@ def token_split_figure(cached_tokens: int, computed_tokens: int) -> go.Figure:
     return figure
 
 
-def pool_figure(protected_tokens: int, evictable_tokens: int, free_tokens: int) -> go.Figure:
-    """The KV pool as one stacked bar: locked by running requests, evictable, free."""
+def pool_figure(protected_tokens: int, evictable_tokens: int, in_flight_tokens: int, free_tokens: int) -> go.Figure:
+    """The KV pool as one stacked bar: cached and locked, cached and evictable, running requests' new KV, free."""
     figure = go.Figure()
     for name, value, color in (
-        ("protected (in use)", protected_tokens, "#e9c46a"),
-        ("evictable (cached)", evictable_tokens, CACHED_COLOR),
+        ("cached, locked by running requests", protected_tokens, "#e9c46a"),
+        ("cached, evictable", evictable_tokens, CACHED_COLOR),
+        ("running requests' new tokens", in_flight_tokens, "#f4a261"),
         ("free", free_tokens, "#d9d9d9"),
     ):
         figure.add_trace(go.Bar(y=["pool"], x=[value], name=f"{name}: {value:,}", orientation="h", marker_color=color))
@@ -111,7 +112,7 @@ def pool_figure(protected_tokens: int, evictable_tokens: int, free_tokens: int) 
         barmode="stack",
         height=150,
         margin={"l": 10, "r": 10, "t": 10, "b": 10},
-        legend={"orientation": "h", "y": -0.4},
+        legend={"orientation": "h", "y": -0.4, "traceorder": "normal"},
         xaxis={"title": "tokens"},
         yaxis={"visible": False},
     )
@@ -124,9 +125,9 @@ def cache_tree_figure(flat: FlatTree, kind: str = "icicle") -> go.Figure:
         raise ValueError(f"kind must be one of {TREE_KINDS}, got {kind!r}")
     trace_type = {"icicle": go.Icicle, "treemap": go.Treemap, "sunburst": go.Sunburst}[kind]
     customdata = [
-        [tokens, subtree, hits, "yes" if locked else "no"]
-        for tokens, subtree, hits, locked in zip(
-            flat.num_tokens, flat.subtree_tokens, flat.hit_counts, flat.locked, strict=True
+        [tokens, subtree, hits, "yes" if locked else "no", "" if idle is None else f"{idle:,.1f} s ago"]
+        for tokens, subtree, hits, locked, idle in zip(
+            flat.num_tokens, flat.subtree_tokens, flat.hit_counts, flat.locked, flat.last_access_s, strict=True
         )
     ]
     trace = trace_type(
@@ -139,7 +140,7 @@ def cache_tree_figure(flat: FlatTree, kind: str = "icicle") -> go.Figure:
         marker={"colors": flat.hit_counts, "colorscale": "Teal", "showscale": True, "colorbar": {"title": "hits"}},
         hovertemplate=(
             "<b>%{label}</b><br>edge tokens: %{customdata[0]:,}<br>subtree tokens: %{customdata[1]:,}"
-            "<br>hits: %{customdata[2]:,}<br>locked: %{customdata[3]}<extra></extra>"
+            "<br>hits: %{customdata[2]:,}<br>locked: %{customdata[3]}<br>last used: %{customdata[4]}<extra></extra>"
         ),
         maxdepth=8,
     )

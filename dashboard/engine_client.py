@@ -18,20 +18,28 @@ class EngineUnavailable(Exception):
 
 @dataclass(frozen=True)
 class CacheStats:
-    """The engine's `/v1/cache` answer; `prefill_tokens_per_s` is None until the engine has measured it."""
+    """The engine's `/v1/cache` answer; `prefill_tokens_per_s` is None until the engine has measured it.
+
+    Token counts are KV pool slots: `protected` are held by running requests' cached prefixes, `evictable` hold
+    cached prefixes nobody uses right now, `free` hold nothing; whatever else is used belongs to running requests'
+    new tokens that are not in the tree yet.
+    """
 
     capacity_tokens: int
     used_tokens: int
+    free_tokens: int
     evictable_tokens: int
     protected_tokens: int
     num_nodes: int
     evicted_tokens_total: int
+    expired_tokens_total: int
     prefill_tokens_per_s: float | None
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def free_tokens(self) -> int:
-        return max(self.capacity_tokens - self.used_tokens, 0)
+    def in_flight_tokens(self) -> int:
+        """Used slots outside the tree (running requests' fresh KV)."""
+        return max(self.used_tokens - self.evictable_tokens - self.protected_tokens, 0)
 
     @property
     def used_share(self) -> float:
@@ -82,13 +90,25 @@ def fetch_cache_stats(base_url: str, timeout_s: float) -> CacheStats:
         prefill_tokens_per_s = None
     if prefill_tokens_per_s is not None and prefill_tokens_per_s <= 0:
         prefill_tokens_per_s = None
+    capacity = _int(payload, "capacity_tokens")
+    evictable = _int(payload, "evictable_tokens")
+    protected = _int(payload, "protected_tokens")
+    # Engines report either used or free slots; derive the other.
+    if payload.get("used_tokens") is not None:
+        used = _int(payload, "used_tokens")
+    elif payload.get("free_tokens") is not None:
+        used = capacity - _int(payload, "free_tokens")
+    else:
+        used = evictable + protected
     return CacheStats(
-        capacity_tokens=_int(payload, "capacity_tokens"),
-        used_tokens=_int(payload, "used_tokens"),
-        evictable_tokens=_int(payload, "evictable_tokens"),
-        protected_tokens=_int(payload, "protected_tokens"),
+        capacity_tokens=capacity,
+        used_tokens=used,
+        free_tokens=max(capacity - used, 0),
+        evictable_tokens=evictable,
+        protected_tokens=protected,
         num_nodes=_int(payload, "num_nodes"),
         evicted_tokens_total=_int(payload, "evicted_tokens_total"),
+        expired_tokens_total=_int(payload, "expired_tokens_total"),
         prefill_tokens_per_s=prefill_tokens_per_s,
         raw=payload,
     )

@@ -31,16 +31,31 @@ def live_engine() -> None:
         )
         return
 
-    columns = st.columns(5)
+    columns = st.columns(6)
     columns[0].metric("Pool used", f"{stats.used_share:.1%}", help=f"{stats.used_tokens:,} of {stats.capacity_tokens:,}")
     columns[1].metric("Capacity (tokens)", f"{stats.capacity_tokens:,}")
     columns[2].metric("Cached nodes", f"{stats.num_nodes:,}")
     columns[3].metric("Evicted tokens (total)", f"{stats.evicted_tokens_total:,}")
+    columns[4].metric("Expired tokens (total)", f"{stats.expired_tokens_total:,}")
     speed = stats.prefill_tokens_per_s
-    columns[4].metric("Prefill speed", "not measured yet" if speed is None else f"{speed:,.0f} tok/s")
+    columns[5].metric("Prefill speed", "not measured yet" if speed is None else f"{speed:,.0f} tok/s")
     st.plotly_chart(
-        charts.pool_figure(stats.protected_tokens, stats.evictable_tokens, stats.free_tokens), width="stretch"
+        charts.pool_figure(stats.protected_tokens, stats.evictable_tokens, stats.in_flight_tokens, stats.free_tokens),
+        width="stretch",
     )
+    details = [
+        f"{label}: {stats.raw[key]}"
+        for key, label in (
+            ("eviction", "eviction policy"),
+            ("ttl_s", "TTL (s)"),
+            ("page_size", "page size"),
+            ("active_requests", "running requests"),
+            ("waiting_requests", "waiting requests"),
+        )
+        if stats.raw.get(key) is not None
+    ]
+    if details:
+        st.caption(" · ".join(details))
 
     flat, summaries = flatten_tree(tree.namespaces)
     if not summaries or all(summary.num_tokens == 0 for summary in summaries):

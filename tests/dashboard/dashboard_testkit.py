@@ -158,7 +158,7 @@ def _node(node_id: int, num_tokens: int, hit_count: int, children: list[dict[str
         "id": node_id,
         "num_tokens": num_tokens,
         "hit_count": hit_count,
-        "last_access_s": 1700000000.0 + node_id,
+        "last_access_s": 1.5 * node_id,
         "locked": locked,
         "children": children or [],
     }
@@ -183,13 +183,18 @@ ENGINE_TREE_NUM_NODES = 7
 
 
 def engine_stats_payload(prefill_tokens_per_s: float | None = 1000.0) -> dict[str, Any]:
+    # The real engine reports free rather than used slots; 32 used slots belong to a running request.
     return {
         "capacity_tokens": 4096,
-        "used_tokens": 1024,
+        "free_tokens": 4096 - 1056,
+        "cached_tokens": 1024,
         "evictable_tokens": 960,
         "protected_tokens": 64,
         "num_nodes": 7,
         "evicted_tokens_total": 2048,
+        "expired_tokens_total": 128,
+        "eviction": "lru",
+        "active_requests": 1,
         "prefill_tokens_per_s": prefill_tokens_per_s,
     }
 

@@ -19,13 +19,16 @@ def test_pool_usage_and_evictions(run_page, empty_url, engine) -> None:
     app = run_page("engine", empty_url, engine_url=engine[0])
     shown = metrics(app)
     stats = engine_stats_payload()
-    assert shown["Pool used"] == "25.0%"
+    assert shown["Pool used"] == f"{1056 / 4096:.1%}"
     assert shown["Capacity (tokens)"] == f"{stats['capacity_tokens']:,}"
     assert shown["Evicted tokens (total)"] == "2,048"
     assert shown["Cached nodes"] == "7"
+    assert shown["Expired tokens (total)"] == "128"
     assert shown["Prefill speed"] == "1,000 tok/s"
     pool = chart_specs(app)[0]
-    assert [trace["x"][0] for trace in pool["data"]] == [64, 960, 4096 - 1024]
+    # locked, evictable, a running request's 32 new tokens, free
+    assert [trace["x"][0] for trace in pool["data"]] == [64, 960, 32, 4096 - 1056]
+    assert any("eviction policy: lru" in caption.value for caption in app.caption)
 
 
 def test_cache_tree_is_drawn_with_tokens_and_hits(run_page, empty_url, engine) -> None:

@@ -147,7 +147,10 @@ def test_engine_client_reads_the_cache_api(engine) -> None:
     url, state = engine
     stats = fetch_cache_stats(url, timeout_s=5)
     assert stats.capacity_tokens == engine_stats_payload()["capacity_tokens"]
-    assert stats.used_share == 0.25 and stats.free_tokens == 3072
+    assert (stats.used_tokens, stats.free_tokens, stats.in_flight_tokens) == (1056, 3040, 32)
+    state.stats = {"capacity_tokens": 100, "used_tokens": 40, "evictable_tokens": 30, "protected_tokens": 10}
+    assert fetch_cache_stats(url, timeout_s=5).free_tokens == 60
+    state.stats = engine_stats_payload()
     assert stats.prefill_tokens_per_s == 1000.0
     state.stats = engine_stats_payload(prefill_tokens_per_s=None)
     assert fetch_cache_stats(url, timeout_s=5).prefill_tokens_per_s is None
