@@ -21,8 +21,8 @@ from db import keys, migrate, queries
 from db.config import database_url_from_env
 from db.engine import create_sync_engine_for
 from db.errors import DatabaseError
-from db.store import rebuild_rollups
-from db.timeutil import parse_moment, utc_now
+from db.store import prune_requests, rebuild_rollups
+from db.timeutil import parse_duration, parse_moment, utc_now
 
 
 def _fail(message: str) -> int:
@@ -112,6 +112,21 @@ def db_rebuild_rollups(args: argparse.Namespace) -> int:
     with _engine(args) as engine, engine.begin() as conn:
         counted = rebuild_rollups(conn)
     print(f"rollups rebuilt from {counted} requests")
+    return 0
+
+
+@_guarded
+def db_prune(args: argparse.Namespace) -> int:
+    before = utc_now() - parse_duration(args.older_than)
+    with _engine(args) as engine, engine.begin() as conn:
+        deleted = prune_requests(conn, before)
+    print(f"deleted {deleted} requests created before {before:%Y-%m-%d %H:%M} UTC")
+    return 0
+
+
+@_guarded
+def db_revision(args: argparse.Namespace) -> int:
+    migrate.new_revision(_url(args), args.message, autogenerate=not args.empty)
     return 0
 
 

@@ -65,6 +65,22 @@ async def upgrade_async(url: str, revision: str = "head") -> None:
     await asyncio.to_thread(upgrade, url, revision)
 
 
+def new_revision(url: str, message: str, autogenerate: bool = True) -> None:
+    """Write a new migration script into `migrations/versions` (for developers, from a source checkout).
+
+    With `autogenerate`, the script holds the difference between the models and the database at `url`, which
+    should be migrated to head first. Review it before committing: autogenerate misses renames and data moves.
+    """
+    config = alembic_config(url)
+    engine = create_sync_engine_for(url)
+    try:
+        with engine.connect() as conn:
+            config.attributes["connection"] = conn
+            command.revision(config, message=message, autogenerate=autogenerate)
+    finally:
+        engine.dispose()
+
+
 def head_revision() -> str:
     """The newest revision in `migrations/versions`."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select
@@ -15,6 +16,7 @@ from sqlalchemy import Connection, delete, insert, select
 from db.models import HourlyLabelCount, HourlyRollup, HourlyTtftBin, RequestRecordRow, table_of
 from db.records import RequestRecord
 from db.rollups import RollupAccumulator, apply_rollups
+from db.timeutil import as_utc
 
 REQUESTS = table_of(RequestRecordRow)
 # Bound parameters per IN (...) lookup; SQLite's default limit is 32766 and PostgreSQL's 65535.
@@ -108,6 +110,15 @@ def store_records(conn: Connection, records: Sequence[RequestRecord], *, check_e
         conn.execute(insert(REQUESTS), [record_to_row(record) for record in fresh])
         apply_rollups(conn, RollupAccumulator().add_all(fresh))
     return StoreResult(inserted=len(fresh), duplicates=len(records) - len(fresh))
+
+
+def prune_requests(conn: Connection, before: datetime) -> int:
+    """Delete request rows created before `before`; returns how many. Rollups are kept, so history stays whole.
+
+    Request rows (prompt text included, where stored) are what grows without bound; this bounds them.
+    """
+    result = conn.execute(delete(REQUESTS).where(REQUESTS.c.created_at < as_utc(before)))
+    return int(result.rowcount or 0)
 
 
 def iter_records(conn: Connection, chunk_size: int = 10_000) -> Iterable[RequestRecord]:

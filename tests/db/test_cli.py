@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from db import queries
 from db.config import ENV_DATABASE_URL
 from db.engine import create_sync_engine_for
 from db.keys import load_active_keys, verify_key
@@ -106,3 +107,19 @@ def test_demo_data_command(empty_db_url: str, capsys: pytest.CaptureFixture[str]
     assert code == 0 and "300" in out
     code, out, _ = _run(capsys, "stats", "--since", "3d", "--bucket", "1w", "--json", "--database-url", empty_db_url)
     assert sum(row["requests"] for row in json.loads(out)) == 300
+
+
+def test_prune_deletes_old_rows_and_keeps_history(db_url: str, capsys: pytest.CaptureFixture[str], make_record) -> None:  # type: ignore[no-untyped-def]
+    now = datetime.now(UTC)
+    old, recent = make_record(created_at=now - timedelta(days=40)), make_record(created_at=now - timedelta(hours=1))
+    engine = create_sync_engine_for(db_url)
+    try:
+        with engine.begin() as conn:
+            store_records(conn, [old, recent])
+        code, out, _ = _run(capsys, "db", "prune", "--older-than", "30d", "--database-url", db_url)
+        assert code == 0 and "deleted 1 " in out
+        with engine.connect() as conn:
+            assert [row.request_id for row in queries.recent_requests(conn, 10)] == [recent.request_id]
+            assert queries.overview(conn, now - timedelta(days=60), now + timedelta(hours=1)).requests == 2
+    finally:
+        engine.dispose()
