@@ -154,14 +154,22 @@ def _record(rng: random.Random, created_at: datetime, profile: _TenantProfile, r
     if upstream in _UNREPORTED_UPSTREAMS:
         cached_tokens, miss_kind = None, None
     elif rng.random() < profile.hit_rate or _HOIST in rules:
-        if rng.random() < profile.partial_rate:
+        if rng.random() < 0.04:
+            # An exact repeat (a retry): all but the last token, page-aligned, comes from cache.
+            cached_tokens, miss_kind = (prompt_tokens - 1) // 16 * 16, "hit"
+        elif rng.random() < profile.partial_rate:
+            # Diverged inside the shared prefix (a reordered tool, a changed date): only its start was reused.
             cached_tokens = rng.randint(1, max(1, prefix_tokens // 16 - 1)) * 16
             miss_kind, diverged = "partial", cached_tokens + rng.randint(0, 15)
         else:
-            cached_tokens, miss_kind = prefix_tokens, "hit"
+            # The usual reuse: the shared prefix from cache, the new turn prefilled.
+            cached_tokens, miss_kind, diverged = prefix_tokens, "partial", prefix_tokens
     else:
-        cached_tokens, miss_kind = 0, (profile.lost_kind if rng.random() < 0.7 else "cold")
-        diverged = 0
+        miss_kind = profile.lost_kind if rng.random() < 0.7 else "cold"
+        # An evicted or expired prefix may still have its first pages in cache.
+        keeps_start = miss_kind != "cold" and rng.random() < 0.3
+        cached_tokens = rng.randint(1, max(1, prefix_tokens // 32)) * 16 if keeps_start else 0
+        diverged = cached_tokens
     uncached = prompt_tokens - (cached_tokens or 0)
     # Prefill dominates TTFT and is roughly linear in uncached tokens; log-normal noise for queueing.
     ttft_ms = (12.0 + 0.09 * uncached) * rng.lognormvariate(0.0, 0.25)

@@ -15,9 +15,10 @@ from db.timeutil import as_utc
 
 ENDPOINTS: Final = ("chat.completions", "completions")
 
-# Why the prompt was (not) served from cache: `hit` all but the last token matched, `partial` some matched,
-# `cold` nothing matched and the prefix was never seen, `evicted` / `expired` it had been cached but was evicted
-# for space or dropped by TTL (the engine's ghost index tells these apart).
+# How far the prompt was served from cache and why not further, as the engine reports it: `hit` everything that
+# could be was (all but the last token, page-aligned); `partial` a prefix matched, then the prompt diverged from
+# anything cached; `cold` nothing matched and nothing like it was cached recently; `evicted` / `expired` the next
+# part had been cached but was evicted for space or dropped by TTL (the engine's ghost index tells these apart).
 MISS_KINDS: Final = ("hit", "partial", "cold", "evicted", "expired")
 
 
