@@ -14,7 +14,7 @@ VIEWS = Path(__file__).resolve().parent / "views"
 st.set_page_config(page_title="prefixscope", page_icon=":material/search:", layout="wide")
 
 pages = [
-    st.Page(VIEWS / "overview.py", title="Overview", icon=":material/insights:", url_path="overview", default=True),
+    st.Page(VIEWS / "overview.py", title="Overview", icon=":material/insights:", default=True),
     st.Page(VIEWS / "requests.py", title="Requests", icon=":material/receipt_long:", url_path="requests"),
     st.Page(VIEWS / "prefixes.py", title="Prefixes and rules", icon=":material/account_tree:", url_path="prefixes"),
     st.Page(VIEWS / "engine.py", title="Engine cache", icon=":material/memory:", url_path="engine"),

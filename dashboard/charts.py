@@ -99,7 +99,8 @@ def token_split_figure(cached_tokens: int, computed_tokens: int) -> go.Figure:
 
 
 def pool_figure(protected_tokens: int, evictable_tokens: int, in_flight_tokens: int, free_tokens: int) -> go.Figure:
-    """The KV pool as one stacked bar: cached and locked, cached and evictable, running requests' new KV, free."""
+    """The KV pool in tokens as one stacked bar: cached and locked, cached and evictable, running requests' new KV,
+    free."""
     figure = go.Figure()
     for name, value, color in (
         ("cached, locked by running requests", protected_tokens, "#e9c46a"),
@@ -113,7 +114,7 @@ def pool_figure(protected_tokens: int, evictable_tokens: int, in_flight_tokens: 
         height=150,
         margin={"l": 10, "r": 10, "t": 10, "b": 10},
         legend={"orientation": "h", "y": -0.4, "traceorder": "normal"},
-        xaxis={"title": "tokens"},
+        xaxis={"title": None},
         yaxis={"visible": False},
     )
     return figure

@@ -83,6 +83,11 @@ def fetch_cache_stats(base_url: str, timeout_s: float) -> CacheStats:
     payload = _get_json(base_url, "/v1/cache", timeout_s)
     if not isinstance(payload, dict):
         raise EngineUnavailable("/v1/cache did not return a JSON object")
+    return stats_from_payload(payload)
+
+
+def stats_from_payload(payload: dict[str, Any]) -> CacheStats:
+    """Parse a `/v1/cache` JSON object (engines report either used or free slots)."""
     speed = payload.get("prefill_tokens_per_s")
     try:
         prefill_tokens_per_s = float(speed) if speed is not None else None
