@@ -25,7 +25,8 @@ from gateway.parsing import CHAT, COMPLETIONS
 from gateway.proxy import CompletionProxy
 from gateway.recording import Recorder, RecordSink
 from gateway.routing import Router
-from gateway.runtime import Runtime, make_http_client
+from gateway.http_client import make_http_client
+from gateway.runtime import Runtime
 from gateway.stats_api import make_stats_handler
 from gateway.tenancy import SaltDeriver, load_or_create_secret
 

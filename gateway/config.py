@@ -91,8 +91,10 @@ class TenantSettings:
 class RecorderConfig:
     """Sizing of the background record writer (passed on to `db.writer.WriterConfig`)."""
 
-    queue_size: int = 10_000
-    batch_size: int = 256
+    queue_size: int = 50_000
+    # Large batches let the writer keep up when the event loop is saturated: each batch costs a fixed number of
+    # round trips through the loop, whatever its size. At modest rates batches stay small (one per interval).
+    batch_size: int = 2048
     flush_interval_s: float = 0.25
     spill_path: Path = DEFAULT_SPILL_PATH
     replay_interval_s: float = 5.0

@@ -91,9 +91,7 @@ async def forward_plain(
     client: httpx.AsyncClient, route: Route, endpoint: str, payload: bytes, tracker: RequestTracker, send: Send
 ) -> Outcome:
     try:
-        upstream = await client.post(
-            route.url_for(endpoint), content=payload, headers=route.headers, timeout=route.timeout
-        )
+        upstream = await client.send(route.request(endpoint, payload))
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     headers = _response_headers(route, upstream, tracker.request_id.encode())
@@ -121,11 +119,8 @@ async def forward_stream(
     client_wants_usage: bool,
     start_perf: float,
 ) -> Outcome:
-    request = client.build_request(
-        "POST", route.url_for(endpoint), content=payload, headers=route.headers, timeout=route.timeout
-    )
     try:
-        upstream = await client.send(request, stream=True)
+        upstream = await client.send(route.request(endpoint, payload), stream=True)
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     try:

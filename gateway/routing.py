@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -18,33 +19,39 @@ class Route:
     upstream: UpstreamConfig
     adapter: UpstreamAdapter
     timeout: httpx.Timeout
-    headers: dict[str, str]
-    chat_url: str
-    completions_url: str
+    headers: httpx.Headers
+    chat_url: httpx.URL
+    completions_url: httpx.URL
+    extensions: dict[str, Any]  # the timeout, in the form httpx transports read it
 
     @property
     def name(self) -> str:
         return self.upstream.name
 
-    def url_for(self, endpoint: str) -> str:
-        return self.chat_url if endpoint == CHAT else self.completions_url
+    def request(self, endpoint: str, payload: bytes) -> httpx.Request:
+        """The upstream request for one call; URLs and headers are parsed once per upstream, not per call."""
+        url = self.chat_url if endpoint == CHAT else self.completions_url
+        return httpx.Request("POST", url, headers=self.headers, content=payload, extensions=self.extensions)
 
 
 def build_route(upstream: UpstreamConfig) -> Route:
     headers = {
+        "accept": "application/json, text/event-stream",
         "content-type": "application/json",
         # Streams are relayed byte for byte, so they must arrive uncompressed.
         "accept-encoding": "identity",
     }
     if upstream.api_key:
         headers["authorization"] = f"Bearer {upstream.api_key}"
+    timeout = httpx.Timeout(upstream.timeout_s, connect=upstream.connect_timeout_s)
     return Route(
         upstream=upstream,
         adapter=adapter_for(upstream.kind),
-        timeout=httpx.Timeout(upstream.timeout_s, connect=upstream.connect_timeout_s),
-        headers=headers,
-        chat_url=f"{upstream.api_base}/chat/completions",
-        completions_url=f"{upstream.api_base}/completions",
+        timeout=timeout,
+        headers=httpx.Headers(headers),
+        chat_url=httpx.URL(f"{upstream.api_base}/chat/completions"),
+        completions_url=httpx.URL(f"{upstream.api_base}/completions"),
+        extensions={"timeout": timeout.as_dict()},
     )
 
 

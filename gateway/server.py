@@ -42,6 +42,7 @@ def serve(config: GatewayConfig, database_url: str, *, log_level: str = "info") 
         http=http,
         lifespan="on",
         access_log=False,
+        proxy_headers=False,
         log_level=log_level,
         timeout_graceful_shutdown=10,
     )

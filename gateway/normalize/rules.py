@@ -9,7 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from gateway.normalize.base import Request, RuleResult, unchanged
+
+
+# Keeps dict insertion order, so two lists that differ only in key order encode differently.
+_ORDER_PRESERVING_ENCODER = msgspec.json.Encoder()
 
 
 def sort_keys_recursive(value: Any) -> tuple[Any, bool]:
@@ -44,15 +50,35 @@ def sort_keys_recursive(value: Any) -> tuple[Any, bool]:
 
 
 class ToolSchemaKeyOrder:
-    """Sort keys recursively inside every tool definition (the function's name, description and JSON schema)."""
+    """Sort keys recursively inside every tool definition (the function's name, description and JSON schema).
+
+    Agents send the same tool list on every call, so results are memoized by the list's serialized form
+    (encoding is much cheaper than walking and rebuilding the schemas). Memoized lists are shared between
+    results and never mutated.
+    """
 
     name = "tool_schema_key_order"
+    _MEMO_ENTRIES = 512
+
+    def __init__(self) -> None:
+        self._memo: dict[bytes, tuple[list[Any], bool]] = {}
 
     def apply(self, request: Request) -> RuleResult:
         tools = request.get("tools")
         if not isinstance(tools, list) or not tools:
             return unchanged(request)
-        new_tools, changed = sort_keys_recursive(tools)
+        try:
+            key: bytes | None = _ORDER_PRESERVING_ENCODER.encode(tools)
+        except (TypeError, ValueError, msgspec.EncodeError):
+            key = None
+        memo = self._memo.get(key) if key is not None else None
+        if memo is None:
+            memo = sort_keys_recursive(tools)
+            if key is not None:
+                if len(self._memo) >= self._MEMO_ENTRIES:
+                    self._memo.clear()
+                self._memo[key] = memo
+        new_tools, changed = memo
         if not changed:
             return unchanged(request)
         return RuleResult({**request, "tools": new_tools}, True)
