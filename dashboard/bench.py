@@ -60,7 +60,11 @@ def _page_steps(engine: Any, since: datetime, until: datetime) -> dict[str, list
         "requests": [
             catalog,
             ("recent_requests", loaders.load_recent_requests, (since, until, None, None, None, None)),
-            ("recent_requests(misses, evicted)", loaders.load_recent_requests, (since, until, None, None, False, "evicted")),
+            (
+                "recent_requests(misses, evicted)",
+                loaders.load_recent_requests,
+                (since, until, None, None, False, "evicted"),
+            ),
             ("request_detail", loaders.load_request_detail, (newest_id,)),
         ],
         "prefixes": [catalog, ("prefixes", loaders.load_prefixes, (since, until, None))],

@@ -7,9 +7,8 @@ from datetime import datetime
 
 import plotly.graph_objects as go
 
-from db.queries import StatsRow
-
 from dashboard.cache_tree import FlatTree
+from db.queries import StatsRow
 
 CACHED_COLOR = "#2a9d8f"
 COMPUTED_COLOR = "#e76f51"

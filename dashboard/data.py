@@ -14,15 +14,14 @@ from typing import Any, TypeVar
 import streamlit as st
 from sqlalchemy import Engine
 
+from dashboard import loaders
+from dashboard.engine_client import CacheStats, CacheTreeSnapshot, fetch_cache_stats, fetch_cache_tree
+from dashboard.prices import ModelUsage
 from db.config import sqlite_path
 from db.engine import create_sync_engine_for
 from db.errors import DatabaseConfigError
 from db.queries import RequestRow
 from db.records import RequestRecord
-
-from dashboard import loaders
-from dashboard.engine_client import CacheStats, CacheTreeSnapshot, fetch_cache_stats, fetch_cache_tree
-from dashboard.prices import ModelUsage
 
 T = TypeVar("T")
 
@@ -91,4 +90,3 @@ def engine_stats(engine_url: str, timeout_s: float) -> CacheStats:
 @st.cache_data(ttl=ENGINE_TTL_S, show_spinner=False)
 def engine_tree(engine_url: str, max_nodes: int, timeout_s: float) -> CacheTreeSnapshot:
     return fetch_cache_tree(engine_url, max_nodes, timeout_s)
-

@@ -22,16 +22,16 @@ def settings_from_args(args: argparse.Namespace) -> DashboardSettings:
     from db.config import database_url_from_env
 
     base = settings_from_env()
-    changes: dict[str, object] = {"database_url": database_url_from_env(args.database_url)}
-    if args.engine:
-        changes["engine_url"] = args.engine.rstrip("/")
-    if args.refresh_s is not None:
-        changes["refresh_s"] = args.refresh_s
-    if args.prefill_tokens_per_s is not None:
-        changes["default_prefill_tokens_per_s"] = args.prefill_tokens_per_s
-    if args.prices is not None:
-        changes["price_file"] = args.prices.resolve()
-    return replace(base, **changes)
+    return replace(
+        base,
+        database_url=database_url_from_env(args.database_url),
+        engine_url=args.engine.rstrip("/") if args.engine else base.engine_url,
+        refresh_s=args.refresh_s if args.refresh_s is not None else base.refresh_s,
+        default_prefill_tokens_per_s=(
+            args.prefill_tokens_per_s if args.prefill_tokens_per_s is not None else base.default_prefill_tokens_per_s
+        ),
+        price_file=args.prices.resolve() if args.prices is not None else base.price_file,
+    )
 
 
 def streamlit_command(host: str, port: int) -> list[str]:
@@ -72,7 +72,18 @@ def child_environment(settings: DashboardSettings) -> dict[str, str]:
 
 def launch_dashboard(args: argparse.Namespace) -> int:
     """Run the dashboard until it exits or is interrupted; returns Streamlit's exit status."""
-    settings = settings_from_args(args)
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:  # a malformed URL or setting (DatabaseConfigError, SettingsError)
+        print(f"prefixscope dashboard: {exc}", file=sys.stderr)
+        return 2
+    for name, value in (
+        ("--refresh-s", settings.refresh_s),
+        ("--prefill-tokens-per-s", settings.default_prefill_tokens_per_s),
+    ):
+        if value <= 0:
+            print(f"prefixscope dashboard: {name} must be positive", file=sys.stderr)
+            return 2
     if settings.price_file is not None and not settings.price_file.is_file():
         print(f"prefixscope dashboard: price file {settings.price_file} does not exist", file=sys.stderr)
         return 2

@@ -11,11 +11,10 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
+from dashboard.prices import ModelUsage
 from db import queries
 from db.queries import LabelCount, Overview, PrefixRow, RequestRow, StatsRow
 from db.records import RequestRecord
-
-from dashboard.prices import ModelUsage
 
 RECENT_REQUESTS_LIMIT = 500
 TOP_PREFIXES_LIMIT = 25
@@ -156,5 +155,7 @@ def load_model_usage(conn: Connection, since: datetime, until: datetime, tenant:
     for model in queries.models(conn):
         totals = queries.overview(conn, since, until, tenant=tenant, model=model)
         if totals.requests:
-            usage.append(ModelUsage(model=model, prompt_tokens=totals.prompt_tokens, cached_tokens=totals.cached_tokens))
+            usage.append(
+                ModelUsage(model=model, prompt_tokens=totals.prompt_tokens, cached_tokens=totals.cached_tokens)
+            )
     return usage

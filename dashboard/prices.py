@@ -73,7 +73,9 @@ def _price_from_mapping(model: str, row: Mapping[str, Any]) -> ModelPrice:
         cached = float(row["cached_input"])
         write = float(row.get("cache_write", input_price))
     except (KeyError, TypeError, ValueError) as exc:
-        raise PriceTableError(f"model {model!r}: needs numeric 'input' and 'cached_input' (and optional 'cache_write')") from exc
+        raise PriceTableError(
+            f"model {model!r}: needs numeric 'input' and 'cached_input' (and optional 'cache_write')"
+        ) from exc
     if min(input_price, cached, write) < 0:
         raise PriceTableError(f"model {model!r}: prices must not be negative")
     return ModelPrice(input_price, cached, write)
@@ -101,7 +103,11 @@ def price_table_to_dict(table: PriceTable) -> dict[str, Any]:
         "as_of": table.as_of.isoformat(),
         "source": table.source,
         "models": {
-            name: {"input": p.input_per_mtok, "cached_input": p.cached_input_per_mtok, "cache_write": p.cache_write_per_mtok}
+            name: {
+                "input": p.input_per_mtok,
+                "cached_input": p.cached_input_per_mtok,
+                "cache_write": p.cache_write_per_mtok,
+            }
             for name, p in table.prices.items()
         },
     }
@@ -123,7 +129,12 @@ def load_price_table(path: Path) -> PriceTable:
 def price_rows(table: PriceTable) -> list[dict[str, Any]]:
     """The table as editable rows (model, input, cached_input, cache_write)."""
     return [
-        {"model": name, "input": p.input_per_mtok, "cached_input": p.cached_input_per_mtok, "cache_write": p.cache_write_per_mtok}
+        {
+            "model": name,
+            "input": p.input_per_mtok,
+            "cached_input": p.cached_input_per_mtok,
+            "cache_write": p.cache_write_per_mtok,
+        }
         for name, p in table.prices.items()
     ]
 

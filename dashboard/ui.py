@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import streamlit as st
 
@@ -68,12 +68,12 @@ def load_settings() -> DashboardSettings:
         raise  # unreachable: st.stop() raises; keeps type checkers content
 
 
-def stop_with_info(message: str) -> None:
+def stop_with_info(message: str) -> NoReturn:
     st.info(message)
     st.stop()
 
 
-def stop_with_warning(message: str) -> None:
+def stop_with_warning(message: str) -> NoReturn:
     st.warning(message)
     st.stop()
 

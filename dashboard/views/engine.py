@@ -32,7 +32,9 @@ def live_engine() -> None:
         return
 
     columns = st.columns(6)
-    columns[0].metric("Pool used", f"{stats.used_share:.1%}", help=f"{stats.used_tokens:,} of {stats.capacity_tokens:,}")
+    columns[0].metric(
+        "Pool used", f"{stats.used_share:.1%}", help=f"{stats.used_tokens:,} of {stats.capacity_tokens:,}"
+    )
     columns[1].metric("Capacity (tokens)", f"{stats.capacity_tokens:,}")
     columns[2].metric("Cached nodes", f"{stats.num_nodes:,}")
     columns[3].metric("Evicted tokens (total)", f"{stats.evicted_tokens_total:,}")
@@ -77,8 +79,10 @@ def live_engine() -> None:
         ],
         hide_index=True,
     )
-    st.caption("Each namespace is one tenant's cache salt; namespaces never share nodes. Refreshes every "
-               f"{settings.refresh_s:g} s.")
+    st.caption(
+        "Each namespace is one tenant's cache salt; namespaces never share nodes. Refreshes every "
+        f"{settings.refresh_s:g} s."
+    )
 
 
 live_engine()

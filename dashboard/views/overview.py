@@ -69,8 +69,10 @@ def live_overview() -> None:
         data.overview, settings.database_url, current.since, current.until, current.tenant, current.model
     )
     scope = " · ".join(part for part in (current.label, current.tenant, current.model) if part)
-    st.caption(f"{scope} · {current.since:%Y-%m-%d %H:%M} to {current.until:%Y-%m-%d %H:%M} UTC · "
-               f"refreshes every {settings.refresh_s:g} s")
+    st.caption(
+        f"{scope} · {current.since:%Y-%m-%d %H:%M} to {current.until:%Y-%m-%d %H:%M} UTC · "
+        f"refreshes every {settings.refresh_s:g} s"
+    )
     if result.totals.requests == 0:
         st.info("No requests in this time range. Pick a longer range or another tenant or model.")
         return

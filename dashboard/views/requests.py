@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from db.records import MISS_KINDS
-
 from dashboard import charts, data, ui
 from dashboard.explain import describe_miss_kind, request_table_rows
+from db.records import MISS_KINDS
 
 settings = ui.load_settings()
 st.title("Requests")

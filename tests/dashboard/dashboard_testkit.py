@@ -98,10 +98,28 @@ def seeded_records(now: datetime | None = None) -> list[RequestRecord]:
             ttft_ms=320.0,
             prefix_hash=PREFIX_BETA,
         ),
-        _record(7, moment + 6 * step, tenant="beta", model="m-large", upstream="hosted", prompt_tokens=500,
-                cached_tokens=None, ttft_ms=100.0),
-        _record(8, moment + 7 * step, tenant="beta", model="m-large", status_code=500, error_type="upstream_error",
-                prompt_tokens=None, cached_tokens=None, completion_tokens=None, ttft_ms=None),
+        _record(
+            7,
+            moment + 6 * step,
+            tenant="beta",
+            model="m-large",
+            upstream="hosted",
+            prompt_tokens=500,
+            cached_tokens=None,
+            ttft_ms=100.0,
+        ),
+        _record(
+            8,
+            moment + 7 * step,
+            tenant="beta",
+            model="m-large",
+            status_code=500,
+            error_type="upstream_error",
+            prompt_tokens=None,
+            cached_tokens=None,
+            completion_tokens=None,
+            ttft_ms=None,
+        ),
     ]
 
 
@@ -152,8 +170,9 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
-def _node(node_id: int, num_tokens: int, hit_count: int, children: list[dict[str, Any]] | None = None,
-          locked: bool = False) -> dict[str, Any]:
+def _node(
+    node_id: int, num_tokens: int, hit_count: int, children: list[dict[str, Any]] | None = None, locked: bool = False
+) -> dict[str, Any]:
     return {
         "id": node_id,
         "num_tokens": num_tokens,

@@ -69,8 +69,16 @@ def dashboard_url(seeded_url: str, engine_server, tmp_path_factory: pytest.TempP
     port = free_port()
     log = (tmp_path_factory.mktemp("dashboard-log") / "dashboard.log").open("w")
     process = subprocess.Popen(
-        [*_prefixscope_command(), "dashboard", "--port", str(port), "--database-url", seeded_url,
-         "--engine", engine_server[0]],
+        [
+            *_prefixscope_command(),
+            "dashboard",
+            "--port",
+            str(port),
+            "--database-url",
+            seeded_url,
+            "--engine",
+            engine_server[0],
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, so teardown stops Streamlit as well

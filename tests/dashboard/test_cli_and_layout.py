@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from prefixscope.cli import build_parser
-
 from dashboard import launch
 from dashboard.settings import ENV_DATABASE_URL, ENV_ENGINE_URL, ENV_PRICE_FILE, settings_from_env
+from prefixscope.cli import build_parser
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dashboard"
 
@@ -32,7 +31,8 @@ def test_commands_are_registered() -> None:
 def test_cli_module_is_cheap_to_import() -> None:
     code = (
         "import sys, dashboard.cli\n"
-        "heavy = [m for m in ('streamlit', 'sqlalchemy', 'plotly', 'pandas', 'httpx', 'db.queries') if m in sys.modules]\n"
+        "names = ('streamlit', 'sqlalchemy', 'plotly', 'pandas', 'httpx', 'db.queries')\n"
+        "heavy = [m for m in names if m in sys.modules]\n"
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -42,8 +42,19 @@ def test_cli_module_is_cheap_to_import() -> None:
 def test_launcher_passes_settings_through_the_environment(tmp_path: Path) -> None:
     prices = tmp_path / "p.toml"
     args = build_parser().parse_args(
-        ["dashboard", "--port", "8600", "--database-url", "sqlite:///d.db", "--engine", "http://e:9/",
-         "--refresh-s", "3", "--prices", str(prices)]
+        [
+            "dashboard",
+            "--port",
+            "8600",
+            "--database-url",
+            "sqlite:///d.db",
+            "--engine",
+            "http://e:9/",
+            "--refresh-s",
+            "3",
+            "--prices",
+            str(prices),
+        ]
     )
     settings = launch.settings_from_args(args)
     env = launch.child_environment(settings)
@@ -103,3 +114,13 @@ def test_pages_hold_no_sql() -> None:
 def test_modules_stay_small() -> None:
     for path in PACKAGE.rglob("*.py"):
         assert len(path.read_text().splitlines()) <= 400, path.name
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--database-url", "mysql://nope"], ["--refresh-s", "0"], ["--prefill-tokens-per-s", "-5"]],
+)
+def test_bad_options_are_refused(options: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["dashboard", *options])
+    assert args.handler(args) == 2
+    assert capsys.readouterr().err.startswith("prefixscope dashboard: ")

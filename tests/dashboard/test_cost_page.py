@@ -42,8 +42,8 @@ def test_price_file_is_loaded(run_page, seeded_url, tmp_path: Path) -> None:
     prices = tmp_path / "prices.toml"
     prices.write_text(
         'as_of = 2026-01-15\nsource = "negotiated"\n'
-        '[models.m-small]\ninput = 10.0\ncached_input = 1.0\n'
-        '[models.m-large]\ninput = 4.0\ncached_input = 2.0\ncache_write = 5.0\n'
+        "[models.m-small]\ninput = 10.0\ncached_input = 1.0\n"
+        "[models.m-large]\ninput = 4.0\ncached_input = 2.0\ncache_write = 5.0\n"
     )
     app = run_page("cost", seeded_url, **{ENV_PRICE_FILE: str(prices)})
     frame = app.dataframe[-1].value.set_index("model")

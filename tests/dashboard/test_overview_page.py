@@ -105,3 +105,10 @@ def test_missing_database_file_shows_a_warning_and_is_not_created(run_page, tmp_
     app = run_page("overview", f"sqlite:///{missing}")
     assert any("does not exist" in warning.value for warning in app.warning)
     assert not missing.exists()
+
+
+def test_misconfigured_environment_shows_an_error(run_page, seeded_url) -> None:
+    from dashboard.settings import ENV_REFRESH_S
+
+    app = run_page("overview", seeded_url, **{ENV_REFRESH_S: "often"})
+    assert any("misconfigured" in error.value and ENV_REFRESH_S in error.value for error in app.error)

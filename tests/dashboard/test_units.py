@@ -43,7 +43,10 @@ def test_flatten_tree_parents_sizes_and_totals() -> None:
         children = [i for i, parent in enumerate(flat.parents) if parent == flat.ids[index]]
         assert flat.subtree_tokens[index] == flat.num_tokens[index] + sum(flat.subtree_tokens[i] for i in children)
     assert flat.subtree_tokens[position[ROOT_ID]] == ENGINE_TREE_TOTAL_TOKENS
-    assert [(s.num_nodes, s.num_tokens, s.hit_count, s.num_locked) for s in summaries] == [(4, 704, 14, 1), (3, 320, 2, 0)]
+    assert [(s.num_nodes, s.num_tokens, s.hit_count, s.num_locked) for s in summaries] == [
+        (4, 704, 14, 1),
+        (3, 320, 2, 0),
+    ]
 
 
 def test_flatten_deep_tree_without_recursion() -> None:
@@ -195,7 +198,9 @@ def test_relative_ranges_slide_and_fixed_ones_stay() -> None:
 
 def test_formatting() -> None:
     assert ui.format_share(None) == "n/a" and ui.format_share(0.3935) == "39.4%"
-    assert ui.format_tokens(3148) == "3.15k" and ui.format_tokens(15_830_000) == "15.83M" and ui.format_tokens(12) == "12"
+    assert (
+        ui.format_tokens(3148) == "3.15k" and ui.format_tokens(15_830_000) == "15.83M" and ui.format_tokens(12) == "12"
+    )
     assert ui.format_ms(43.2) == "43 ms" and ui.format_ms(2690) == "2.69 s"
     assert ui.format_seconds(3.148) == "3.1 s" and ui.format_seconds(1584) == "26.4 min"
     assert ui.format_usd(1234.5) == "$1,234.50" and ui.format_usd(0.000236) == "$0.0002" and ui.format_usd(0) == "$0.00"
