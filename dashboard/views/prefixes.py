@@ -18,6 +18,12 @@ if result.requests_in_range == 0:
     ui.stop_with_info("No requests in this time range. Pick a longer range or another tenant.")
 
 st.subheader("Most reused prefixes")
+if result.prefixes_since > filters.since:
+    st.caption(
+        f"Prefix reuse is counted from individual requests, so it covers the last "
+        f"{(filters.until - result.prefixes_since).days} days of the range (since "
+        f"{result.prefixes_since:%Y-%m-%d %H:%M} UTC); the rules and tenants below cover all of it."
+    )
 if not result.prefixes:
     st.info("No request in this range carries a prefix hash.")
 else:
