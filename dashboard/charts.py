@@ -90,7 +90,7 @@ def token_split_figure(cached_tokens: int, computed_tokens: int) -> go.Figure:
         barmode="stack",
         height=150,
         margin={"l": 10, "r": 10, "t": 10, "b": 10},
-        legend={"orientation": "h", "y": -0.4},
+        legend={"orientation": "h", "y": -0.4, "traceorder": "normal"},
         xaxis={"title": None},
         yaxis={"visible": False},
     )

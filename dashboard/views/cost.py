@@ -100,8 +100,12 @@ st.dataframe(
     ],
     hide_index=True,
     column_config={
-        name: st.column_config.NumberColumn(format="$%.4f")
-        for name in ("cost without cache ($)", "cost with cache ($)", "saved ($)")
+        "prompt tokens": st.column_config.NumberColumn(format="localized"),
+        "cached tokens": st.column_config.NumberColumn(format="localized"),
+        **{
+            name: st.column_config.NumberColumn(format="$%.4f")
+            for name in ("cost without cache ($)", "cost with cache ($)", "saved ($)")
+        },
     },
 )
 unpriced = [item.model for item in savings if item.saved_usd is None]

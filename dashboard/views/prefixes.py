@@ -49,6 +49,10 @@ else:
         prefix_rows,
         hide_index=True,
         column_config={
+            "label": st.column_config.TextColumn(width="large"),
+            "requests": st.column_config.NumberColumn(format="localized"),
+            "tokens saved": st.column_config.NumberColumn(format="localized"),
+            "prompt tokens": st.column_config.NumberColumn(format="localized"),
             "requests with hit": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
             "token hit rate": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
             "last seen (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm"),
@@ -102,6 +106,9 @@ st.dataframe(
     ],
     hide_index=True,
     column_config={
+        "requests": st.column_config.NumberColumn(format="localized"),
+        "tokens from cache": st.column_config.NumberColumn(format="localized"),
+        "prompt tokens": st.column_config.NumberColumn(format="localized"),
         "token hit rate": st.column_config.NumberColumn(format="percent"),
         "requests with any hit": st.column_config.NumberColumn(format="percent"),
         "TTFT p50 hits (ms)": st.column_config.NumberColumn(format="%.0f"),

@@ -44,6 +44,8 @@ table = st.dataframe(
     column_config={
         "time (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
         "cached share": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
+        "prompt tokens": st.column_config.NumberColumn(format="localized"),
+        "cached tokens": st.column_config.NumberColumn(format="localized"),
     },
 )
 selected_rows = table.selection.rows if table is not None and hasattr(table, "selection") else []
