@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
 from local_engine.chat_prompt import chat_prompt_token_ids
 from local_engine.errors import InvalidRequest
 from local_engine.model_loader import LoadedModel
@@ -40,6 +41,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     namespace: str
+    hash_chain_block_size: int | None = None  # set when the client asked for the prompt's block hash chain
 
 
 def parse_json_body(raw: bytes) -> dict:
@@ -123,6 +125,18 @@ def parse_prompt(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[str, l
     return model, _prompt_token_ids(body, endpoint, loaded), salt or ""
 
 
+def parse_hash_chain_request(body: dict) -> int | None:
+    """`return_hash_chain: true` (with an optional `hash_block_size`, 16 by default) asks for the prompt's block
+    hash chain in the `prefix_cache` object, for trace export and what-if simulation."""
+    wanted = body.get("return_hash_chain", False)
+    if not isinstance(wanted, bool):
+        raise InvalidRequest("return_hash_chain must be a boolean", param="return_hash_chain")
+    block_size = body.get("hash_block_size", 16)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise InvalidRequest(f"hash_block_size must be an integer in [1, {MAX_BLOCK_SIZE}]", param="hash_block_size")
+    return block_size if wanted else None
+
+
 def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedRequest:
     for name, is_set in _UNSUPPORTED_WHEN_SET.items():
         if name in body and is_set(body[name]):
@@ -174,4 +188,5 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         stream=stream,
         include_usage=bool(stream_options.get("include_usage", False)),
         namespace=namespace,
+        hash_chain_block_size=parse_hash_chain_request(body),
     )

@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 
+from local_engine.cache.hash_chain import page_hash_chain
 from local_engine.engine_types import Finished, MatchReport
 from local_engine.protocol import CHAT, ParsedRequest
 
@@ -20,6 +21,22 @@ def match_headers(report: MatchReport) -> dict[str, str]:
         "x-prefix-cache-matched-tokens": str(report.matched_tokens),
         "x-prefix-cache-prompt-tokens": str(report.prompt_tokens),
         "x-prefix-cache-miss": report.miss_kind.value,
+    }
+
+
+def prefix_cache_object(parsed: ParsedRequest, report: MatchReport) -> dict:
+    """The match report, plus the prompt's block hash chain when the client asked for it."""
+    body = report.as_dict()
+    if parsed.hash_chain_block_size:
+        body["hash_chain"] = hash_chain_object(parsed.namespace, parsed.prompt_token_ids, parsed.hash_chain_block_size)
+    return body
+
+
+def hash_chain_object(namespace: str, token_ids, block_size: int) -> dict:
+    return {
+        "block_size": block_size,
+        "input_length": len(token_ids),
+        "hash_ids": page_hash_chain(namespace, token_ids, block_size),
     }
 
 
@@ -54,7 +71,7 @@ def completion_body(
         "model": parsed.model,
         "choices": [choice],
         "usage": usage(finished),
-        "prefix_cache": report.as_dict(),
+        "prefix_cache": prefix_cache_object(parsed, report),
         "system_fingerprint": None,
     }
 
@@ -98,8 +115,9 @@ class ChunkWriter:
     def final(self, finished: Finished) -> bytes:
         return self._chunk([self._choice(None if self.is_chat else "", finished.finish_reason)])
 
-    def usage(self, finished: Finished) -> bytes:
-        return self._chunk([], usage=usage(finished))
+    def usage(self, finished: Finished, report: MatchReport) -> bytes:
+        """The closing usage chunk also carries the `prefix_cache` object a non-streamed body would have."""
+        return self._chunk([], usage=usage(finished), prefix_cache=prefix_cache_object(self.parsed, report))
 
     def error(self, body: dict) -> bytes:
         return b"data: " + json.dumps(body).encode() + b"\n\n"

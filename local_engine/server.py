@@ -16,8 +16,15 @@ from local_engine.engine import Engine
 from local_engine.engine_types import Finished, GenerationRequest, TokenDelta
 from local_engine.errors import EngineError, Forbidden, InvalidRequest, Unauthorized
 from local_engine.metrics import render_metrics
-from local_engine.protocol import CHAT, COMPLETIONS, parse_json_body, parse_prompt, parse_request
-from local_engine.responses import ChunkWriter, completion_body, match_headers, new_response_id
+from local_engine.protocol import (
+    CHAT,
+    COMPLETIONS,
+    parse_hash_chain_request,
+    parse_json_body,
+    parse_prompt,
+    parse_request,
+)
+from local_engine.responses import ChunkWriter, completion_body, hash_chain_object, match_headers, new_response_id
 
 _MAX_TREE_NODES = 5000
 
@@ -55,7 +62,7 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
                 elif isinstance(event, Finished):
                     yield writer.final(event)
                     if parsed.include_usage:
-                        yield writer.usage(event)
+                        yield writer.usage(event, report)
             yield writer.done()
         except EngineError as exc:
             yield writer.error(exc.body())
@@ -128,7 +135,11 @@ async def cache_match(request: Request, state: State) -> dict:
     body = parse_json_body(await request.body())
     endpoint = CHAT if "messages" in body else COMPLETIONS
     _, token_ids, namespace = parse_prompt(body, endpoint, engine.loaded)
-    return engine.dry_run_match(namespace, token_ids).as_dict()
+    block_size = parse_hash_chain_request(body)
+    result = engine.dry_run_match(namespace, token_ids).as_dict()
+    if block_size:
+        result["hash_chain"] = hash_chain_object(namespace, token_ids, block_size)
+    return result
 
 
 @post("/v1/cache/flush", status_code=200)

@@ -186,3 +186,15 @@ def test_a_request_too_large_for_the_pool_is_a_503_and_others_still_work(tiny_lo
             assert too_big.json()["error"]["code"] == "kv_cache_full"
             small = {"model": "tiny-llama", "prompt": [5, 6, 7], "max_tokens": 2}
             assert http.post("/v1/completions", json=small).status_code == 200
+
+
+def test_the_prompt_hash_chain_is_returned_on_request(client):
+    body = client.post("/v1/chat/completions", json=chat(return_hash_chain=True, hash_block_size=16)).json()
+    chain = body["prefix_cache"]["hash_chain"]
+    assert chain["block_size"] == 16 and chain["input_length"] == body["usage"]["prompt_tokens"]
+    assert len(chain["hash_ids"]) == chain["input_length"] // 16
+    other = client.post("/v1/cache/match", json=chat("Another question, " * 12, return_hash_chain=True)).json()["hash_chain"]
+    shared = sum(1 for x, y in zip(chain["hash_ids"], other["hash_ids"]) if x == y)
+    assert 0 < shared < len(chain["hash_ids"])  # the system prompt's blocks are shared, the question's are not
+    assert "hash_chain" not in client.post("/v1/chat/completions", json=chat()).json()["prefix_cache"]
+    assert client.post("/v1/chat/completions", json=chat(return_hash_chain="yes")).status_code == 400
