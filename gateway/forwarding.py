@@ -8,7 +8,6 @@ OpenAI-shaped error); once a stream has started, failures end the stream with an
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -16,7 +15,7 @@ import msgspec
 
 from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
-from gateway.recording import RequestTracker
+from gateway.recording import Outcome, RequestTracker
 from gateway.routing import Route
 from gateway.sse import SSERelay
 
@@ -38,12 +37,6 @@ _SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    status_code: int
-    error_type: str | None = None
 
 
 def map_transport_error(exc: httpx.HTTPError, route: Route) -> GatewayError:
@@ -79,12 +72,15 @@ def upstream_error_type(body: bytes) -> str:
     return "upstream_error"
 
 
-async def _relay_upstream_error(send: Send, upstream: httpx.Response, headers: list[tuple[bytes, bytes]]) -> Outcome:
+async def _relay_upstream_error(
+    send: Send, upstream: httpx.Response, headers: list[tuple[bytes, bytes]], tracker: RequestTracker
+) -> Outcome:
     """Pass an upstream error status and body through unchanged."""
     body = upstream.content
     content_type = upstream.headers.get("content-type", "application/json").encode("latin-1")
+    outcome = tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
     await send_response(send, upstream.status_code, body, [*headers, (b"content-type", content_type)])
-    return Outcome(upstream.status_code, upstream_error_type(body))
+    return outcome
 
 
 async def forward_plain(
@@ -97,15 +93,16 @@ async def forward_plain(
     headers = _response_headers(route, upstream, tracker.request_id.encode())
     tracker.cache_report = route.adapter.cache_report(upstream.headers)
     if upstream.status_code >= 400:
-        return await _relay_upstream_error(send, upstream, headers)
+        return await _relay_upstream_error(send, upstream, headers, tracker)
     body = upstream.content
     envelope = _decode_envelope(body)
     if envelope is not None:
         tracker.usage = route.adapter.usage(
             {"usage": envelope.usage, "meta_info": envelope.meta_info, "prefix_cache": envelope.prefix_cache}
         )
+    outcome = tracker.outcome = Outcome(upstream.status_code)
     await send_response(send, upstream.status_code, body, [*headers, JSON_CONTENT_TYPE])
-    return Outcome(upstream.status_code)
+    return outcome
 
 
 async def forward_stream(
@@ -131,11 +128,11 @@ async def forward_stream(
                 await upstream.aread()
             except httpx.HTTPError as exc:
                 raise map_transport_error(exc, route) from None
-            return await _relay_upstream_error(send, upstream, headers)
+            return await _relay_upstream_error(send, upstream, headers, tracker)
         relay = SSERelay(route.adapter, forward_usage=client_wants_usage, start_perf=start_perf)
         await send({"type": "http.response.start", "status": upstream.status_code, "headers": _SSE_HEADERS + headers})
         try:
-            return await _pump(upstream, relay, send, route)
+            return await _pump(upstream, relay, send, route, tracker)
         finally:
             # Also on cancellation (client gone): whatever was learnt so far goes into the record.
             tracker.usage = relay.usage
@@ -144,20 +141,35 @@ async def forward_stream(
         await upstream.aclose()
 
 
-async def _pump(upstream: httpx.Response, relay: SSERelay, send: Send, route: Route) -> Outcome:
-    """Relay the stream; after the first byte went out, failures become a final SSE error event."""
+async def _pump(
+    upstream: httpx.Response, relay: SSERelay, send: Send, route: Route, tracker: RequestTracker
+) -> Outcome:
+    """Relay the stream. The client's response ends as soon as `[DONE]` has gone out (what follows upstream is
+    only the end of the chunked body, read so the connection can be reused). After the first byte went out,
+    upstream failures become a final SSE error event."""
+    finished = False
     try:
         async for chunk in upstream.aiter_raw():
+            if finished:
+                continue
             out = relay.feed(chunk)
-            if out:
+            if relay.saw_done:
+                finished = True
+                tracker.outcome = Outcome(upstream.status_code, relay.error_type)
+                await send({"type": "http.response.body", "body": out + relay.flush(), "more_body": False})
+            elif out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
     except httpx.HTTPError as exc:
+        if finished and tracker.outcome is not None:
+            return tracker.outcome
         error = map_transport_error(exc, route)
         log.warning("upstream stream from %s broke: %s", route.name, error.message)
+        tracker.outcome = Outcome(error.status_code, error.error_type)
         tail = relay.flush() + b"data: " + error.body() + b"\n\n"
         await send({"type": "http.response.body", "body": tail, "more_body": False})
-        return Outcome(error.status_code, error.error_type)
-    await send({"type": "http.response.body", "body": relay.flush(), "more_body": False})
-    if relay.error_type is not None:
-        return Outcome(upstream.status_code, relay.error_type)
-    return Outcome(upstream.status_code)
+        return tracker.outcome
+    if not finished:
+        tracker.outcome = Outcome(upstream.status_code, relay.error_type)
+        await send({"type": "http.response.body", "body": relay.flush(), "more_body": False})
+    assert tracker.outcome is not None
+    return tracker.outcome

@@ -17,9 +17,9 @@ from gateway.asgi_io import JSON_CONTENT_TYPE, Receive, Send, header_values, rea
 from gateway.asgi_io import send_response
 from gateway.errors import ClientDisconnected, GatewayError, MethodNotAllowed, error_body
 from gateway.fingerprint import prefix_hash, prompt_text
-from gateway.forwarding import Outcome, forward_plain, forward_stream
+from gateway.forwarding import forward_plain, forward_stream
 from gateway.parsing import parse_request
-from gateway.recording import RequestTracker
+from gateway.recording import Outcome, RequestTracker
 from gateway.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -30,17 +30,21 @@ _CONTENT_LENGTH = b"content-length"
 
 
 class _TrackedSend:
-    """Wraps ASGI `send` to know whether the response has started (then errors can no longer change it)."""
+    """Wraps ASGI `send` to know whether the response has started (then errors can no longer change it) and
+    whether it is complete."""
 
-    __slots__ = ("_send", "started")
+    __slots__ = ("_send", "started", "complete")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.started = False
+        self.complete = False
 
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.started = True
+        elif not message.get("more_body", False):
+            self.complete = True
         await self._send(message)
 
 
@@ -60,8 +64,15 @@ class CompletionProxy:
         try:
             outcome = await self._handle(scope, receive, tracked_send, tracker, start_perf)
             tracker.finish(outcome.status_code, outcome.error_type)
+        except ClientDisconnected as exc:
+            outcome = tracker.outcome
+            if tracked_send.complete and outcome is not None:
+                # The client had its whole response (say, a stream up to [DONE]) and left before we were done.
+                tracker.finish(outcome.status_code, outcome.error_type)
+            else:
+                tracker.finish(exc.status_code, exc.error_type)
         except GatewayError as exc:
-            if not tracked_send.started and not isinstance(exc, ClientDisconnected):
+            if not tracked_send.started:
                 headers = [(b"x-request-id", request_id.encode()), JSON_CONTENT_TYPE]
                 await send_response(send, exc.status_code, exc.body(), headers)
             tracker.finish(exc.status_code, exc.error_type)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -19,6 +20,14 @@ from gateway.upstreams.base import CacheReport, UsageReport
 log = logging.getLogger(__name__)
 
 UNAUTHENTICATED_TENANT = "unauthenticated"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a request ended, as recorded: the status code sent to the client and the error type, if any."""
+
+    status_code: int
+    error_type: str | None = None
 
 
 class RecordSink(Protocol):
@@ -57,7 +66,7 @@ class RequestTracker:
     __slots__ = (
         "_recorder", "_start_perf", "request_id", "created_at", "endpoint", "tenant", "key_id", "model",
         "upstream", "stream", "applied_rules", "prefix_hash", "prompt_text", "usage", "cache_report", "ttft_ms",
-        "finished",
+        "outcome", "finished",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -77,6 +86,9 @@ class RequestTracker:
         self.usage: UsageReport | None = None
         self.cache_report: CacheReport | None = None
         self.ttft_ms: float | None = None
+        # Set just before the last response byte is sent, so a client that leaves right after the end of its
+        # response (it saw `[DONE]`) is still recorded with the real outcome.
+        self.outcome: Outcome | None = None
         self.finished = False
 
     def finish(self, status_code: int, error_type: str | None = None) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -11,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -84,3 +88,35 @@ def gateway(stub: StubUpstream, stub_url: str) -> Iterator[RunningGateway]:
     """An open-mode gateway (no keys) in front of the stub, with a fake storage."""
     with running_gateway(gateway_config(stub_url)) as running:
         yield running
+
+
+def _postgres_admin_url() -> str:
+    return os.environ.get("PREFIXSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/postgres")
+
+
+def _postgres_reachable() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def postgres_database():
+    """A fresh database on the local PostgreSQL server, dropped afterwards."""
+    if not _postgres_reachable():
+        message = "PostgreSQL is not reachable on 127.0.0.1:5432"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    name = f"gateway_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(_postgres_admin_url(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

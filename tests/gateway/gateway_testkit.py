@@ -10,14 +10,17 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from gateway.auth import KeySnapshot
+from gateway.config import RecorderConfig
+from gateway.storage import DatabaseStorage, StorageConfig
 
 
 def free_port() -> int:
@@ -81,6 +84,7 @@ class StubUpstream:
     - `err-400` / `err-429`: answers that status with an OpenAI error body;
     - `held-stream`: streams one chunk, then waits for `state.release` before the rest;
     - `endless-stream`: streams a chunk every 50 ms until the client goes away (records `disconnected`);
+    - `linger-after-done`: streams normally but holds the connection open after `[DONE]` until `state.release`;
     - anything else: answers at once (streamed when asked, with a usage chunk when include_usage is set).
     """
 
@@ -179,6 +183,11 @@ class StubUpstream:
             final = {"id": "cmpl-1", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [],
                      "usage": self._usage()}
             await send({"type": "http.response.body", "body": _sse(final), "more_body": True})
+        if model == "linger-after-done":
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+            self.state.released_before_end = await asyncio.to_thread(self.state.release.wait, 20)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
     @staticmethod
@@ -327,3 +336,23 @@ class TcpProxy:
                 self._writers.discard(writer)
 
         await asyncio.gather(pipe(client_reader, upstream_writer), pipe(upstream_reader, client_writer))
+
+
+# --- database-backed storage ----------------------------------------------------------------------------------------
+
+
+def db_storage(url: str, tmp_path: Path) -> DatabaseStorage:
+    recorder = RecorderConfig(
+        spill_path=tmp_path / "spill" / "requests.jsonl", flush_interval_s=0.05, batch_size=64, replay_interval_s=0.2
+    )
+    return DatabaseStorage(StorageConfig(database_url=url, recorder=recorder))
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    """Poll `predicate` until it holds (bounded: background work such as the record writer needs a moment)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

@@ -6,30 +6,15 @@ under CI (CI=true), where it fails.
 
 from __future__ import annotations
 
-import os
-import socket
 import sqlite3
-import time
-import uuid
-from pathlib import Path
 
 import httpx
 import pytest
 from conftest import gateway_config, running_gateway
-from gateway_testkit import TcpProxy
+from gateway_testkit import TcpProxy, db_storage, wait_until
 from sqlalchemy import create_engine, text
 
-from gateway.config import RecorderConfig
-from gateway.storage import DatabaseStorage, StorageConfig
-
 CHAT = {"model": "m", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]}
-
-
-def db_storage(url: str, tmp_path: Path) -> DatabaseStorage:
-    recorder = RecorderConfig(
-        spill_path=tmp_path / "spill" / "requests.jsonl", flush_interval_s=0.05, batch_size=64, replay_interval_s=0.2
-    )
-    return DatabaseStorage(StorageConfig(database_url=url, recorder=recorder))
 
 
 def stored_rows(url: str) -> list[dict]:
@@ -39,15 +24,6 @@ def stored_rows(url: str) -> list[dict]:
             return [dict(row._mapping) for row in conn.execute(text("SELECT * FROM requests ORDER BY created_at"))]
     finally:
         engine.dispose()
-
-
-def wait_until(predicate, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def send_mixed_traffic(url: str) -> list[str]:
@@ -110,38 +86,6 @@ def test_sqlite_outage_spills_and_replays_everything(stub, stub_url, tmp_path):
     assert counters.dropped == 0 and counters.spilled == counters.replayed
     assert "prefixscope_gateway_records_replayed_total" in metrics
     assert sorted(r["id"] for r in stored_rows(url)) == sorted(ids)
-
-
-def _postgres_admin_url() -> str:
-    return os.environ.get("PREFIXSCOPE_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/postgres")
-
-
-def _postgres_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=2):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def postgres_database():
-    """A fresh database on the local PostgreSQL server, dropped afterwards."""
-    if not _postgres_reachable():
-        message = "PostgreSQL is not reachable on 127.0.0.1:5432"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    name = f"gateway_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(_postgres_admin_url(), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.mark.postgres

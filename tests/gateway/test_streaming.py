@@ -35,6 +35,16 @@ def test_chunks_arrive_before_the_stream_ends(gateway, stub):
     assert record.ttft_ms is not None and record.ttft_ms <= record.latency_ms
 
 
+def test_response_ends_at_done_even_if_the_upstream_lingers(gateway, stub):
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json={**CHAT, "model": "linger-after-done"}, timeout=30)
+    # We have the whole response while the upstream still holds its connection open.
+    assert events_of(response.text)[-1] == "[DONE]"
+    stub.state.release.set()
+    (record,) = gateway.wait_records(1)
+    assert (record.status_code, record.error_type) == (200, None)
+    assert stub.state.released_before_end is True
+
+
 def test_usage_chunk_not_forwarded_unless_asked(gateway, stub):
     response = httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT)
     payloads = events_of(response.text)
