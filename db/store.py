@@ -11,16 +11,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select
+from sqlalchemy import Connection, delete, select
 
+from db.dialect import upsert_insert
 from db.models import HourlyLabelCount, HourlyRollup, HourlyTtftBin, RequestRecordRow, table_of
 from db.records import RequestRecord
 from db.rollups import RollupAccumulator, apply_rollups
 from db.timeutil import as_utc
 
 REQUESTS = table_of(RequestRecordRow)
-# Bound parameters per IN (...) lookup; SQLite's default limit is 32766 and PostgreSQL's 65535.
-_LOOKUP_CHUNK = 1000
 
 
 @dataclass(frozen=True)
@@ -83,31 +82,23 @@ def row_to_record(row: Any) -> RequestRecord:
     )
 
 
-def existing_ids(conn: Connection, request_ids: Sequence[str]) -> set[str]:
-    """Which of these request ids already have a row."""
-    found: set[str] = set()
-    for start in range(0, len(request_ids), _LOOKUP_CHUNK):
-        chunk = request_ids[start : start + _LOOKUP_CHUNK]
-        found.update(conn.scalars(select(REQUESTS.c.id).where(REQUESTS.c.id.in_(chunk))))
-    return found
-
-
-def store_records(conn: Connection, records: Sequence[RequestRecord], *, check_existing: bool = True) -> StoreResult:
+def store_records(conn: Connection, records: Sequence[RequestRecord]) -> StoreResult:
     """Insert the records and add them to the rollups, in the caller's transaction.
 
     Records whose id is already stored (or repeated within `records`) are skipped and left out of the rollups, so
     storing the same record twice (a replayed spill file after a commit whose acknowledgement was lost) never
-    double counts. `check_existing=False` skips the lookup for ids known to be fresh (bulk loads).
+    double counts. The insert itself reports which rows it added (`ON CONFLICT DO NOTHING RETURNING id`), which
+    holds even when another writer stores the same id at the same moment.
     """
     unique: dict[str, RequestRecord] = {}
     for record in records:
         unique.setdefault(record.request_id, record)
-    if check_existing and unique:
-        for request_id in existing_ids(conn, list(unique)):
-            del unique[request_id]
-    fresh = list(unique.values())
+    if not unique:
+        return StoreResult(inserted=0, duplicates=len(records))
+    stmt = upsert_insert(conn, REQUESTS).on_conflict_do_nothing(index_elements=["id"]).returning(REQUESTS.c.id)
+    inserted = set(conn.execute(stmt, [record_to_row(record) for record in unique.values()]).scalars())
+    fresh = [record for request_id, record in unique.items() if request_id in inserted]
     if fresh:
-        conn.execute(insert(REQUESTS), [record_to_row(record) for record in fresh])
         apply_rollups(conn, RollupAccumulator().add_all(fresh))
     return StoreResult(inserted=len(fresh), duplicates=len(records) - len(fresh))
 
