@@ -94,9 +94,12 @@ class SpillFile:
         """Mark a chunk as stored; truncate the file once everything in it has been replayed."""
         self._offset = chunk.end_offset
         self._pending = max(0, self._pending - chunk.num_lines)
-        if self.path.exists() and self._offset >= self.path.stat().st_size:
-            with self.path.open("wb"):
-                pass
+        size = self.path.stat().st_size if self.path.exists() else 0
+        # At the end (or the file was removed or cut short behind our back): nothing is pending any more.
+        if self._offset >= size:
+            if size:
+                with self.path.open("wb"):
+                    pass
             self._offset = 0
             self._pending = 0
 

@@ -15,6 +15,7 @@ import pytest
 from db.engine import create_async_engine_for, create_sync_engine_for
 from db.migrate import upgrade
 from db.records import RequestRecord
+from db.spill import SpillFile
 from db.store import store_records
 from db.writer import RecordWriter, WriterConfig
 
@@ -256,3 +257,19 @@ async def test_a_locked_sqlite_database_spills_rather_than_rejects(
         await engine.dispose()
     assert writer.counters().replayed == 4
     assert sorted(db_helpers.stored_ids(db_url)) == sorted(item.request_id for item in records)
+
+
+def test_spill_file_counts_survive_restarts_and_external_removal(tmp_path: Path, make_record: MakeRecord) -> None:
+    path = tmp_path / "spill.jsonl"
+    first = SpillFile(path)
+    first.append([make_record(), make_record()])
+    assert SpillFile(path).pending == 2  # a new process sees what the last one left
+    chunk = first.read_chunk(1)
+    first.advance(chunk)
+    assert first.pending == 1 and path.read_text().count("\n") == 2  # nothing is cut until everything is stored
+    first.advance(first.read_chunk(10))
+    assert first.pending == 0 and path.read_text() == ""
+    first.append([make_record()])
+    path.unlink()  # removed by an operator: nothing left to wait for
+    first.advance(first.read_chunk(10))
+    assert first.pending == 0
