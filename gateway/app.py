@@ -6,7 +6,6 @@ writer (after migrating the schema) and the key refresher, and closes them in re
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,18 +13,18 @@ from typing import Any, Protocol
 
 import httpx
 from litestar import Litestar, Request, Response, asgi, get
-from litestar.exceptions import HTTPException
 
 from gateway.auth import KeySnapshot, KeyStore
 from gateway.config import GatewayConfig
-from gateway.errors import GatewayError, UpstreamUnavailable, error_body
+from gateway.edge_errors import exception_handlers
+from gateway.http_client import make_http_client
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import GatewayMetrics
+from gateway.models_api import list_models
 from gateway.parsing import CHAT, COMPLETIONS
 from gateway.proxy import CompletionProxy
 from gateway.recording import Recorder, RecordSink
 from gateway.routing import Router
-from gateway.http_client import make_http_client
 from gateway.runtime import Runtime
 from gateway.stats_api import make_stats_handler
 from gateway.tenancy import SaltDeriver, load_or_create_secret
@@ -46,23 +45,9 @@ class Storage(Protocol):
 
     def verify_key(self, plaintext: str, entries: Any) -> Any: ...
 
-    async def stats(self, since: Any, until: Any, bucket: str, group_by: str | None, tenant: str | None) -> list[Any]: ...
-
-
-def _error_response(exc: GatewayError) -> Response[bytes]:
-    return Response(content=exc.body(), status_code=exc.status_code, media_type="application/json")
-
-
-def _http_exception_response(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
-    error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    if exc.status_code >= 500:
-        error_type = "server_error"
-    body = error_body(str(exc.detail), error_type)
-    return Response(content=body, status_code=exc.status_code, media_type="application/json")
-
-
-def _gateway_exception_response(_: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
-    return _error_response(exc)
+    async def stats(
+        self, since: Any, until: Any, bucket: str, group_by: str | None, tenant: str | None
+    ) -> list[Any]: ...
 
 
 def create_app(config: GatewayConfig, storage: Storage) -> Litestar:
@@ -133,42 +118,14 @@ def create_app(config: GatewayConfig, storage: Storage) -> Litestar:
     @get("/v1/models")
     async def models(request: Request[Any, Any, Any]) -> dict[str, Any]:
         keys.authenticate(request.headers.get("authorization"))
-        return await _list_models(runtime)
+        return await list_models(runtime)
 
     stats_handler = make_stats_handler(keys, storage)
 
     return Litestar(
         route_handlers=[chat_completions, legacy_completions, health, metrics_endpoint, models, stats_handler],
         lifespan=[lifespan],
-        exception_handlers={GatewayError: _gateway_exception_response, HTTPException: _http_exception_response},
+        exception_handlers=exception_handlers(metrics),
         openapi_config=None,
         logging_config=None,
     )
-
-
-async def _list_models(runtime: Runtime) -> dict[str, Any]:
-    """The union of every upstream's model list, plus models routed by name in the config."""
-
-    async def fetch(route: Any) -> list[dict[str, Any]]:
-        response = await runtime.client.get(
-            f"{route.upstream.api_base}/models", headers=route.headers, timeout=route.timeout
-        )
-        response.raise_for_status()
-        data = response.json().get("data", [])
-        return [item for item in data if isinstance(item, dict) and isinstance(item.get("id"), str)]
-
-    routes = list(runtime.router.routes.values())
-    results = await asyncio.gather(*(fetch(route) for route in routes), return_exceptions=True)
-    seen: dict[str, dict[str, Any]] = {}
-    failures = []
-    for route, result in zip(routes, results, strict=True):
-        if isinstance(result, BaseException):
-            failures.append(f"{route.name}: {type(result).__name__}")
-            continue
-        for item in result:
-            seen.setdefault(item["id"], item)
-    if failures and not seen:
-        raise UpstreamUnavailable("No upstream answered /v1/models (" + ", ".join(failures) + ").")
-    for model in runtime.config.routes:
-        seen.setdefault(model, {"id": model, "object": "model", "created": 0, "owned_by": "prefixscope"})
-    return {"object": "list", "data": list(seen.values())}

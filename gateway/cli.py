@@ -23,7 +23,9 @@ def register(commands: Any, bench_commands: Any) -> None:
         help="run the OpenAI-compatible gateway",
         description="Run the gateway: auth, normalization, tenant-isolated routing, streaming and recording.",
     )
-    gateway.add_argument("--config", type=Path, default=None, help="TOML config (default: ./prefixscope.toml if present)")
+    gateway.add_argument(
+        "--config", type=Path, default=None, help="TOML config (default: ./prefixscope.toml if present)"
+    )
     gateway.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
     gateway.add_argument("--port", type=int, default=None, help="listen port (default 8080)")
     gateway.add_argument("--upstream", default=None, metavar="URL", help="URL of the default upstream engine")

@@ -217,8 +217,7 @@ def apply_overrides(config: GatewayConfig, overrides: ConfigOverrides) -> Gatewa
     if overrides.upstream_url is not None:
         # --upstream replaces the default upstream's URL (keeping its kind), so `--upstream URL` alone just works.
         changes["upstreams"] = tuple(
-            replace(u, url=overrides.upstream_url) if u.name == config.default_upstream else u
-            for u in config.upstreams
+            replace(u, url=overrides.upstream_url) if u.name == config.default_upstream else u for u in config.upstreams
         )
     return replace(config, **changes) if changes else config
 

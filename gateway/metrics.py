@@ -47,29 +47,38 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.prompt_tokens = Counter(
-            "prefixscope_gateway_prompt_tokens", "Prompt tokens reported by upstreams.", ("upstream",),
+            "prefixscope_gateway_prompt_tokens",
+            "Prompt tokens reported by upstreams.",
+            ("upstream",),
             registry=self.registry,
         )
         self.cached_tokens = Counter(
-            "prefixscope_gateway_cached_tokens", "Prompt tokens served from the upstream's prefix cache.",
-            ("upstream",), registry=self.registry,
+            "prefixscope_gateway_cached_tokens",
+            "Prompt tokens served from the upstream's prefix cache.",
+            ("upstream",),
+            registry=self.registry,
         )
         self.cache_hits = Counter(
-            "prefixscope_gateway_cache_hit_requests", "Requests with at least one cached prompt token.",
-            ("upstream",), registry=self.registry,
+            "prefixscope_gateway_cache_hit_requests",
+            "Requests with at least one cached prompt token.",
+            ("upstream",),
+            registry=self.registry,
         )
         self.rules = Counter(
-            "prefixscope_gateway_normalization_rules_applied", "Requests changed by each normalization rule.",
-            ("rule",), registry=self.registry,
+            "prefixscope_gateway_normalization_rules_applied",
+            "Requests changed by each normalization rule.",
+            ("rule",),
+            registry=self.registry,
         )
         self.errors = Counter(
-            "prefixscope_gateway_errors", "Failed requests by error type.", ("error_type",), registry=self.registry
+            "prefixscope_gateway_errors", "Errors by type, on every endpoint.", ("error_type",), registry=self.registry
         )
         self.keys_loaded = Gauge(
             "prefixscope_gateway_api_keys_loaded", "Active API keys held in memory.", registry=self.registry
         )
         self.open_mode = Gauge(
-            "prefixscope_gateway_open_mode", "1 while no API key exists and requests need none.",
+            "prefixscope_gateway_open_mode",
+            "1 while no API key exists and requests need none.",
             registry=self.registry,
         )
         # labels() is comparatively slow; children are cached per label tuple.
@@ -84,6 +93,10 @@ class GatewayMetrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+    def count_error(self, error_type: str) -> None:
+        """An error on an endpoint without request records (`/v1/models`, `/api/stats`, unknown paths)."""
+        self._child(self.errors, error_type).inc()
 
     def observe(self, record: RequestRecord) -> None:
         self._child(self.requests, record.endpoint, record.upstream, str(record.status_code)).inc()

@@ -13,8 +13,15 @@ from typing import Any
 
 import msgspec
 
-from gateway.asgi_io import JSON_CONTENT_TYPE, Receive, Send, header_values, read_body, run_until_disconnect
-from gateway.asgi_io import send_response
+from gateway.asgi_io import (
+    JSON_CONTENT_TYPE,
+    Receive,
+    Send,
+    header_values,
+    read_body,
+    run_until_disconnect,
+    send_response,
+)
 from gateway.errors import ClientDisconnected, GatewayError, MethodNotAllowed, error_body
 from gateway.fingerprint import prefix_hash, prompt_text
 from gateway.forwarding import forward_plain, forward_stream

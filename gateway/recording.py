@@ -64,9 +64,24 @@ class RequestTracker:
     """Mutable per-request state; `finish` turns it into a record once."""
 
     __slots__ = (
-        "_recorder", "_start_perf", "request_id", "created_at", "endpoint", "tenant", "key_id", "model",
-        "upstream", "stream", "applied_rules", "prefix_hash", "prompt_text", "usage", "cache_report", "ttft_ms",
-        "outcome", "finished",
+        "_recorder",
+        "_start_perf",
+        "request_id",
+        "created_at",
+        "endpoint",
+        "tenant",
+        "key_id",
+        "model",
+        "upstream",
+        "stream",
+        "applied_rules",
+        "prefix_hash",
+        "prompt_text",
+        "usage",
+        "cache_report",
+        "ttft_ms",
+        "outcome",
+        "finished",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:

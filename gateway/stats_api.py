@@ -20,7 +20,9 @@ GROUP_BY = ("tenant", "model", "upstream")
 
 
 class StatsSource(Protocol):
-    async def stats(self, since: Any, until: Any, bucket: str, group_by: str | None, tenant: str | None) -> list[Any]: ...
+    async def stats(
+        self, since: Any, until: Any, bucket: str, group_by: str | None, tenant: str | None
+    ) -> list[Any]: ...
 
 
 def make_stats_handler(keys: KeyStore, source: StatsSource) -> Any:

@@ -66,8 +66,11 @@ class _Connection(asyncio.Protocol):
             self.complete = True  # a body delimited by the end of the connection
             self._wake()
         elif not self.complete:
-            self._fail(httpx.ReadError("upstream closed the connection") if self.received_any
-                       else httpx.RemoteProtocolError("upstream closed the connection without a response"))
+            self._fail(
+                httpx.ReadError("upstream closed the connection")
+                if self.received_any
+                else httpx.RemoteProtocolError("upstream closed the connection without a response")
+            )
 
     # -- httptools callbacks ----------------------------------------------------------------------------------------
 
@@ -201,9 +204,7 @@ class _Pool:
     async def _connect(self, timeout_s: float | None) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, connection = await asyncio.wait_for(
-                loop.create_connection(_Connection, self.host, self.port), timeout_s
-            )
+            _, connection = await asyncio.wait_for(loop.create_connection(_Connection, self.host, self.port), timeout_s)
         except TimeoutError:
             raise httpx.ConnectTimeout(f"connecting to {self.host}:{self.port} timed out") from None
         except OSError as exc:

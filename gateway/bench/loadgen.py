@@ -83,7 +83,9 @@ def build_request(url: str, body: bytes, api_key: str | None) -> tuple[str, int,
     return host, port, ("\r\n".join(headers) + "\r\n\r\n").encode() + body
 
 
-async def run_fixed(url: str, body: bytes, rate: float, duration_s: float, connections: int, api_key: str | None) -> Tally:
+async def run_fixed(
+    url: str, body: bytes, rate: float, duration_s: float, connections: int, api_key: str | None
+) -> Tally:
     host, port, request = build_request(url, body, api_key)
     pool: asyncio.Queue[Connection] = asyncio.Queue()
     for _ in range(connections):

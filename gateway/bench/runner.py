@@ -31,10 +31,22 @@ SYSTEM_PROMPT = (
     "Use the tools to look up orders and products; never invent order numbers. " * 12
 )
 TOOLS = [
-    {"type": "function", "function": {"name": "lookup_order", "description": "Find an order by id.",
-     "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}},
-    {"type": "function", "function": {"name": "search_products", "description": "Full-text product search.",
-     "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup_order",
+            "description": "Find an order by id.",
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search_products",
+            "description": "Full-text product search.",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}},
+        },
+    },
 ]
 
 
@@ -66,10 +78,24 @@ def _wait_http(url: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def _loadgen(mode: str, url: str, body_file: Path, config: BenchConfig, *, duration_s: float, connections: int) -> dict[str, Any]:
+def _loadgen(
+    mode: str, url: str, body_file: Path, config: BenchConfig, *, duration_s: float, connections: int
+) -> dict[str, Any]:
     command = [
-        sys.executable, "-m", "gateway.bench.loadgen", mode, "--url", url, "--body-file", str(body_file),
-        "--rate", str(config.rate_per_s), "--duration", str(duration_s), "--connections", str(connections),
+        sys.executable,
+        "-m",
+        "gateway.bench.loadgen",
+        mode,
+        "--url",
+        url,
+        "--body-file",
+        str(body_file),
+        "--rate",
+        str(config.rate_per_s),
+        "--duration",
+        str(duration_s),
+        "--connections",
+        str(connections),
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout)
@@ -77,6 +103,21 @@ def _loadgen(mode: str, url: str, body_file: Path, config: BenchConfig, *, durat
 
 def _records(url: str) -> dict[str, int]:
     return httpx.get(f"{url}/health", timeout=10).json()["records"]
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc), or None where unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_us_per_request(before: float | None, after: float | None, requests: int) -> float | None:
+    if before is None or after is None or requests <= 0:
+        return None
+    return round((after - before) / requests * 1e6, 1)
 
 
 def _count_rows(db_path: Path) -> int:
@@ -92,25 +133,47 @@ def run(config: BenchConfig) -> int:
     stub_url = f"http://127.0.0.1:{stub_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     db_path = workdir / "bench.db"
-    body = {"model": "bench", "messages": [{"role": "system", "content": SYSTEM_PROMPT},
-                                            {"role": "user", "content": "Where is my order 12345?"}],
-            "tools": TOOLS, "max_tokens": 8, "stream": config.stream}
+    body = {
+        "model": "bench",
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": "Where is my order 12345?"},
+        ],
+        "tools": TOOLS,
+        "max_tokens": 8,
+        "stream": config.stream,
+    }
     body_file = workdir / "body.json"
     body_file.write_bytes(json.dumps(body).encode())
     config_file = workdir / "gateway.toml"
     config_file.write_text(
-        f'[gateway]\nsecret_file = "{workdir / "secret"}"\n\n'
-        f'[recorder]\nspill_path = "{workdir / "spill.jsonl"}"\n'
+        f'[gateway]\nsecret_file = "{workdir / "secret"}"\n\n[recorder]\nspill_path = "{workdir / "spill.jsonl"}"\n'
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("PREFIXSCOPE_DATABASE_URL", None)
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        processes.append(subprocess.Popen([sys.executable, "-m", "gateway.bench.stub", "--port", str(stub_port)], env=env))
+        processes.append(
+            subprocess.Popen([sys.executable, "-m", "gateway.bench.stub", "--port", str(stub_port)], env=env)
+        )
         _wait_http(f"{stub_url}/health")
         gateway = subprocess.Popen(
-            [sys.executable, "-m", "prefixscope", "gateway", "--config", str(config_file), "--port", str(gateway_port),
-             "--upstream", stub_url, "--database-url", f"sqlite:///{db_path}", "--log-level", "warning"],
+            [
+                sys.executable,
+                "-m",
+                "prefixscope",
+                "gateway",
+                "--config",
+                str(config_file),
+                "--port",
+                str(gateway_port),
+                "--upstream",
+                stub_url,
+                "--database-url",
+                f"sqlite:///{db_path}",
+                "--log-level",
+                "warning",
+            ],
             env=env,
         )
         processes.append(gateway)
@@ -120,12 +183,22 @@ def run(config: BenchConfig) -> int:
         warm = _loadgen("fixed", gateway_url + chat, body_file, config, duration_s=config.warmup_s, connections=16)
         sent_to_gateway += warm["sent"]
         direct = _loadgen("fixed", stub_url + chat, body_file, config, duration_s=config.duration_s, connections=16)
+        cpu_before_fixed = _cpu_seconds(gateway.pid)
         through = _loadgen("fixed", gateway_url + chat, body_file, config, duration_s=config.duration_s, connections=16)
+        cpu_after_fixed = _cpu_seconds(gateway.pid)
         sent_to_gateway += through["sent"]
         before = _records(gateway_url)
         started = time.perf_counter()
-        peak = _loadgen("max", gateway_url + chat, body_file, config, duration_s=config.duration_s,
-                        connections=config.num_connections)
+        cpu_before_peak = _cpu_seconds(gateway.pid)
+        peak = _loadgen(
+            "max",
+            gateway_url + chat,
+            body_file,
+            config,
+            duration_s=config.duration_s,
+            connections=config.num_connections,
+        )
+        cpu_after_peak = _cpu_seconds(gateway.pid)
         peak_elapsed = time.perf_counter() - started
         after = _records(gateway_url)
         sent_to_gateway += peak["sent"]
@@ -155,6 +228,8 @@ def run(config: BenchConfig) -> int:
             "gateway_latency_ms": through["latency_ms"],
             "added_latency_ms": {"p50": added("p50"), "p99": added("p99")},
             "gateway_statuses": through["statuses"],
+            # CPU the gateway process (event loop and database writer together) spent per request.
+            "gateway_cpu_us_per_request": _cpu_us_per_request(cpu_before_fixed, cpu_after_fixed, through["completed"]),
         },
         "max_rate": {
             "connections": config.num_connections,
@@ -162,6 +237,7 @@ def run(config: BenchConfig) -> int:
             "latency_ms": peak["latency_ms"],
             "statuses": peak["statuses"],
             "failed": peak["failed"],
+            "gateway_cpu_us_per_request": _cpu_us_per_request(cpu_before_peak, cpu_after_peak, peak["completed"]),
             "records_written_per_s": round((after["written"] - before["written"]) / peak_elapsed, 1),
             "records_queued_at_end": after["queued"],
         },

@@ -13,29 +13,58 @@ import argparse
 import asyncio
 import json
 
-_USAGE = {"prompt_tokens": 512, "completion_tokens": 8, "total_tokens": 520, "prompt_tokens_details": {"cached_tokens": 448}}
-_CHAT = json.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": _USAGE,
-}).encode()
-_STREAM_EVENTS = b"".join(
-    b"data: " + json.dumps(chunk).encode() + b"\n\n"
-    for chunk in (
-        {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
-        {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "ok"}}]},
-        {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        {"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": _USAGE},
+_USAGE = {
+    "prompt_tokens": 512,
+    "completion_tokens": 8,
+    "total_tokens": 520,
+    "prompt_tokens_details": {"cached_tokens": 448},
+}
+_CHAT = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": _USAGE,
+    }
+).encode()
+_STREAM_EVENTS = (
+    b"".join(
+        b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        for chunk in (
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+            },
+            {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "ok"}}]},
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            },
+            {"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": _USAGE},
+        )
     )
-) + b"data: [DONE]\n\n"
+    + b"data: [DONE]\n\n"
+)
 _MODELS = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]}).encode()
-_CACHE_HEADERS = b"x-prefix-cache-matched-tokens: 448\r\nx-prefix-cache-prompt-tokens: 512\r\nx-prefix-cache-miss: partial\r\n"
+_CACHE_HEADERS = (
+    b"x-prefix-cache-matched-tokens: 448\r\nx-prefix-cache-prompt-tokens: 512\r\nx-prefix-cache-miss: partial\r\n"
+)
 
 
 def _response(body: bytes, content_type: bytes) -> bytes:
     return (
-        b"HTTP/1.1 200 OK\r\ncontent-type: " + content_type + b"\r\ncontent-length: " + str(len(body)).encode()
-        + b"\r\n" + _CACHE_HEADERS + b"\r\n" + body
+        b"HTTP/1.1 200 OK\r\ncontent-type: "
+        + content_type
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n"
+        + _CACHE_HEADERS
+        + b"\r\n"
+        + body
     )
 
 

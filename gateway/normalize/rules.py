@@ -13,7 +13,6 @@ import msgspec
 
 from gateway.normalize.base import Request, RuleResult, unchanged
 
-
 # Keeps dict insertion order, so two lists that differ only in key order encode differently.
 _ORDER_PRESERVING_ENCODER = msgspec.json.Encoder()
 

@@ -146,8 +146,14 @@ class StubUpstream:
         else:
             choice = {"index": 0, "text": "ok", "finish_reason": "stop"}
             kind = "text_completion"
-        return {"id": "cmpl-1", "object": kind, "created": 1, "model": body["model"], "choices": [choice],
-                "usage": self._usage()}
+        return {
+            "id": "cmpl-1",
+            "object": kind,
+            "created": 1,
+            "model": body["model"],
+            "choices": [choice],
+            "usage": self._usage(),
+        }
 
     def _chunk(self, body: dict[str, Any], path: str, text: str, finish: str | None = None) -> dict[str, Any]:
         if path.endswith("/chat/completions"):
@@ -169,7 +175,9 @@ class StubUpstream:
         if model == "endless-stream":
             watcher = asyncio.ensure_future(receive())
             while not watcher.done():
-                await send({"type": "http.response.body", "body": _sse(self._chunk(body, path, ".")), "more_body": True})
+                await send(
+                    {"type": "http.response.body", "body": _sse(self._chunk(body, path, ".")), "more_body": True}
+                )
                 await asyncio.sleep(0.05)
             self.state.disconnected.set()
             return
@@ -180,8 +188,14 @@ class StubUpstream:
             await send({"type": "http.response.body", "body": _sse(self._chunk(body, path, text)), "more_body": True})
         await send({"type": "http.response.body", "body": _sse(self._chunk(body, path, "", "stop")), "more_body": True})
         if (body.get("stream_options") or {}).get("include_usage"):
-            final = {"id": "cmpl-1", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [],
-                     "usage": self._usage()}
+            final = {
+                "id": "cmpl-1",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": model,
+                "choices": [],
+                "usage": self._usage(),
+            }
             await send({"type": "http.response.body", "body": _sse(final), "more_body": True})
         if model == "linger-after-done":
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
@@ -193,8 +207,13 @@ class StubUpstream:
     @staticmethod
     async def _json(send: Any, status: int, obj: Any, headers: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
         body = json.dumps(obj).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), *headers]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), *headers],
+            }
+        )
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -269,8 +288,9 @@ class FakeStorage:
         return None
 
     async def stats(self, since: Any, until: Any, bucket: str, group_by: str | None, tenant: str | None) -> list[Any]:
-        self.stats_calls.append({"since": since, "until": until, "bucket": bucket, "group_by": group_by,
-                                 "tenant": tenant})
+        self.stats_calls.append(
+            {"since": since, "until": until, "bucket": bucket, "group_by": group_by, "tenant": tenant}
+        )
         return [row for row in self.stats_rows if tenant is None or row.get("tenant") == tenant]
 
 

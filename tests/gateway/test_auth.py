@@ -40,7 +40,9 @@ def test_keys_required_once_a_key_exists(stub, stub_url):
         ok = post(gw.url, secret)
         assert ok.status_code == 200
         assert [(r.tenant, r.key_id, r.status_code) for r in gw.wait_records(3)] == [
-            ("unauthenticated", None, 401), ("unauthenticated", None, 401), ("acme", "k1", 200)
+            ("unauthenticated", None, 401),
+            ("unauthenticated", None, 401),
+            ("acme", "k1", 200),
         ]
         assert len(stub.state.requests) == 1  # rejected requests never reach the upstream
         assert httpx.get(f"{gw.url}/health").json()["open_mode"] is False

@@ -15,7 +15,9 @@ FORBIDDEN = {"torch", "transformers", "local_engine", "dashboard", "streamlit"}
 
 def test_gateway_commands_are_registered():
     parser = build_parser()
-    args = parser.parse_args(["gateway", "--port", "9999", "--upstream", "http://127.0.0.1:1", "--database-url", "sqlite:///x.db"])
+    args = parser.parse_args(
+        ["gateway", "--port", "9999", "--upstream", "http://127.0.0.1:1", "--database-url", "sqlite:///x.db"]
+    )
     assert (args.port, args.upstream, args.database_url) == (9999, "http://127.0.0.1:1", "sqlite:///x.db")
     assert callable(args.handler)
     bench = parser.parse_args(["bench", "gateway", "--duration", "1"])
@@ -23,7 +25,10 @@ def test_gateway_commands_are_registered():
 
 
 def test_cli_module_is_cheap_to_import():
-    code = "import gateway.cli, sys; heavy = {'litestar', 'httpx', 'sqlalchemy', 'torch'} & set(sys.modules); print(sorted(heavy))"
+    code = (
+        "import gateway.cli, sys; "
+        "print(sorted({'litestar', 'httpx', 'sqlalchemy', 'torch'} & set(sys.modules)))"
+    )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert output == "[]"
 

@@ -33,7 +33,8 @@ def test_upstream_down_is_502_and_recorded(stub):
         assert_openai_error(streamed, 502)
         records = gw.wait_records(2)
         assert [(r.status_code, r.error_type, r.stream) for r in records] == [
-            (502, "upstream_unavailable", False), (502, "upstream_unavailable", True)
+            (502, "upstream_unavailable", False),
+            (502, "upstream_unavailable", True),
         ]
         assert records[0].prompt_tokens is None and records[0].cached_tokens is None
 
@@ -105,7 +106,9 @@ def test_another_tenants_stats_is_403(stub, stub_url):
     storage = FakeStorage()
     secret = storage.add_key("k1", "acme")
     with running_gateway(gateway_config(stub_url), storage) as gw:
-        response = httpx.get(f"{gw.url}/api/stats", params={"tenant": "beta"}, headers={"authorization": f"Bearer {secret}"})
+        response = httpx.get(
+            f"{gw.url}/api/stats", params={"tenant": "beta"}, headers={"authorization": f"Bearer {secret}"}
+        )
         assert_openai_error(response, 403, "permission_error")
 
 

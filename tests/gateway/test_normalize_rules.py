@@ -29,7 +29,10 @@ def ordered(value: Any) -> str:
 
 
 def tool(name: str, properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties}, **extra}}
+    return {
+        "type": "function",
+        "function": {"name": name, "parameters": {"type": "object", "properties": properties}, **extra},
+    }
 
 
 # --- examples ------------------------------------------------------------------------------------------------------
@@ -38,7 +41,18 @@ def tool(name: str, properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
 def test_tool_schema_key_order_sorts_recursively():
     request = {
         "model": "m",
-        "tools": [{"function": {"parameters": {"type": "object", "properties": {"z": {"type": "string", "description": "d"}, "a": {"type": "integer"}}}, "name": "f"}, "type": "function"}],
+        "tools": [
+            {
+                "function": {
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"z": {"type": "string", "description": "d"}, "a": {"type": "integer"}},
+                    },
+                    "name": "f",
+                },
+                "type": "function",
+            }
+        ],
     }
     result = ToolSchemaKeyOrder().apply(request)
     assert result.changed
@@ -70,10 +84,18 @@ def test_tool_call_arguments_canonicalised_only_when_json():
     request = {
         "messages": [
             {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"b": 1, "a": {"d": 2, "c": "é"}}'}},
-                {"id": "2", "type": "function", "function": {"name": "g", "arguments": "not json {"}},
-            ]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": '{"b": 1, "a": {"d": 2, "c": "é"}}'},
+                    },
+                    {"id": "2", "type": "function", "function": {"name": "g", "arguments": "not json {"}},
+                ],
+            },
         ]
     }
     result = ToolCallArgumentsKeyOrder().apply(request)
@@ -93,7 +115,10 @@ def test_newlines_in_strings_parts_and_prompts():
     request = {
         "messages": [
             {"role": "system", "content": "\ufeffline1\r\nline2\rline3"},
-            {"role": "user", "content": [{"type": "text", "text": "a\r\nb"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a\r\nb"}, {"type": "image_url", "image_url": {"url": "x"}}],
+            },
         ]
     }
     result = Newlines().apply(request)
@@ -126,7 +151,12 @@ def test_hoist_volatile_keeps_the_prefix_identical_across_values():
     rule = HoistVolatile()
 
     def system_of(moment: str) -> str:
-        request = {"messages": [{"role": "system", "content": f"Long instructions. Today is {moment}."}, {"role": "user", "content": "q"}]}
+        request = {
+            "messages": [
+                {"role": "system", "content": f"Long instructions. Today is {moment}."},
+                {"role": "user", "content": "q"},
+            ]
+        }
         return rule.apply(request).request["messages"][0]["content"]
 
     assert system_of("2025-06-01") == system_of("2031-12-24") == system_of("June 1, 2025")
@@ -134,7 +164,12 @@ def test_hoist_volatile_keeps_the_prefix_identical_across_values():
 
 def test_hoist_volatile_end_placement_and_custom_patterns():
     rule = HoistVolatile(patterns=(r"ticket-\d+",), placement="end")
-    request = {"messages": [{"role": "developer", "content": "Handle ticket-42 today 2025-01-01"}, {"role": "user", "content": "hi"}]}
+    request = {
+        "messages": [
+            {"role": "developer", "content": "Handle ticket-42 today 2025-01-01"},
+            {"role": "user", "content": "hi"},
+        ]
+    }
     result = rule.apply(request)
     assert result.request["messages"][0]["content"] == "Handle [volatile#1] today 2025-01-01"
     assert result.request["messages"][-1]["content"].endswith("ticket-42")
@@ -157,18 +192,42 @@ def test_pipeline_reports_applied_rules_in_order_and_respects_settings():
     assert default.rule_names == SEMANTIC_RULES
     assert default.apply(request).applied_rules == ("newlines", "tool_schema_key_order", "tool_order")
     everything = build_pipeline(TenantSettings(rules=frozenset(ALL_RULES)))
-    assert everything.apply(request).applied_rules == ("newlines", "tool_schema_key_order", "tool_order", "hoist_volatile")
+    assert everything.apply(request).applied_rules == (
+        "newlines",
+        "tool_schema_key_order",
+        "tool_order",
+        "hoist_volatile",
+    )
     nothing = build_pipeline(TenantSettings(rules=frozenset()))
     result = nothing.apply(request)
     assert result.applied_rules == () and result.request is request
 
 
 def test_equivalent_tool_lists_normalize_to_identical_bytes():
-    first = {"tools": [tool("search", {"q": {"type": "string"}, "k": {"type": "integer"}}), tool("fetch", {"url": {"type": "string"}})]}
-    second = {"tools": [
-        {"function": {"parameters": {"properties": {"url": {"type": "string"}}, "type": "object"}, "name": "fetch"}, "type": "function"},
-        {"type": "function", "function": {"name": "search", "parameters": {"properties": {"k": {"type": "integer"}, "q": {"type": "string"}}, "type": "object"}}},
-    ]}
+    first = {
+        "tools": [
+            tool("search", {"q": {"type": "string"}, "k": {"type": "integer"}}),
+            tool("fetch", {"url": {"type": "string"}}),
+        ]
+    }
+    second = {
+        "tools": [
+            {
+                "function": {
+                    "parameters": {"properties": {"url": {"type": "string"}}, "type": "object"},
+                    "name": "fetch",
+                },
+                "type": "function",
+            },
+            {
+                "type": "function",
+                "function": {
+                    "name": "search",
+                    "parameters": {"properties": {"k": {"type": "integer"}, "q": {"type": "string"}}, "type": "object"},
+                },
+            },
+        ]
+    }
     pipeline = build_pipeline(TenantSettings())
     assert ordered(pipeline.apply(first).request) == ordered(pipeline.apply(second).request)
 
@@ -183,10 +242,21 @@ def test_sort_keys_and_canonical_json_helpers():
 # --- properties ----------------------------------------------------------------------------------------------------
 
 _TEXT = st.text(alphabet=string.ascii_letters + string.digits + " \r\n\ufeff:-/TZ.é", max_size=40)
-_VOLATILE = st.sampled_from([
-    "2025-06-01", "2025-06-01T10:32:07Z", "10:32", "10:32:07 PM", "06/01/2025", "June 1, 2025", "Monday, 1 June 2025",
-    "123e4567-e89b-12d3-a456-426614174000", "deadbeefcafebabe1234", "1717236727", "[volatile#1]",
-])
+_VOLATILE = st.sampled_from(
+    [
+        "2025-06-01",
+        "2025-06-01T10:32:07Z",
+        "10:32",
+        "10:32:07 PM",
+        "06/01/2025",
+        "June 1, 2025",
+        "Monday, 1 June 2025",
+        "123e4567-e89b-12d3-a456-426614174000",
+        "deadbeefcafebabe1234",
+        "1717236727",
+        "[volatile#1]",
+    ]
+)
 _SYSTEM_TEXT = st.lists(st.one_of(_TEXT, _VOLATILE), max_size=6).map("".join)
 _KEY = st.text(alphabet=string.ascii_lowercase, min_size=1, max_size=5)
 _JSON = st.recursive(
@@ -214,15 +284,22 @@ _CONTENT = st.one_of(
 )
 _MESSAGE = st.one_of(
     st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "tool"]), "content": _CONTENT}),
-    st.fixed_dictionaries({
-        "role": st.just("assistant"),
-        "content": st.one_of(st.none(), _TEXT),
-        "tool_calls": st.lists(
-            st.fixed_dictionaries({"id": _KEY, "type": st.just("function"),
-                                   "function": st.fixed_dictionaries({"name": _KEY, "arguments": _ARGUMENTS})}),
-            max_size=3,
-        ),
-    }),
+    st.fixed_dictionaries(
+        {
+            "role": st.just("assistant"),
+            "content": st.one_of(st.none(), _TEXT),
+            "tool_calls": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "id": _KEY,
+                        "type": st.just("function"),
+                        "function": st.fixed_dictionaries({"name": _KEY, "arguments": _ARGUMENTS}),
+                    }
+                ),
+                max_size=3,
+            ),
+        }
+    ),
 )
 _CHAT_REQUEST = st.fixed_dictionaries(
     {"model": st.just("m"), "messages": st.lists(_MESSAGE, min_size=1, max_size=5)},

@@ -34,9 +34,11 @@ def test_streamed_chat_completion(keyed_gateway):
     chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello world"
     assert all(c.usage is None for c in chunks)
-    with_usage = list(client.chat.completions.create(
-        model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
-    ))
+    with_usage = list(
+        client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert with_usage[-1].usage.prompt_tokens_details.cached_tokens == 4
     records = gw.wait_records(2)
     assert [(r.stream, r.cached_tokens) for r in records] == [(True, 4), (True, 4)]

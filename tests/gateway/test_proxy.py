@@ -27,7 +27,12 @@ def test_client_salt_is_replaced_by_the_derived_one(stub, stub_url):
     with running_gateway(gateway_config(stub_url), storage) as gw:
         for key in (acme, beta):
             body = {**CHAT, "cache_salt": "pick-me", "prompt_cache_key": "also-me", "extra_key": "me-too"}
-            assert httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}).status_code == 200
+            assert (
+                httpx.post(
+                    f"{gw.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+                ).status_code
+                == 200
+            )
     sent = stub.state.requests
     assert [r["cache_salt"] for r in sent] == [derive_salt(TEST_SECRET, "acme"), derive_salt(TEST_SECRET, "beta")]
     assert sent[0]["cache_salt"] != sent[1]["cache_salt"]
@@ -78,8 +83,11 @@ def test_rules_can_be_switched_off_and_hoisting_on_per_tenant(stub, stub_url):
         "plain": TenantSettings(rules=frozenset()),
         "hoister": TenantSettings(rules=frozenset(ALL_RULES), store_prompt_text=True),
     }
-    body = {**CHAT, "messages": [{"role": "system", "content": "Now: 2025-06-01T10:00:00Z"}, {"role": "user", "content": "hi"}],
-            "tools": [tool("b", {}), tool("a", {})]}
+    body = {
+        **CHAT,
+        "messages": [{"role": "system", "content": "Now: 2025-06-01T10:00:00Z"}, {"role": "user", "content": "hi"}],
+        "tools": [tool("b", {}), tool("a", {})],
+    }
     with running_gateway(gateway_config(stub_url, tenants=tenants), storage) as gw:
         httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {plain}"})
         httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {hoisting}"})
@@ -99,7 +107,10 @@ def test_routing_by_model(stub, stub_url):
     with serve_in_thread(other) as other_url:
         config = replace(
             gateway_config(stub_url),
-            upstreams=(UpstreamConfig(name="stub", url=stub_url), UpstreamConfig(name="other", url=other_url, kind="vllm")),
+            upstreams=(
+                UpstreamConfig(name="stub", url=stub_url),
+                UpstreamConfig(name="other", url=other_url, kind="vllm"),
+            ),
             routes={"special": "other"},
         )
         with running_gateway(config) as gw:
@@ -146,6 +157,8 @@ def test_non_streamed_client_disconnect_is_recorded(stub, stub_url):
     stub.state.slow_seconds = 3.0
     with running_gateway(gateway_config(stub_url)) as gw:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "model": "slow"}, timeout=httpx.Timeout(30, read=0.3))
+            httpx.post(
+                f"{gw.url}/v1/chat/completions", json={**CHAT, "model": "slow"}, timeout=httpx.Timeout(30, read=0.3)
+            )
         (record,) = gw.wait_records(1)
         assert (record.status_code, record.error_type) == (499, "client_disconnected")

@@ -33,11 +33,26 @@ LONG_SYSTEM = (
     "and opening hours. Be brief, be friendly, and never invent order numbers or prices. "
 ) * 4
 TOOLS = [
-    {"type": "function", "function": {"name": "lookup_order", "description": "Find an order by its id.",
-     "parameters": {"type": "object", "properties": {"order_id": {"type": "string", "description": "the id"}},
-                    "required": ["order_id"]}}},
-    {"type": "function", "function": {"name": "book_repair", "description": "Book a repair slot.",
-     "parameters": {"type": "object", "properties": {"day": {"type": "string"}, "bike": {"type": "string"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup_order",
+            "description": "Find an order by its id.",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string", "description": "the id"}},
+                "required": ["order_id"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "book_repair",
+            "description": "Book a repair slot.",
+            "parameters": {"type": "object", "properties": {"day": {"type": "string"}, "bike": {"type": "string"}}},
+        },
+    },
 ]
 
 
@@ -59,9 +74,25 @@ def engine_url() -> Iterator[str]:
     port = free_port()
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"gateway-test-engine-{port}.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "prefixscope", "engine", "--model", MODEL, "--device", "cpu", "--port", str(port),
-         "--kv-cache-tokens", "16384", "--log-level", "warning"],
-        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "prefixscope",
+            "engine",
+            "--model",
+            MODEL,
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+            "--kv-cache-tokens",
+            "16384",
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -102,6 +133,7 @@ class Deployment:
         engine = create_engine(self.database_url.replace("postgresql://", "postgresql+psycopg://"))
         query = text("SELECT * FROM requests WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
         try:
+
             def fetch() -> list[dict]:
                 with engine.connect() as conn:
                     return [dict(row._mapping) for row in conn.execute(query, {"ids": request_ids})]
@@ -140,7 +172,10 @@ def deployment(engine_url: str, tmp_path: Path) -> Iterator[Deployment]:
 
 
 def nonce_messages(user: str) -> list[dict]:
-    return [{"role": "system", "content": f"[session {uuid.uuid4().hex}] {LONG_SYSTEM}"}, {"role": "user", "content": user}]
+    return [
+        {"role": "system", "content": f"[session {uuid.uuid4().hex}] {LONG_SYSTEM}"},
+        {"role": "user", "content": user},
+    ]
 
 
 def test_shared_system_prompt_hits_the_cache_plain_and_streamed(deployment: Deployment):
@@ -169,8 +204,11 @@ def test_shared_system_prompt_hits_the_cache_plain_and_streamed(deployment: Depl
     ids = [r.headers["x-request-id"] for r in responses]
     rows = {row["id"]: row for row in deployment.rows(ids)}
     assert sorted(rows) == sorted(ids)  # exactly one row per request
-    assert [rows[i]["cached_tokens"] for i in ids[:3]] == [0, second_usage.prompt_tokens_details.cached_tokens,
-                                                           streamed_usage.prompt_tokens_details.cached_tokens]
+    assert [rows[i]["cached_tokens"] for i in ids[:3]] == [
+        0,
+        second_usage.prompt_tokens_details.cached_tokens,
+        streamed_usage.prompt_tokens_details.cached_tokens,
+    ]
     assert [rows[i]["miss_kind"] for i in ids[:2]] == ["cold", "partial"]
     assert rows[ids[3]]["cached_tokens"] > 100  # recorded even though the client never saw the usage
     assert rows[ids[2]]["stream"] and rows[ids[2]]["ttft_ms"] is not None
@@ -236,7 +274,9 @@ def test_database_outage_mid_run_loses_nothing(engine_url: str, tmp_path: Path, 
                 call(stream)  # the database is gone; requests still succeed
             assert wait_until(lambda: storage.sink.counters().spilled >= 3)
             proxy.start()
-            assert wait_until(lambda: storage.sink.counters().replayed >= 3 and storage.sink.counters().pending_spill == 0)
+            assert wait_until(
+                lambda: storage.sink.counters().replayed >= 3 and storage.sink.counters().pending_spill == 0
+            )
             assert wait_until(lambda: storage.sink.counters().queued == 0)
     finally:
         proxy.close()

@@ -51,7 +51,12 @@ def test_every_request_becomes_exactly_one_row(stub, stub_url, tmp_path):
     assert sorted(r["id"] for r in rows) == sorted(ids)
     by_id = {r["id"]: r for r in rows}
     first, streamed, completion, upstream_error, bad = (by_id[i] for i in ids)
-    assert (first["status_code"], first["cached_tokens"], first["miss_kind"], first["tenant"]) == (200, 4, "partial", "default")
+    assert (first["status_code"], first["cached_tokens"], first["miss_kind"], first["tenant"]) == (
+        200,
+        4,
+        "partial",
+        "default",
+    )
     assert streamed["stream"] and streamed["ttft_ms"] is not None and streamed["prompt_tokens"] == 10
     assert completion["endpoint"] == "completions"
     assert (upstream_error["status_code"], upstream_error["error_type"]) == (400, "invalid_request_error")
@@ -105,7 +110,9 @@ def test_postgres_outage_spills_and_replays_everything(stub, stub_url, tmp_path,
                 ids += send_mixed_traffic(gw.url)
             assert wait_until(lambda: storage.sink.counters().spilled > 0)
             proxy.start()
-            assert wait_until(lambda: storage.sink.counters().pending_spill == 0 and storage.sink.counters().replayed > 0)
+            assert wait_until(
+                lambda: storage.sink.counters().pending_spill == 0 and storage.sink.counters().replayed > 0
+            )
             assert wait_until(lambda: storage.sink.counters().queued == 0)
             counters = storage.sink.counters()
     finally:

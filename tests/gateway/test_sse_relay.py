@@ -16,7 +16,10 @@ def event(obj) -> bytes:
 ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}], "usage": None}
 HELLO = {"choices": [{"index": 0, "delta": {"content": "Hello"}, "finish_reason": None}], "usage": None}
 STOP = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": None}
-USAGE = {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8}}}
+USAGE = {
+    "choices": [],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8}},
+}
 STREAM = event(ROLE) + event(HELLO) + event(STOP) + event(USAGE) + b"data: [DONE]\n\n"
 
 
@@ -62,7 +65,11 @@ def test_usage_on_a_content_chunk_is_stripped_not_dropped():
 
 def test_crlf_framing_and_comments():
     r = relay(forward_usage=False)
-    data = b": keep-alive\r\n\r\n" + event(HELLO).replace(b"\n\n", b"\r\n\r\n") + event(USAGE).replace(b"\n\n", b"\r\n\r\n")
+    data = (
+        b": keep-alive\r\n\r\n"
+        + event(HELLO).replace(b"\n\n", b"\r\n\r\n")
+        + event(USAGE).replace(b"\n\n", b"\r\n\r\n")
+    )
     out = b"".join(run(r, data, 5))
     assert b"keep-alive" in out and b"Hello" in out and b"cached_tokens" not in out
     assert r.usage.cached_tokens == 8

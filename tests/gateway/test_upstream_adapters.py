@@ -34,7 +34,9 @@ def test_openai_kind_sends_no_salt_at_all():
 
 def test_openai_shape_usage_and_null_when_absent():
     adapter = adapter_for("openai")
-    usage = adapter.usage({"usage": {"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 64}}})
+    usage = adapter.usage(
+        {"usage": {"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 64}}}
+    )
     assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (100, 64, 5)
     missing = adapter.usage({"usage": {"prompt_tokens": 100, "completion_tokens": 5}})
     assert missing.cached_tokens is None and missing.prompt_tokens == 100
@@ -43,27 +45,43 @@ def test_openai_shape_usage_and_null_when_absent():
 
 
 def test_vllm_usage():
-    usage = adapter_for("vllm").usage({"usage": {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}})
+    usage = adapter_for("vllm").usage(
+        {"usage": {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}}
+    )
     assert usage.cached_tokens == 0
 
 
 def test_sglang_reads_meta_info_when_usage_lacks_details():
     adapter = adapter_for("sglang")
-    usage = adapter.usage({"usage": {"prompt_tokens": 21, "completion_tokens": 4, "prompt_tokens_details": None}, "meta_info": {"cached_tokens": 16}})
+    usage = adapter.usage(
+        {
+            "usage": {"prompt_tokens": 21, "completion_tokens": 4, "prompt_tokens_details": None},
+            "meta_info": {"cached_tokens": 16},
+        }
+    )
     assert (usage.prompt_tokens, usage.cached_tokens) == (21, 16)
     native = adapter.usage({"meta_info": {"prompt_tokens": 7, "completion_tokens": 2, "cached_tokens": 3}})
     assert (native.prompt_tokens, native.cached_tokens, native.completion_tokens) == (7, 3, 2)
-    preferred = adapter.usage({"usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 2}}, "meta_info": {"cached_tokens": 9}})
+    preferred = adapter.usage(
+        {
+            "usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 2}},
+            "meta_info": {"cached_tokens": 9},
+        }
+    )
     assert preferred.cached_tokens == 2
 
 
 def test_local_engine_headers_and_prefix_cache_object():
     adapter = adapter_for("local_engine")
-    report = adapter.cache_report({"x-prefix-cache-matched-tokens": "48", "x-prefix-cache-prompt-tokens": "50", "x-prefix-cache-miss": "partial"})
+    report = adapter.cache_report(
+        {"x-prefix-cache-matched-tokens": "48", "x-prefix-cache-prompt-tokens": "50", "x-prefix-cache-miss": "partial"}
+    )
     assert (report.miss_kind, report.matched_tokens, report.prompt_tokens) == ("partial", 48, 50)
     assert adapter.cache_report({"x-prefix-cache-miss": "weird"}).miss_kind is None
     assert adapter.cache_report({}).matched_tokens is None
-    usage = adapter.usage({"usage": {"prompt_tokens": 50}, "prefix_cache": {"matched_tokens": 48, "prompt_tokens": 50, "miss": "hit"}})
+    usage = adapter.usage(
+        {"usage": {"prompt_tokens": 50}, "prefix_cache": {"matched_tokens": 48, "prompt_tokens": 50, "miss": "hit"}}
+    )
     assert usage.cached_tokens == 48
 
 
