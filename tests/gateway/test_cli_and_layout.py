@@ -25,10 +25,7 @@ def test_gateway_commands_are_registered():
 
 
 def test_cli_module_is_cheap_to_import():
-    code = (
-        "import gateway.cli, sys; "
-        "print(sorted({'litestar', 'httpx', 'sqlalchemy', 'torch'} & set(sys.modules)))"
-    )
+    code = "import gateway.cli, sys; print(sorted({'litestar', 'httpx', 'sqlalchemy', 'torch'} & set(sys.modules)))"
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert output == "[]"
 
@@ -59,3 +56,56 @@ def test_bad_config_exits_with_an_error(tmp_path):
     )
     assert result.returncode == 2
     assert "prefixscope gateway:" in result.stderr
+
+
+def test_prefixscope_gateway_command_serves_and_records(tmp_path, stub, stub_url):
+    """The real command line: start, serve one request, stop with SIGTERM, find the row."""
+    import signal
+    import sqlite3
+    import time
+
+    import httpx
+    from gateway_testkit import free_port
+
+    port = free_port()
+    database = tmp_path / "cli.db"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefixscope",
+            "gateway",
+            "--port",
+            str(port),
+            "--upstream",
+            stub_url,
+            "--database-url",
+            f"sqlite:///{database}",
+            "--log-level",
+            "warning",
+        ],
+        cwd=tmp_path,  # the secret file and spill file default to ./var
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert response.status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the signal (exit status -SIGTERM).
+        assert process.wait(timeout=60) in (0, -signal.SIGTERM)
+    with sqlite3.connect(database) as conn:
+        assert conn.execute("SELECT id FROM requests").fetchall() == [(response.headers["x-request-id"],)]
+    secret = tmp_path / "var" / "gateway_secret"
+    assert secret.exists() and (secret.stat().st_mode & 0o777) == 0o600

@@ -120,3 +120,41 @@ def test_postgres_outage_spills_and_replays_everything(stub, stub_url, tmp_path,
     assert counters.dropped == 0 and counters.spilled == counters.replayed
     direct = f"postgresql://root@127.0.0.1:5432/{postgres_database}"
     assert sorted(r["id"] for r in stored_rows(direct)) == sorted(ids)
+
+
+def test_keys_from_the_database_and_revocation(stub, stub_url, tmp_path):
+    from db.keys import create_api_key, revoke_api_key
+    from db.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path}/gateway.db"
+    upgrade(url)
+    sync_engine = create_engine(url)
+    acme = create_api_key(sync_engine, "acme")
+    admin = create_api_key(sync_engine, "ops", is_admin=True)
+    storage = db_storage(url, tmp_path)
+    with running_gateway(gateway_config(stub_url), storage) as gw:
+
+        def status(key: str | None) -> int:
+            headers = {"authorization": f"Bearer {key}"} if key else {}
+            return httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers=headers).status_code
+
+        assert status(None) == 401
+        assert status(acme.plaintext_key) == 200
+        assert status(acme.plaintext_key + "x") == 401
+        assert (
+            httpx.get(f"{gw.url}/api/stats", headers={"authorization": f"Bearer {admin.plaintext_key}"}).status_code
+            == 200
+        )
+        tenant_view = httpx.get(
+            f"{gw.url}/api/stats", params={"tenant": "ops"}, headers={"authorization": f"Bearer {acme.plaintext_key}"}
+        )
+        assert tenant_view.status_code == 403
+        revoke_api_key(sync_engine, acme.key_id)
+        assert wait_until(lambda: status(acme.plaintext_key) == 401)
+        assert wait_until(lambda: storage.sink.counters().queued == 0)
+    sync_engine.dispose()
+    rows = stored_rows(url)
+    assert {(r["tenant"], r["key_id"], r["status_code"]) for r in rows} >= {
+        ("unauthenticated", None, 401),
+        ("acme", acme.key_id, 200),
+    }
