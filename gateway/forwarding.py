@@ -101,7 +101,9 @@ async def forward_plain(
             {"usage": envelope.usage, "meta_info": envelope.meta_info, "prefix_cache": envelope.prefix_cache}
         )
     outcome = tracker.outcome = Outcome(upstream.status_code)
-    await send_response(send, upstream.status_code, body, [*headers, JSON_CONTENT_TYPE])
+    content_type = upstream.headers.get("content-type")
+    type_header = (b"content-type", content_type.encode("latin-1")) if content_type else JSON_CONTENT_TYPE
+    await send_response(send, upstream.status_code, body, [*headers, type_header])
     return outcome
 
 

@@ -3,6 +3,7 @@
 Query parameters: `since` and `until` (a duration before now such as `24h`, `now`, or an ISO timestamp),
 `bucket` (`1h`, `1d`, ...), `group_by` (`tenant`, `model` or `upstream`) and `tenant`. Admin keys see every
 tenant (optionally one, with `tenant=`); a tenant key sees only its own tenant, and asking for another is a 403.
+In open mode (no key exists yet) the caller is treated as an admin, as every request is.
 This endpoint awaits the database; it is not on the request path.
 """
 

@@ -100,8 +100,9 @@ class _Connection(asyncio.Protocol):
     # -- used by the transport --------------------------------------------------------------------------------------
 
     def start(self, head: bytes, body: bytes) -> None:
+        if self.closed or self.transport is None:
+            raise httpx.ReadError("the upstream connection closed before the request could be sent")
         self._reset()
-        assert self.transport is not None
         self.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
             self.transport.write(body)
