@@ -33,6 +33,7 @@ Example `prefixscope.toml`::
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import ConfigError
-from gateway.normalize.volatile import DEFAULT_VOLATILE_PATTERNS
+from gateway.normalize.volatile import DEFAULT_VOLATILE_PATTERNS, compile_patterns
 
 UPSTREAM_KINDS = ("local_engine", "openai", "vllm", "sglang")
 SEMANTIC_RULES = ("newlines", "tool_schema_key_order", "tool_order", "tool_call_arguments_key_order")
@@ -261,6 +262,10 @@ def _parse_tenant(values: dict[str, Any], base: TenantSettings) -> TenantSetting
     if "hoist_volatile" in values:
         (rules.add if values.pop("hoist_volatile") else rules.discard)("hoist_volatile")
     patterns = tuple(str(p) for p in values.pop("volatile_patterns", base.volatile_patterns))
+    try:
+        compile_patterns(patterns)
+    except (re.error, ValueError) as exc:
+        raise ConfigError(f"volatile_patterns: {exc}") from None
     placement = str(values.pop("hoist_placement", base.hoist_placement))
     if placement not in HOIST_PLACEMENTS:
         raise ConfigError(f"hoist_placement must be one of {HOIST_PLACEMENTS}")

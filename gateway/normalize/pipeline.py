@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -9,6 +10,8 @@ from gateway.config import ALL_RULES, TenantSettings
 from gateway.normalize.base import Request, Rule
 from gateway.normalize.rules import Newlines, ToolCallArgumentsKeyOrder, ToolOrder, ToolSchemaKeyOrder
 from gateway.normalize.volatile import HoistVolatile
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +31,15 @@ class Pipeline:
         return tuple(rule.name for rule in self.rules)
 
     def apply(self, request: Request) -> NormalizationResult:
+        """Run every rule. A rule that fails on some unusual input (say, JSON nested deeper than the recursion
+        limit) is skipped for that request rather than failing it: normalization is an optimisation."""
         applied: list[str] = []
         for rule in self.rules:
-            result = rule.apply(request)
+            try:
+                result = rule.apply(request)
+            except Exception:
+                log.warning("normalization rule %s failed; skipped for this request", rule.name, exc_info=True)
+                continue
             if result.changed:
                 applied.append(rule.name)
                 request = result.request

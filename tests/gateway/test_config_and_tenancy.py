@@ -98,6 +98,10 @@ def test_overrides_win():
         {"gateway": {"unknown_key": 1}},
         {"nonsense": {}},
         {"gateway": {"max_body_bytes": 0}},
+        {"gateway": {"port": "eighty"}},
+        {"tenants": {"t": {"volatile_patterns": ["("]}}},
+        {"tenants": {"t": {"volatile_patterns": []}}},
+        {"tenants": {"t": {"hoist_placement": "middle"}}},
     ],
 )
 def test_invalid_configs_are_rejected(document):

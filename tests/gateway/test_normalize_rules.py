@@ -203,6 +203,20 @@ def test_pipeline_reports_applied_rules_in_order_and_respects_settings():
     assert result.applied_rules == () and result.request is request
 
 
+def test_a_failing_rule_is_skipped_not_fatal():
+    deep: Any = {"b": 1, "a": 1}
+    for _ in range(5000):
+        deep = {"z": deep, "a": 0}
+    request = {
+        "model": "m",
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": deep}}],
+        "messages": [{"role": "user", "content": "x\r\n"}],
+    }
+    result = build_pipeline(TenantSettings()).apply(request)
+    assert "tool_schema_key_order" not in result.applied_rules
+    assert result.applied_rules == ("newlines",)
+
+
 def test_equivalent_tool_lists_normalize_to_identical_bytes():
     first = {
         "tools": [
