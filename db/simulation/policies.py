@@ -1,0 +1,226 @@
+"""The replay loops, one per eviction policy. `db.simulation.simulator` documents the cache model they share.
+
+Each loop does, per request in time order: drop blocks idle for more than the TTL; count the leading cached blocks
+(the hit); keep the request's first `capacity` blocks (its "admitted" blocks) and drop any deeper ones still cached;
+evict, by the policy, as many blocks outside the admitted ones as the missing admitted blocks need; insert and touch
+the admitted blocks from the deepest to the first, so that among one request's blocks the deepest counts as the
+oldest (evicted first, as an engine frees a radix tree's leaves first). Everything is plain ints in dicts, an
+OrderedDict in recency or insertion order, and for `optimal` a heap of ints with lazy deletion.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from typing import NamedTuple
+
+from db.simulation.trace import Trace
+
+
+class ReplayCounts(NamedTuple):
+    hit_tokens: int
+    hit_blocks: int
+    hit_requests: int
+    evicted_blocks: int
+    expired_blocks: int
+
+
+class NextUse(NamedTuple):
+    """For each flat block position g: where its hash occurs next (`positions[g]`, or the trace's block count when it
+    never does) and the time of the request holding that occurrence (`times_s[g]`, infinity when none)."""
+
+    positions: list[int]
+    times_s: list[float]
+
+
+def next_uses(trace: Trace) -> NextUse:
+    """The next occurrence of every block of `trace`, from one backward scan (chains never repeat a hash, so the
+    next occurrence is always in a later request)."""
+    hashes, offsets, times = trace.hashes, trace.offsets, trace.timestamps_s
+    total = len(hashes)
+    positions = [total] * total
+    block_time = [0.0] * total
+    for request in range(trace.num_requests):
+        block_time[offsets[request] : offsets[request + 1]] = [times[request]] * (
+            offsets[request + 1] - offsets[request]
+        )
+    seen: dict[int, int] = {}
+    for position in range(total - 1, -1, -1):
+        key = hashes[position]
+        later = seen.get(key)
+        if later is not None:
+            positions[position] = later
+        seen[key] = position
+    infinity = float("inf")
+    times_s = [block_time[later] if later < total else infinity for later in positions]
+    return NextUse(positions, times_s)
+
+
+def replay_lru(trace: Trace, capacity: int, ttl_s: float | None) -> ReplayCounts:
+    """Least recently used; `cache` maps hash -> last touch time, least recent first."""
+    hashes, offsets, lengths, size = trace.hashes, trace.offsets, trace.input_lengths, trace.block_size
+    cache: OrderedDict[int, float] = OrderedDict()
+    hit_tokens = hit_blocks = hit_requests = evicted = expired = 0
+    for request, now in enumerate(trace.timestamps_s):
+        if ttl_s is not None:
+            while cache:
+                oldest, touched = next(iter(cache.items()))
+                if not now - touched > ttl_s:
+                    break
+                del cache[oldest]
+                expired += 1
+        start, end = offsets[request], offsets[request + 1]
+        hits = 0
+        for position in range(start, end):
+            if hashes[position] not in cache:
+                break
+            hits += 1
+        if hits:
+            hit_blocks += hits
+            hit_tokens += min(hits * size, lengths[request])
+            hit_requests += 1
+        admitted = min(end, start + capacity)
+        for position in range(admitted, end):
+            if cache.pop(hashes[position], None) is not None:
+                evicted += 1
+        missing = sum(1 for position in range(start, admitted) if hashes[position] not in cache)
+        need = len(cache) + missing - capacity
+        if need > 0:
+            # Move the admitted blocks out of the way first, so the least recent `need` are all evictable.
+            for position in range(admitted - 1, start - 1, -1):
+                if hashes[position] in cache:
+                    cache.move_to_end(hashes[position])
+            for _ in range(need):
+                cache.popitem(last=False)
+            evicted += need
+        for position in range(admitted - 1, start - 1, -1):
+            key = hashes[position]
+            cache[key] = now
+            cache.move_to_end(key)
+    return ReplayCounts(hit_tokens, hit_blocks, hit_requests, evicted, expired)
+
+
+def replay_fifo(trace: Trace, capacity: int, ttl_s: float | None) -> ReplayCounts:
+    """First in, first out: `cache` holds hashes in insertion order; a hit does not move a block."""
+    hashes, offsets, lengths, size = trace.hashes, trace.offsets, trace.input_lengths, trace.block_size
+    cache: OrderedDict[int, None] = OrderedDict()
+    touched: OrderedDict[int, float] = OrderedDict()  # only with a TTL: hash -> last touch time, oldest first
+    hit_tokens = hit_blocks = hit_requests = evicted = expired = 0
+    for request, now in enumerate(trace.timestamps_s):
+        if ttl_s is not None:
+            while touched:
+                oldest, last = next(iter(touched.items()))
+                if not now - last > ttl_s:
+                    break
+                del touched[oldest], cache[oldest]
+                expired += 1
+        start, end = offsets[request], offsets[request + 1]
+        hits = 0
+        for position in range(start, end):
+            if hashes[position] not in cache:
+                break
+            hits += 1
+        if hits:
+            hit_blocks += hits
+            hit_tokens += min(hits * size, lengths[request])
+            hit_requests += 1
+        admitted = min(end, start + capacity)
+        for position in range(admitted, end):
+            if hashes[position] in cache:
+                del cache[hashes[position]]
+                touched.pop(hashes[position], None)
+                evicted += 1
+        missing = sum(1 for position in range(start, admitted) if hashes[position] not in cache)
+        need = len(cache) + missing - capacity
+        if need > 0:
+            pinned = set(hashes[start:admitted])
+            victims: list[int] = []
+            for key in cache:
+                if key not in pinned:
+                    victims.append(key)
+                    if len(victims) == need:
+                        break
+            for key in victims:
+                del cache[key]
+                touched.pop(key, None)
+            evicted += need
+        for position in range(admitted - 1, start - 1, -1):
+            key = hashes[position]
+            if key not in cache:
+                cache[key] = None
+            if ttl_s is not None:
+                touched[key] = now
+                touched.move_to_end(key)
+    return ReplayCounts(hit_tokens, hit_blocks, hit_requests, evicted, expired)
+
+
+def replay_optimal(trace: Trace, capacity: int, ttl_s: float | None, next_use: NextUse) -> ReplayCounts:
+    """Belady: evict the block whose next use is furthest away.
+
+    A block's key is the flat position of its next occurrence (so a later request, then a deeper block of the same
+    request, is further). A block with no next use, or one it will not reach before the TTL drops it, is dead: its key
+    is `total + g` (g its last position), above every live key. Keys are unique, so the heap holds bare negated keys,
+    and a popped key names its own hash (`hashes[key]` or `hashes[key - total]`); a key that is no longer its hash's
+    current key is stale and skipped.
+    """
+    hashes, offsets, lengths, size = trace.hashes, trace.offsets, trace.input_lengths, trace.block_size
+    next_index, next_time = next_use
+    total = len(hashes)
+    current: dict[int, int] = {}  # cached hash -> its key
+    heap: list[int] = []  # negated keys: the furthest next use on top
+    touched: OrderedDict[int, float] = OrderedDict()
+    hit_tokens = hit_blocks = hit_requests = evicted = expired = 0
+    for request, now in enumerate(trace.timestamps_s):
+        if ttl_s is not None:
+            while touched:
+                oldest, last = next(iter(touched.items()))
+                if not now - last > ttl_s:
+                    break
+                del touched[oldest], current[oldest]
+                expired += 1
+        start, end = offsets[request], offsets[request + 1]
+        hits = 0
+        for position in range(start, end):
+            if hashes[position] not in current:
+                break
+            hits += 1
+        if hits:
+            hit_blocks += hits
+            hit_tokens += min(hits * size, lengths[request])
+            hit_requests += 1
+        admitted = min(end, start + capacity)
+        for position in range(admitted, end):
+            if current.pop(hashes[position], None) is not None:
+                touched.pop(hashes[position], None)
+                evicted += 1
+        missing = sum(1 for position in range(start, admitted) if hashes[position] not in current)
+        need = len(current) + missing - capacity
+        if need > 0:
+            pinned = set(hashes[start:admitted])
+            evicted += need
+            while need:
+                key = -heapq.heappop(heap)
+                block = hashes[key] if key < total else hashes[key - total]
+                # The admitted blocks' entries are dropped: they get fresh keys just below.
+                if current.get(block) != key or block in pinned:
+                    continue
+                del current[block]
+                touched.pop(block, None)
+                need -= 1
+        for position in range(start, admitted):
+            block = hashes[position]
+            later = next_index[position]
+            if later == total or (ttl_s is not None and next_time[position] - now > ttl_s):
+                key = total + position
+            else:
+                key = later
+            current[block] = key
+            heapq.heappush(heap, -key)
+        if ttl_s is not None:
+            for position in range(admitted - 1, start - 1, -1):
+                touched[hashes[position]] = now
+                touched.move_to_end(hashes[position])
+        if len(heap) > 2 * len(current) + 1024:
+            heap = [-key for key in current.values()]
+            heapq.heapify(heap)
+    return ReplayCounts(hit_tokens, hit_blocks, hit_requests, evicted, expired)
