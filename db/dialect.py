@@ -40,3 +40,13 @@ def bucket_index(conn: Connection | Session, column: Any, size_s: int, offset_s:
     else:
         raise NotImplementedError(f"prefixscope supports sqlite and postgresql, not {name}")
     return (seconds - offset_s) // size_s
+
+
+def least(conn: Connection | Session, left: Any, right: Any) -> Any:
+    """SQL for the smaller of two values (`min(a, b)` on SQLite, `LEAST(a, b)` on PostgreSQL)."""
+    return func.min(left, right) if dialect_name(conn) == "sqlite" else func.least(left, right)
+
+
+def greatest(conn: Connection | Session, left: Any, right: Any) -> Any:
+    """SQL for the larger of two values (`max(a, b)` on SQLite, `GREATEST(a, b)` on PostgreSQL)."""
+    return func.max(left, right) if dialect_name(conn) == "sqlite" else func.greatest(left, right)

@@ -3,9 +3,12 @@
 Tables:
 - `tenants`, `api_keys`: who may call the gateway (keys are stored as hashes, never in plaintext);
 - `requests`: one row per request;
+- `request_chains`: the block hash chain of a sample of requests, for the what-if cache simulator;
 - `hourly_rollups`, `hourly_ttft_bins`, `hourly_label_counts`: per hour, tenant, model and upstream, the sums the
   history queries need, kept current by the writer in the same transaction as the request rows. They are additive
-  (every column is a count or a sum), so a batch is folded in with a single upsert and hours add up into days.
+  (every column is a count or a sum), so a batch is folded in with a single upsert and hours add up into days;
+- `hourly_prefix_rollups`, `hourly_miss_reasons`, `hourly_divergences`: per hour and tenant, reuse per prompt prefix,
+  requests and recomputed tokens per miss reason, and where prompts diverged; additive in the same way.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     SmallInteger,
     String,
     Table,
     Text,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -42,6 +47,8 @@ NAMING_CONVENTION = {
 
 TENANT_NAME_MAX = 200
 MODEL_NAME_MAX = 200
+MISS_REASON_MAX = 32
+SEGMENT_MAX = 100
 
 
 class Base(DeclarativeBase):
@@ -107,6 +114,11 @@ class RequestRecordRow(Base):
     prefix_hash: Mapped[str | None] = mapped_column(String(128))
     diverged_at_token: Mapped[int | None] = mapped_column(Integer)
     prompt_text: Mapped[str | None] = mapped_column(Text)
+    miss_reason: Mapped[str | None] = mapped_column(String(MISS_REASON_MAX))
+    divergence_segment: Mapped[str | None] = mapped_column(String(SEGMENT_MAX))
+    divergence_char_offset: Mapped[int | None] = mapped_column(Integer)
+    recomputed_tokens: Mapped[int | None] = mapped_column(Integer)
+    normalization_gain_tokens: Mapped[int | None] = mapped_column(Integer)
 
     # The explorer filters by one of these and pages newest first.
     __table_args__ = (
@@ -114,7 +126,34 @@ class RequestRecordRow(Base):
         Index("ix_requests_model_created_at", "model", "created_at"),
         Index("ix_requests_miss_kind_created_at", "miss_kind", "created_at"),
         Index("ix_requests_prefix_hash_created_at", "prefix_hash", "created_at"),
+        Index("ix_requests_miss_reason_created_at", "miss_reason", "created_at"),
+        # Only the rows that kept their prompt: finds a prefix's newest stored prompt (its label) at once, even for a
+        # prefix with a million requests and no stored prompt at all.
+        Index(
+            "ix_requests_prefix_hash_stored_prompt",
+            "prefix_hash",
+            "created_at",
+            sqlite_where=text("prompt_text IS NOT NULL"),
+            postgresql_where=text("prompt_text IS NOT NULL"),
+        ),
     )
+
+
+class RequestChainRow(Base):
+    """The block hash chain of one request (see `db.chains.RequestChain`), deleted with its request."""
+
+    __tablename__ = "request_chains"
+
+    request_id: Mapped[str] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX))
+    block_size: Mapped[int] = mapped_column(Integer)
+    input_length: Mapped[int] = mapped_column(Integer)
+    approximate: Mapped[bool] = mapped_column(Boolean)
+    # Packed little-endian int64, 8 bytes per block.
+    hash_ids: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (Index("ix_request_chains_tenant_created_at", "tenant", "created_at"),)
 
 
 class HourlyRollup(Base):
@@ -144,6 +183,12 @@ class HourlyRollup(Base):
     ttft_hit_count: Mapped[int] = mapped_column(Integer, default=0)
     ttft_miss_ms_sum: Mapped[float] = mapped_column(Float, default=0.0)
     ttft_miss_count: Mapped[int] = mapped_column(Integer, default=0)
+    # Requests whose normalization gain was measured (sampled), how many gained, the tokens gained and the prompt
+    # tokens of the sampled requests (what the gain is a share of).
+    normalization_sampled_requests: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    normalization_requests_with_gain: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    normalization_gain_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    normalization_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     __table_args__ = (
         # Dashboard filters by tenant or model over a time range; the primary key already leads with bucket_start.
@@ -185,6 +230,57 @@ class HourlyLabelCount(Base):
     requests: Mapped[int] = mapped_column(Integer, default=0)
 
     __table_args__ = (Index("ix_hourly_label_counts_dimension_bucket_start", "dimension", "bucket_start"),)
+
+
+class HourlyPrefixRollup(Base):
+    """Reuse of one prompt prefix (`prefix_hash`) by one tenant in one UTC hour; requests without a hash are left out.
+
+    `first_seen` / `last_seen` are the earliest and latest request times in the hour (folded in with min/max, which
+    is as safe as a sum with several writers and on replay).
+    """
+
+    __tablename__ = "hourly_prefix_rollups"
+
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX), primary_key=True)
+    prefix_hash: Mapped[str] = mapped_column(String(128), primary_key=True)
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    requests_with_hit: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_hourly_prefix_rollups_tenant_bucket_start", "tenant", "bucket_start"),)
+
+
+class HourlyMissReason(Base):
+    """Requests and recomputed tokens per miss reason, tenant and UTC hour (requests without a reason are left out)."""
+
+    __tablename__ = "hourly_miss_reasons"
+
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX), primary_key=True)
+    miss_reason: Mapped[str] = mapped_column(String(MISS_REASON_MAX), primary_key=True)
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    recomputed_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class HourlyDivergence(Base):
+    """Where prompts diverged from the cached prefix: requests per segment and character-offset bucket.
+
+    `offset_bucket` is the first character offset of a `db.rollups.DIVERGENCE_BUCKET_CHARS`-wide bucket. Requests
+    that reported a segment but no offset are left out.
+    """
+
+    __tablename__ = "hourly_divergences"
+
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX), primary_key=True)
+    segment: Mapped[str] = mapped_column(String(SEGMENT_MAX), primary_key=True)
+    offset_bucket: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    recomputed_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 def table_of(model: type[Base]) -> Table:

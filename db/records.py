@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any, Final
 
+from db.chains import RequestChain
 from db.timeutil import as_utc
 
 ENDPOINTS: Final = ("chat.completions", "completions")
@@ -20,6 +21,26 @@ ENDPOINTS: Final = ("chat.completions", "completions")
 # anything cached; `cold` nothing matched and nothing like it was cached recently; `evicted` / `expired` the next
 # part had been cached but was evicted for space or dropped by TTL (the engine's ghost index tells these apart).
 MISS_KINDS: Final = ("hit", "partial", "cold", "evicted", "expired")
+
+# Why the prompt was not served further from cache, as the gateway explains it (where the engine's `miss_kind` says
+# how far it matched): `hit` nothing cacheable was lost; `model_changed` / `tools_changed` / `system_changed` /
+# `messages_changed` the first difference from the cached prefix lies there; `volatile_value` it is a value that
+# changes on every call (a date, an id); `reordered` the same parts in another order; `new_prefix` nothing like it
+# was cached; `evicted` / `expired` it was cached but dropped for space or by TTL; `below_page` the prompt is shorter
+# than one cache page.
+MISS_REASONS: Final = (
+    "hit",
+    "model_changed",
+    "tools_changed",
+    "system_changed",
+    "messages_changed",
+    "volatile_value",
+    "reordered",
+    "new_prefix",
+    "evicted",
+    "expired",
+    "below_page",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +72,17 @@ class RequestRecord:
     prompt_text: str | None = None
     # Token index at which the prompt first differed from the longest cached prefix, when the engine reports it.
     diverged_at_token: int | None = None
+    # Why the rest missed (one of `MISS_REASONS`), and where the prompt first differed from the cached one: a segment
+    # (`tools`, `system`, `messages[3]`) and a character offset inside it.
+    miss_reason: str | None = None
+    divergence_segment: str | None = None
+    divergence_char_offset: int | None = None
+    # Prompt tokens prefilled again because of the divergence (they had been cached before it).
+    recomputed_tokens: int | None = None
+    # Tokens normalization gained, from a dry-run match of the un-normalized request; None when not sampled.
+    normalization_gain_tokens: int | None = None
+    # The prompt's block hash chain, for the what-if simulator (recorded for a sample of requests).
+    chain: RequestChain | None = None
 
     @property
     def cache_hit(self) -> bool | None:
@@ -62,6 +94,7 @@ class RequestRecord:
         data: dict[str, Any] = asdict(self)
         data["created_at"] = as_utc(self.created_at).isoformat()
         data["applied_rules"] = list(self.applied_rules)
+        data["chain"] = None if self.chain is None else self.chain.to_dict()
         # ASCII output survives any string (lone surrogates included); default=str keeps a value of an unexpected
         # type in readable form rather than failing the spill.
         return json.dumps(data, separators=(",", ":"), default=str)
@@ -76,4 +109,6 @@ class RequestRecord:
         kwargs = {key: value for key, value in data.items() if key in known}
         kwargs["created_at"] = as_utc(datetime.fromisoformat(kwargs["created_at"]))
         kwargs["applied_rules"] = tuple(kwargs.get("applied_rules") or ())
+        chain = kwargs.get("chain")
+        kwargs["chain"] = None if chain is None else RequestChain.from_dict(chain)
         return cls(**kwargs)

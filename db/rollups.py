@@ -2,7 +2,7 @@
 
 `RollupAccumulator` sums records in memory (pure Python); `apply_rollups` adds those sums to the tables with one
 upsert per table (`INSERT ... ON CONFLICT DO UPDATE SET col = col + excluded.col`), which is safe with several
-writers because every column is additive.
+writers because every column is additive (or, for a prefix's first and last request time, a min or max).
 """
 
 from __future__ import annotations
@@ -14,13 +14,23 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, Table
 
-from db.dialect import upsert_insert
+from db.dialect import greatest, least, upsert_insert
 from db.histogram import bin_of
-from db.models import HourlyLabelCount, HourlyRollup, HourlyTtftBin, table_of
+from db.models import (
+    SEGMENT_MAX,
+    HourlyDivergence,
+    HourlyLabelCount,
+    HourlyMissReason,
+    HourlyPrefixRollup,
+    HourlyRollup,
+    HourlyTtftBin,
+    table_of,
+)
 from db.records import RequestRecord
-from db.timeutil import floor_hour
+from db.timeutil import as_utc, floor_hour
 
 RollupKey = tuple[datetime, str, str, str]  # (bucket_start, tenant, model, upstream)
+PrefixKey = tuple[datetime, str, str]  # (bucket_start, tenant, prefix_hash)
 
 ROLLUP_KEY_COLUMNS: Final = ("bucket_start", "tenant", "model", "upstream")
 _SUM_COLUMNS: Final = (
@@ -38,7 +48,14 @@ _SUM_COLUMNS: Final = (
     "ttft_hit_count",
     "ttft_miss_ms_sum",
     "ttft_miss_count",
+    "normalization_sampled_requests",
+    "normalization_requests_with_gain",
+    "normalization_gain_tokens",
+    "normalization_prompt_tokens",
 )
+PREFIX_KEY_COLUMNS: Final = ("bucket_start", "tenant", "prefix_hash")
+# Divergence offsets are counted in buckets of this many characters (the stored granularity of `hourly_divergences`).
+DIVERGENCE_BUCKET_CHARS: Final = 64
 LABEL_MAX_CHARS: Final = 100
 # Label dimensions kept in `hourly_label_counts`.
 DIMENSION_RULE: Final = "rule"
@@ -65,6 +82,10 @@ class RollupAccumulator:
         self.sums: dict[RollupKey, dict[str, float]] = defaultdict(_zero_sums)
         self.ttft_bins: dict[tuple[RollupKey, str, int], int] = defaultdict(int)
         self.labels: dict[tuple[RollupKey, str, str], int] = defaultdict(int)
+        self.prefixes: dict[PrefixKey, dict[str, Any]] = {}
+        # (bucket_start, tenant, reason) and (bucket_start, tenant, segment, offset_bucket) -> [requests, tokens]
+        self.miss_reasons: dict[tuple[datetime, str, str], list[int]] = defaultdict(lambda: [0, 0])
+        self.divergences: dict[tuple[datetime, str, str, int], list[int]] = defaultdict(lambda: [0, 0])
 
     def __len__(self) -> int:
         return len(self.sums)
@@ -102,12 +123,66 @@ class RollupAccumulator:
         if record.error_type is not None:
             self.labels[(key, DIMENSION_ERROR_TYPE, record.error_type[:LABEL_MAX_CHARS])] += 1
         self.labels[(key, DIMENSION_STATUS, str(record.status_code))] += 1
+        if record.normalization_gain_tokens is not None:
+            sums["normalization_sampled_requests"] += 1
+            sums["normalization_gain_tokens"] += record.normalization_gain_tokens
+            sums["normalization_prompt_tokens"] += record.prompt_tokens or 0
+            if record.normalization_gain_tokens > 0:
+                sums["normalization_requests_with_gain"] += 1
+        self._add_explained(key[0], record)
+
+    def _add_explained(self, bucket_start: datetime, record: RequestRecord) -> None:
+        """The per-tenant tables: prefix reuse, miss reasons and divergence locations."""
+        if record.prefix_hash is not None:
+            moment = as_utc(record.created_at)
+            prefix = self.prefixes.get((bucket_start, record.tenant, record.prefix_hash))
+            if prefix is None:
+                prefix = {"requests": 0, "requests_with_hit": 0, "prompt_tokens": 0, "cached_tokens": 0}
+                prefix |= {"first_seen": moment, "last_seen": moment}
+                self.prefixes[(bucket_start, record.tenant, record.prefix_hash)] = prefix
+            prefix["requests"] += 1
+            prefix["requests_with_hit"] += 1 if (record.cached_tokens or 0) > 0 else 0
+            prefix["prompt_tokens"] += record.prompt_tokens or 0
+            prefix["cached_tokens"] += record.cached_tokens or 0
+            prefix["first_seen"] = min(prefix["first_seen"], moment)
+            prefix["last_seen"] = max(prefix["last_seen"], moment)
+        recomputed = record.recomputed_tokens or 0
+        if record.miss_reason is not None:
+            sums = self.miss_reasons[(bucket_start, record.tenant, record.miss_reason[:LABEL_MAX_CHARS])]
+            sums[0] += 1
+            sums[1] += recomputed
+        if record.divergence_segment is not None and record.divergence_char_offset is not None:
+            offset_bucket = divergence_bucket(record.divergence_char_offset)
+            segment = record.divergence_segment[:SEGMENT_MAX]
+            sums = self.divergences[(bucket_start, record.tenant, segment, offset_bucket)]
+            sums[0] += 1
+            sums[1] += recomputed
 
     def add_all(self, records: Iterable[RequestRecord]) -> RollupAccumulator:
         """Count every record; returns self for chaining."""
         for record in records:
             self.add(record)
         return self
+
+    def prefix_rows(self) -> list[dict[str, Any]]:
+        """Parameter rows for `hourly_prefix_rollups`, in key order."""
+        return [dict(zip(PREFIX_KEY_COLUMNS, key, strict=True)) | sums for key, sums in sorted(self.prefixes.items())]
+
+    def miss_reason_rows(self) -> list[dict[str, Any]]:
+        """Parameter rows for `hourly_miss_reasons`, in key order."""
+        return [
+            {"bucket_start": start, "tenant": tenant, "miss_reason": reason}
+            | {"requests": sums[0], "recomputed_tokens": sums[1]}
+            for (start, tenant, reason), sums in sorted(self.miss_reasons.items())
+        ]
+
+    def divergence_rows(self) -> list[dict[str, Any]]:
+        """Parameter rows for `hourly_divergences`, in key order."""
+        return [
+            {"bucket_start": start, "tenant": tenant, "segment": segment, "offset_bucket": offset}
+            | {"requests": sums[0], "recomputed_tokens": sums[1]}
+            for (start, tenant, segment, offset), sums in sorted(self.divergences.items())
+        ]
 
     def rollup_rows(self) -> list[dict[str, Any]]:
         """Parameter rows for `hourly_rollups`, in key order (a stable lock order for concurrent writers)."""
@@ -128,20 +203,61 @@ class RollupAccumulator:
         ]
 
 
-def _upsert_add(conn: Connection, table: Table, key_columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
+def divergence_bucket(char_offset: int) -> int:
+    """The first offset of the `DIVERGENCE_BUCKET_CHARS`-wide bucket holding `char_offset` (negatives count as 0)."""
+    return max(0, char_offset) // DIVERGENCE_BUCKET_CHARS * DIVERGENCE_BUCKET_CHARS
+
+
+def _upsert_add(
+    conn: Connection,
+    table: Table,
+    key_columns: Sequence[str],
+    rows: list[dict[str, Any]],
+    earliest: Sequence[str] = (),
+    latest: Sequence[str] = (),
+) -> None:
+    """Add `rows` onto the table: sums for every value column, except min for `earliest` and max for `latest`."""
     if not rows:
         return
     stmt = upsert_insert(conn, table)
-    value_columns = [name for name in rows[0] if name not in key_columns]
-    stmt = stmt.on_conflict_do_update(
-        index_elements=list(key_columns),
-        set_={name: table.c[name] + stmt.excluded[name] for name in value_columns},
-    )
-    conn.execute(stmt, rows)
+    set_: dict[str, Any] = {}
+    for name in rows[0]:
+        if name in key_columns:
+            continue
+        if name in earliest:
+            set_[name] = least(conn, table.c[name], stmt.excluded[name])
+        elif name in latest:
+            set_[name] = greatest(conn, table.c[name], stmt.excluded[name])
+        else:
+            set_[name] = table.c[name] + stmt.excluded[name]
+    conn.execute(stmt.on_conflict_do_update(index_elements=list(key_columns), set_=set_), rows)
 
 
 def apply_rollups(conn: Connection, accumulator: RollupAccumulator) -> None:
-    """Add the accumulated sums to the three rollup tables (inside the caller's transaction)."""
+    """Add the accumulated sums to every rollup table (inside the caller's transaction)."""
     _upsert_add(conn, table_of(HourlyRollup), ROLLUP_KEY_COLUMNS, accumulator.rollup_rows())
     _upsert_add(conn, table_of(HourlyTtftBin), (*ROLLUP_KEY_COLUMNS, "cache_state", "bin"), accumulator.ttft_bin_rows())
     _upsert_add(conn, table_of(HourlyLabelCount), (*ROLLUP_KEY_COLUMNS, "dimension", "value"), accumulator.label_rows())
+    _upsert_add(
+        conn,
+        table_of(HourlyPrefixRollup),
+        PREFIX_KEY_COLUMNS,
+        accumulator.prefix_rows(),
+        earliest=("first_seen",),
+        latest=("last_seen",),
+    )
+    reason_key = ("bucket_start", "tenant", "miss_reason")
+    _upsert_add(conn, table_of(HourlyMissReason), reason_key, accumulator.miss_reason_rows())
+    divergence_key = ("bucket_start", "tenant", "segment", "offset_bucket")
+    _upsert_add(conn, table_of(HourlyDivergence), divergence_key, accumulator.divergence_rows())
+
+
+# Every table `apply_rollups` writes (and `db.store.rebuild_rollups` empties first).
+ROLLUP_MODELS: Final = (
+    HourlyRollup,
+    HourlyTtftBin,
+    HourlyLabelCount,
+    HourlyPrefixRollup,
+    HourlyMissReason,
+    HourlyDivergence,
+)

@@ -1,4 +1,5 @@
-"""Writing request records: `requests` rows and their rollups in one transaction, idempotent by request id.
+"""Writing request records: `requests` rows, their hash chains and their rollups in one transaction, idempotent by
+request id.
 
 These are sync functions on a `Connection`; the async writer runs them with `AsyncConnection.run_sync`, the demo
 data generator and maintenance commands call them directly.
@@ -13,13 +14,15 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, select
 
+from db.chains import RequestChain, unpack_hash_ids
 from db.dialect import upsert_insert
-from db.models import HourlyLabelCount, HourlyRollup, HourlyTtftBin, RequestRecordRow, table_of
+from db.models import MISS_REASON_MAX, SEGMENT_MAX, RequestChainRow, RequestRecordRow, table_of
 from db.records import RequestRecord
-from db.rollups import RollupAccumulator, apply_rollups
+from db.rollups import ROLLUP_MODELS, RollupAccumulator, apply_rollups
 from db.timeutil import as_utc
 
 REQUESTS = table_of(RequestRecordRow)
+CHAINS = table_of(RequestChainRow)
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,40 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "prefix_hash": record.prefix_hash,
         "diverged_at_token": record.diverged_at_token,
         "prompt_text": record.prompt_text,
+        # Labels are cut to the column width rather than have the database refuse the whole request.
+        "miss_reason": None if record.miss_reason is None else record.miss_reason[:MISS_REASON_MAX],
+        "divergence_segment": None if record.divergence_segment is None else record.divergence_segment[:SEGMENT_MAX],
+        "divergence_char_offset": record.divergence_char_offset,
+        "recomputed_tokens": record.recomputed_tokens,
+        "normalization_gain_tokens": record.normalization_gain_tokens,
     }
 
 
-def row_to_record(row: Any) -> RequestRecord:
-    """A `RequestRecord` from a `requests` row (ORM object or a result row with the column names)."""
+def chain_to_row(record: RequestRecord, chain: RequestChain) -> dict[str, Any]:
+    """The `request_chains` row for a record's chain."""
+    return {
+        "request_id": record.request_id,
+        "created_at": record.created_at,
+        "tenant": record.tenant,
+        "block_size": chain.block_size,
+        "input_length": chain.input_length,
+        "approximate": chain.approximate,
+        "hash_ids": chain.packed_hash_ids(),
+    }
+
+
+def row_to_chain(row: Any) -> RequestChain:
+    """A `RequestChain` from a `request_chains` row."""
+    return RequestChain(
+        block_size=row.block_size,
+        input_length=row.input_length,
+        hash_ids=unpack_hash_ids(bytes(row.hash_ids)),
+        approximate=bool(row.approximate),
+    )
+
+
+def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
+    """A `RequestRecord` from a `requests` row (ORM object or a result row with the column names) and its chain."""
     return RequestRecord(
         request_id=row.id,
         created_at=row.created_at,
@@ -79,11 +111,18 @@ def row_to_record(row: Any) -> RequestRecord:
         prefix_hash=row.prefix_hash,
         prompt_text=row.prompt_text,
         diverged_at_token=row.diverged_at_token,
+        miss_reason=row.miss_reason,
+        divergence_segment=row.divergence_segment,
+        divergence_char_offset=row.divergence_char_offset,
+        recomputed_tokens=row.recomputed_tokens,
+        normalization_gain_tokens=row.normalization_gain_tokens,
+        chain=chain,
     )
 
 
 def store_records(conn: Connection, records: Sequence[RequestRecord]) -> StoreResult:
-    """Insert the records and add them to the rollups, in the caller's transaction.
+    """Insert the records (and the chains of those that carry one) and add them to the rollups, in the caller's
+    transaction.
 
     Records whose id is already stored (or repeated within `records`) are skipped and left out of the rollups, so
     storing the same record twice (a replayed spill file after a commit whose acknowledgement was lost) never
@@ -98,22 +137,29 @@ def store_records(conn: Connection, records: Sequence[RequestRecord]) -> StoreRe
     stmt = upsert_insert(conn, REQUESTS).on_conflict_do_nothing(index_elements=["id"]).returning(REQUESTS.c.id)
     inserted = set(conn.execute(stmt, [record_to_row(record) for record in unique.values()]).scalars())
     fresh = [record for request_id, record in unique.items() if request_id in inserted]
+    chains = [chain_to_row(record, record.chain) for record in fresh if record.chain is not None]
+    if chains:
+        conn.execute(upsert_insert(conn, CHAINS).on_conflict_do_nothing(index_elements=["request_id"]), chains)
     if fresh:
         apply_rollups(conn, RollupAccumulator().add_all(fresh))
     return StoreResult(inserted=len(fresh), duplicates=len(records) - len(fresh))
 
 
 def prune_requests(conn: Connection, before: datetime) -> int:
-    """Delete request rows created before `before`; returns how many. Rollups are kept, so history stays whole.
+    """Delete request rows (and their chains) created before `before`; returns how many requests. Rollups are kept,
+    so history stays whole.
 
-    Request rows (prompt text included, where stored) are what grows without bound; this bounds them.
+    Request rows (prompt text included, where stored) and chains are what grows without bound; this bounds them.
     """
+    # Explicitly rather than by the foreign key's cascade, which SQLite applies only with foreign keys switched on.
+    conn.execute(delete(CHAINS).where(CHAINS.c.created_at < as_utc(before)))
     result = conn.execute(delete(REQUESTS).where(REQUESTS.c.created_at < as_utc(before)))
     return int(result.rowcount or 0)
 
 
 def iter_records(conn: Connection, chunk_size: int = 10_000) -> Iterable[RequestRecord]:
-    """Every stored request as a record, streamed in chunks (for maintenance jobs over the whole table)."""
+    """Every stored request as a record (without its chain), streamed in chunks (for maintenance jobs over the whole
+    table)."""
     # Options on the statement, not the connection: Connection.execution_options changes the connection in place,
     # and a server-side cursor left switched on breaks later executemany calls on it.
     result = conn.execute(select(REQUESTS).execution_options(yield_per=chunk_size))
@@ -126,7 +172,7 @@ def rebuild_rollups(conn: Connection, chunk_size: int = 50_000) -> int:
 
     Runs in the caller's transaction; returns the number of requests counted.
     """
-    for model in (HourlyRollup, HourlyTtftBin, HourlyLabelCount):
+    for model in ROLLUP_MODELS:
         conn.execute(delete(table_of(model)))
     accumulator = RollupAccumulator()
     counted = 0

@@ -14,7 +14,7 @@ from db.models import RequestRecordRow, table_of
 from db.queries.results import PrefixRow, RequestRow
 from db.queries.totals import Reader
 from db.records import RequestRecord
-from db.store import row_to_record
+from db.store import CHAINS, row_to_chain, row_to_record
 from db.timeutil import as_utc, utc_now
 
 REQUESTS = table_of(RequestRecordRow)
@@ -74,9 +74,12 @@ def recent_requests(
 
 
 def request_detail(conn: Reader, request_id: str) -> RequestRecord | None:
-    """Everything stored about one request (prompt text included, when its tenant stores prompts), or None."""
+    """Everything stored about one request (prompt text and hash chain included, where stored), or None."""
     row = conn.execute(select(REQUESTS).where(REQUESTS.c.id == request_id)).first()
-    return None if row is None else row_to_record(row)
+    if row is None:
+        return None
+    chain_row = conn.execute(select(CHAINS).where(CHAINS.c.request_id == request_id)).first()
+    return row_to_record(row, None if chain_row is None else row_to_chain(chain_row))
 
 
 def top_prefixes(

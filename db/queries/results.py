@@ -76,6 +76,11 @@ class RequestRow:
     miss_kind: str | None
     prefix_hash: str | None
     diverged_at_token: int | None
+    miss_reason: str | None = None
+    divergence_segment: str | None = None
+    divergence_char_offset: int | None = None
+    recomputed_tokens: int | None = None
+    normalization_gain_tokens: int | None = None
 
     @property
     def cache_hit(self) -> bool | None:
@@ -114,3 +119,59 @@ class LabelCount:
 
     value: str
     requests: int
+
+
+@dataclass(frozen=True)
+class GroupTotals(CacheFigures):
+    """`totals_by`: cache figures over a whole range for one tenant, model or upstream (`group`)."""
+
+    group: str = ""
+
+
+@dataclass(frozen=True)
+class MissReasonRow:
+    """`miss_reasons_over_time`: requests and recomputed tokens with one miss reason in one time bucket."""
+
+    bucket_start: datetime
+    reason: str
+    requests: int
+    recomputed_tokens: int
+
+
+@dataclass(frozen=True)
+class DivergenceLocation:
+    """`divergence_locations`: how often prompts first differed from the cached prefix at one place.
+
+    The place is a segment (`tools`, `system`, `messages[3]`) and the character offsets [char_offset_start,
+    char_offset_end) inside it.
+    """
+
+    segment: str
+    char_offset_start: int
+    char_offset_end: int
+    requests: int
+    recomputed_tokens: int
+
+
+@dataclass(frozen=True)
+class NormalizationGains:
+    """`normalization_gains`: what normalization gained on the requests where it was measured (sampled).
+
+    `gain_tokens` are prompt tokens that hit the cache only because of normalization; `prompt_tokens` are those of
+    the sampled requests, so `gain_share` is the share of prompt tokens normalization turned into hits.
+    """
+
+    sampled_requests: int = 0
+    requests_with_gain: int = 0
+    gain_tokens: int = 0
+    prompt_tokens: int = 0
+
+    @property
+    def mean_gain_tokens(self) -> float | None:
+        """Tokens gained per sampled request; None without samples."""
+        return self.gain_tokens / self.sampled_requests if self.sampled_requests else None
+
+    @property
+    def gain_share(self) -> float | None:
+        """Gained tokens as a share of the sampled requests' prompt tokens; None when there are none."""
+        return self.gain_tokens / self.prompt_tokens if self.prompt_tokens else None

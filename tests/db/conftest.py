@@ -167,13 +167,23 @@ def _comparable(value: Any) -> str:
     return f"{value:.9g}" if isinstance(value, float) else str(value)
 
 
+ROLLUP_TABLES = (
+    "hourly_rollups",
+    "hourly_ttft_bins",
+    "hourly_label_counts",
+    "hourly_prefix_rollups",
+    "hourly_miss_reasons",
+    "hourly_divergences",
+)
+
+
 def rollup_snapshot(url: str) -> list[tuple[Any, ...]]:
-    """All rows of the three rollup tables, sorted, for comparisons."""
+    """All rows of every rollup table, sorted, for comparisons."""
     engine = create_sync_engine_for(url)
     try:
         with engine.connect() as conn:
             rows: list[tuple[Any, ...]] = []
-            for table in ("hourly_rollups", "hourly_ttft_bins", "hourly_label_counts"):
+            for table in ROLLUP_TABLES:
                 rows += sorted((table, *map(_comparable, row)) for row in conn.execute(text(f"SELECT * FROM {table}")))
             return rows
     finally:

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from db import histogram
+from db.chains import RequestChain
 from db.config import (
     DEFAULT_DATABASE_URL,
     ENV_DATABASE_URL,
@@ -23,7 +24,7 @@ from db.config import (
 )
 from db.errors import DatabaseConfigError
 from db.queries import bucket_floor
-from db.records import RequestRecord
+from db.records import MISS_REASONS, RequestRecord
 from db.rollups import RollupAccumulator
 from db.timeutil import floor_hour, parse_duration, parse_moment
 
@@ -139,6 +140,19 @@ _records = st.builds(
     prefix_hash=st.none() | st.text(alphabet="0123456789abcdef", max_size=32),
     prompt_text=st.none() | st.text(max_size=200),
     diverged_at_token=st.none() | st.integers(0, 10**6),
+    miss_reason=st.none() | st.sampled_from(MISS_REASONS),
+    divergence_segment=st.none() | st.sampled_from(["tools", "system", "messages[3]"]),
+    divergence_char_offset=st.none() | st.integers(0, 10**6),
+    recomputed_tokens=st.none() | st.integers(0, 10**6),
+    normalization_gain_tokens=st.none() | st.integers(0, 10**6),
+    chain=st.none()
+    | st.builds(
+        RequestChain,
+        block_size=st.integers(1, 1024),
+        input_length=st.integers(0, 10**6),
+        hash_ids=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=20).map(tuple),
+        approximate=st.booleans(),
+    ),
 )
 
 

@@ -11,12 +11,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from sqlalchemy import select
 
+from db.chains import RequestChain
 from db.engine import create_async_engine_for, create_sync_engine_for
 from db.migrate import upgrade
 from db.records import RequestRecord
 from db.spill import SpillFile
-from db.store import store_records
+from db.store import CHAINS, row_to_chain, store_records
 from db.writer import RecordWriter, WriterConfig
 
 MakeRecord = Callable[..., RequestRecord]
@@ -35,7 +37,7 @@ def _config(url: str, tmp_path: Path, **overrides: object) -> WriterConfig:
 
 
 def _varied(make_record: MakeRecord, count: int) -> list[RequestRecord]:
-    """Records over several hours, tenants, hit states and rules."""
+    """Records over several hours, tenants, hit states, rules, miss reasons, prefixes and chains."""
     return [
         make_record(
             created_at=make_record().created_at + timedelta(minutes=17 * index),
@@ -44,9 +46,32 @@ def _varied(make_record: MakeRecord, count: int) -> list[RequestRecord]:
             ttft_ms=float(10 + index),
             applied_rules=(("canonical_tool_order",), ())[index % 2],
             miss_kind=(None, "cold", "partial")[index % 3],
+            prefix_hash=(None, "p1", "p2", "p1")[index % 4],
+            miss_reason=(None, "new_prefix", "tools_changed", "volatile_value")[index % 4],
+            divergence_segment=(None, None, "tools", "system")[index % 4],
+            divergence_char_offset=(None, None, 70 * index, 40)[index % 4],
+            recomputed_tokens=(None, 0, 36, 20)[index % 4],
+            normalization_gain_tokens=(None, 0, 48)[index % 3],
+            chain=RequestChain(16, 100, tuple(range(index, index + 6)), approximate=index % 2 == 0)
+            if index % 5 == 0
+            else None,
         )
         for index in range(count)
     ]
+
+
+def _stored_chains(url: str) -> dict[str, RequestChain]:
+    engine = create_sync_engine_for(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select(CHAINS))
+            return {row.request_id: row_to_chain(row) for row in rows}
+    finally:
+        engine.dispose()
+
+
+def _assert_chains_stored(url: str, records: list[RequestRecord]) -> None:
+    assert _stored_chains(url) == {item.request_id: item.chain for item in records if item.chain is not None}
 
 
 async def _wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
@@ -73,6 +98,7 @@ async def test_writes_in_batches_with_rollups(
     assert counters.batches == 8  # ceil(50 / 7): the queue was full before the task started
     await writer.stop()
     assert sorted(db_helpers.stored_ids(db_url)) == sorted(item.request_id for item in records)
+    _assert_chains_stored(db_url, records)
     db_helpers.assert_rollups_match_requests(db_url)
 
 
@@ -116,6 +142,7 @@ async def test_spills_while_unreachable_and_replays_once_fixed(
     assert len(stored) == len(set(stored)) == 40
     assert set(stored) == {item.request_id for item in first + second}
     assert writer.config.spill_path.read_text() == ""
+    _assert_chains_stored(url, first + second)  # chains travel through the spill file
     db_helpers.assert_rollups_match_requests(url)
 
 
@@ -188,6 +215,7 @@ async def test_replay_skips_records_already_stored(
     assert len(stored) == len(set(stored)) == 15
     assert db_helpers.rollup_snapshot(db_url) != rollups_before  # the five new ones were added...
     db_helpers.assert_rollups_match_requests(db_url)  # ...and the ten old ones not counted twice
+    _assert_chains_stored(db_url, committed + fresh)
 
 
 async def test_a_record_the_database_refuses_is_set_aside(
