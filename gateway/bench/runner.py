@@ -128,6 +128,7 @@ def _count_rows(db_path: Path) -> int:
 
 
 def run(config: BenchConfig) -> int:
+    load_start = round(os.getloadavg()[0], 2)
     workdir = Path(tempfile.mkdtemp(prefix="prefixscope-bench-"))
     stub_port, gateway_port = _free_port(), _free_port()
     stub_url = f"http://127.0.0.1:{stub_port}"
@@ -221,6 +222,8 @@ def run(config: BenchConfig) -> int:
         "benchmark": "gateway",
         "request": {"bytes": body_file.stat().st_size, "stream": config.stream, "tools": len(TOOLS)},
         "cpu_count": os.cpu_count(),
+        # Other processes on the machine compete for the same cores; latency tails are sensitive to it.
+        "load_avg_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
         "fixed_rate": {
             "rate_per_s": config.rate_per_s,
             "duration_s": config.duration_s,
