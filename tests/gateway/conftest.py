@@ -5,25 +5,23 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from gateway_testkit import FakeStorage, StubState, StubUpstream, serve_in_thread  # noqa: E402
-
-from gateway.app import create_app  # noqa: E402
-from gateway.config import GatewayConfig, TenantSettings, UpstreamConfig  # noqa: E402
-
-TEST_SECRET = "test-server-secret"
+from gateway_testkit import (  # noqa: E402
+    RunningGateway,
+    StubState,
+    StubUpstream,
+    gateway_config,
+    running_gateway,
+    serve_in_thread,
+)
 
 
 @pytest.fixture(scope="session")
@@ -43,44 +41,6 @@ def stub(stub_server: tuple[StubUpstream, str]) -> StubUpstream:
 @pytest.fixture
 def stub_url(stub_server: tuple[StubUpstream, str]) -> str:
     return stub_server[1]
-
-
-@dataclass
-class RunningGateway:
-    url: str
-    config: GatewayConfig
-    storage: Any
-
-    @property
-    def records(self) -> list[Any]:
-        """Records submitted so far. A record is submitted just after the last response byte, so use
-        `wait_records` right after a response."""
-        return self.storage.sink.records
-
-    def wait_records(self, count: int, timeout_s: float = 10.0) -> list[Any]:
-        """Wait until at least `count` records were submitted (bounded), then return them all."""
-        deadline = time.monotonic() + timeout_s
-        while len(self.storage.sink.records) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return list(self.storage.sink.records)
-
-
-def gateway_config(upstream_url: str, **changes: Any) -> GatewayConfig:
-    base = GatewayConfig(
-        upstreams=(UpstreamConfig(name="stub", url=upstream_url, kind="local_engine", timeout_s=30.0),),
-        default_upstream="stub",
-        server_secret=TEST_SECRET,
-        key_refresh_interval_s=0.1,
-        tenant_defaults=TenantSettings(),
-    )
-    return replace(base, **changes)
-
-
-@contextmanager
-def running_gateway(config: GatewayConfig, storage: Any | None = None) -> Iterator[RunningGateway]:
-    storage = storage if storage is not None else FakeStorage()
-    with serve_in_thread(create_app(config, storage)) as url:
-        yield RunningGateway(url=url, config=config, storage=storage)
 
 
 @pytest.fixture

@@ -12,14 +12,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from gateway.app import create_app
 from gateway.auth import KeySnapshot
-from gateway.config import RecorderConfig
+from gateway.config import GatewayConfig, RecorderConfig, TenantSettings, UpstreamConfig
 from gateway.storage import DatabaseStorage, StorageConfig
 
 
@@ -54,6 +55,49 @@ def serve_in_thread(app: Any, port: int | None = None) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+# --- gateways ------------------------------------------------------------------------------------------------------
+
+TEST_SECRET = "test-server-secret"
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    config: GatewayConfig
+    storage: Any
+
+    @property
+    def records(self) -> list[Any]:
+        """Records submitted so far. A record is submitted just after the last response byte, so use
+        `wait_records` right after a response."""
+        return self.storage.sink.records
+
+    def wait_records(self, count: int, timeout_s: float = 10.0) -> list[Any]:
+        """Wait until at least `count` records were submitted (bounded), then return them all."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.storage.sink.records) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return list(self.storage.sink.records)
+
+
+def gateway_config(upstream_url: str, **changes: Any) -> GatewayConfig:
+    base = GatewayConfig(
+        upstreams=(UpstreamConfig(name="stub", url=upstream_url, kind="local_engine", timeout_s=30.0),),
+        default_upstream="stub",
+        server_secret=TEST_SECRET,
+        key_refresh_interval_s=0.1,
+        tenant_defaults=TenantSettings(),
+    )
+    return replace(base, **changes)
+
+
+@contextmanager
+def running_gateway(config: GatewayConfig, storage: Any | None = None) -> Iterator[RunningGateway]:
+    storage = storage if storage is not None else FakeStorage()
+    with serve_in_thread(create_app(config, storage)) as url:
+        yield RunningGateway(url=url, config=config, storage=storage)
 
 
 # --- stub upstream -------------------------------------------------------------------------------------------

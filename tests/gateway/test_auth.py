@@ -6,8 +6,7 @@ import time
 
 import httpx
 import pytest
-from conftest import gateway_config, running_gateway
-from gateway_testkit import FakeStorage
+from gateway_testkit import FakeStorage, gateway_config, running_gateway
 
 from gateway.auth import KeySnapshot, KeyStore, bearer_token
 from gateway.errors import ServiceUnavailable, Unauthorized

@@ -6,8 +6,7 @@ from dataclasses import replace
 
 import httpx
 import pytest
-from conftest import gateway_config, running_gateway
-from gateway_testkit import FakeStorage, closed_port
+from gateway_testkit import FakeStorage, closed_port, gateway_config, running_gateway
 
 from gateway.config import UpstreamConfig
 

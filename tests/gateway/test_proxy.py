@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import httpx
 import pytest
-from conftest import TEST_SECRET, gateway_config, running_gateway
-from gateway_testkit import FakeStorage, StubUpstream, serve_in_thread
+from gateway_testkit import TEST_SECRET, FakeStorage, StubUpstream, gateway_config, running_gateway, serve_in_thread
 
 from gateway.config import ALL_RULES, TenantSettings, UpstreamConfig
 from gateway.tenancy import derive_salt

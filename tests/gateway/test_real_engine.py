@@ -18,8 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import gateway_config, running_gateway
-from gateway_testkit import TcpProxy, db_storage, free_port, wait_until
+from gateway_testkit import TcpProxy, db_storage, free_port, gateway_config, running_gateway, wait_until
 from sqlalchemy import bindparam, create_engine, text
 
 from gateway.config import TenantSettings, UpstreamConfig

@@ -10,8 +10,7 @@ import sqlite3
 
 import httpx
 import pytest
-from conftest import gateway_config, running_gateway
-from gateway_testkit import TcpProxy, db_storage, wait_until
+from gateway_testkit import TcpProxy, db_storage, gateway_config, running_gateway, wait_until
 from sqlalchemy import create_engine, text
 
 CHAT = {"model": "m", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import gateway_config, running_gateway
-from gateway_testkit import FakeStorage
+from gateway_testkit import FakeStorage, gateway_config, running_gateway
 
 
 @pytest.fixture
