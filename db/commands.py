@@ -263,7 +263,16 @@ def bench_queries(args: argparse.Namespace) -> int:
                         "recent_requests 100 misses of a tenant",
                         lambda: queries.recent_requests(conn, 100, tenant="initech-rag", hit=False),
                     ),
-                    ("top_prefixes 7d", lambda: queries.top_prefixes(conn, week, now, 20)),
+                    ("top_prefixes 30d", lambda: queries.top_prefixes(conn, month, now, 20)),
+                    (
+                        "prefix_labels of the top 25",
+                        lambda: queries.prefix_labels(
+                            conn, [row.prefix_hash for row in queries.top_prefixes(conn, month, now, 25)]
+                        ),
+                    ),
+                    ("totals_by tenant 30d", lambda: queries.totals_by(conn, month, now, "tenant")),
+                    ("miss_reasons_over_time 7d 1h", lambda: queries.miss_reasons_over_time(conn, week, now)),
+                    ("divergence_locations 30d", lambda: queries.divergence_locations(conn, month, now)),
                     ("rule_counts 30d", lambda: queries.rule_counts(conn, month, now)),
                     ("tenants + models", lambda: (queries.tenants(conn), queries.models(conn))),
                 ]

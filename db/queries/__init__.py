@@ -2,34 +2,71 @@
 
 Plain functions of a sync `Connection` or `Session` and plain arguments, returning frozen dataclasses. From async
 code run them on an `AsyncConnection` with `await conn.run_sync(stats, since, ...)` or `db.engine.run_query`.
-History (`stats`, `overview`, `rule_counts`, `label_counts`) reads the hourly rollups; the request explorer
-(`recent_requests`, `request_detail`, `top_prefixes`) reads indexed request rows.
+History (`stats`, `overview`, `totals_by`, `rule_counts`, `label_counts`, `top_prefixes`, `miss_reasons_over_time`,
+`miss_reason_totals`, `divergence_locations`, `normalization_gains`) reads the hourly rollups; the request explorer
+(`recent_requests`, `request_detail`, `miss_examples`, `prefix_labels`) reads indexed request rows, and
+`iter_chains` streams stored hash chains.
 """
 
 from db.queries.catalog import models, tenants, upstreams
-from db.queries.history import BUCKETS, GROUP_BY_CHOICES, bucket_floor, overview, stats
+from db.queries.chains import ChainEntry, iter_chains
+from db.queries.history import BUCKETS, GROUP_BY_CHOICES, bucket_floor, overview, stats, totals_by
 from db.queries.labels import label_counts, rule_counts
-from db.queries.requests import recent_requests, request_detail, top_prefixes
-from db.queries.results import CacheFigures, LabelCount, Overview, PrefixRow, RequestRow, StatsRow
+from db.queries.misses import (
+    divergence_locations,
+    miss_examples,
+    miss_reason_totals,
+    miss_reasons_over_time,
+    normalization_gains,
+)
+from db.queries.prefixes import prefix_labels, top_prefixes
+from db.queries.requests import recent_requests, request_detail
+from db.queries.results import (
+    CacheFigures,
+    DivergenceLocation,
+    GroupTotals,
+    LabelCount,
+    MissReasonRow,
+    MissReasonTotal,
+    NormalizationGains,
+    Overview,
+    PrefixRow,
+    RequestRow,
+    StatsRow,
+)
 
 __all__ = [
     "BUCKETS",
     "GROUP_BY_CHOICES",
     "CacheFigures",
+    "ChainEntry",
+    "DivergenceLocation",
+    "GroupTotals",
     "LabelCount",
+    "MissReasonRow",
+    "MissReasonTotal",
+    "NormalizationGains",
     "Overview",
     "PrefixRow",
     "RequestRow",
     "StatsRow",
     "bucket_floor",
+    "divergence_locations",
+    "iter_chains",
     "label_counts",
+    "miss_examples",
+    "miss_reason_totals",
+    "miss_reasons_over_time",
     "models",
+    "normalization_gains",
     "overview",
+    "prefix_labels",
     "recent_requests",
     "request_detail",
     "rule_counts",
     "stats",
     "tenants",
     "top_prefixes",
+    "totals_by",
     "upstreams",
 ]

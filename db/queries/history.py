@@ -1,6 +1,7 @@
-"""History from the hourly rollups: `stats` (a time series) and `overview` (totals over a range).
+"""History from the hourly rollups: `stats` (a time series), `overview` (totals over a range) and `totals_by` (totals
+over a range per tenant, model or upstream).
 
-Both read only the rollup tables, so their cost depends on hours x groups in the range, not on request count.
+All read only the rollup tables, so their cost depends on hours x groups in the range, not on request count.
 Ranges are whole UTC hours: an hour is counted when its start lies in [floor_hour(since), until).
 """
 
@@ -12,7 +13,7 @@ from typing import Any, Final, Literal
 
 from db.dialect import bucket_index
 from db.queries.labels import label_counts
-from db.queries.results import Overview, StatsRow
+from db.queries.results import GroupTotals, Overview, StatsRow
 from db.queries.totals import (
     BINS,
     ROLLUPS,
@@ -45,7 +46,7 @@ BUCKETS: Final[dict[str, timedelta]] = {
 _WEEK_OFFSET_S: Final = 4 * 86400
 
 
-def _bucket_geometry(bucket: str) -> tuple[int, int]:
+def bucket_geometry(bucket: str) -> tuple[int, int]:
     """`(size_s, offset_s)`: bucket n covers [n * size_s + offset_s, (n + 1) * size_s + offset_s) in epoch seconds."""
     if bucket not in BUCKETS:
         raise ValueError(f"unknown bucket {bucket!r}; choose one of {', '.join(BUCKETS)}")
@@ -55,12 +56,13 @@ def _bucket_geometry(bucket: str) -> tuple[int, int]:
 
 def bucket_floor(moment: datetime, bucket: str) -> datetime:
     """The start of the `bucket`-sized UTC interval containing `moment` (days at midnight, weeks on Monday)."""
-    size_s, offset_s = _bucket_geometry(bucket)
+    size_s, offset_s = bucket_geometry(bucket)
     index = (int(as_utc(moment).timestamp()) - offset_s) // size_s
     return datetime.fromtimestamp(index * size_s + offset_s, UTC)
 
 
-def _range(since: datetime, until: datetime | None) -> tuple[datetime, datetime]:
+def query_range(since: datetime, until: datetime | None) -> tuple[datetime, datetime]:
+    """`(floor_hour(since), until or now)`: the whole-hour range the rollup queries cover."""
     return floor_hour(since), as_utc(until) if until is not None else utc_now()
 
 
@@ -79,8 +81,8 @@ def stats(
     """
     if group_by is not None and group_by not in GROUP_BY_CHOICES:
         raise ValueError(f"group_by must be one of {GROUP_BY_CHOICES} or None, got {group_by!r}")
-    size_s, offset_s = _bucket_geometry(bucket)
-    start, end = _range(since, until)
+    size_s, offset_s = bucket_geometry(bucket)
+    start, end = query_range(since, until)
     groups: dict[tuple[datetime, str | None], Totals] = defaultdict(Totals)
 
     def group_columns(table: Any) -> list[Any]:
@@ -115,7 +117,7 @@ def overview(
     model: str | None = None,
 ) -> Overview:
     """Totals over [since, until) (`until` defaults to now), optionally for one tenant and/or model."""
-    start, end = _range(since, until)
+    start, end = query_range(since, until)
     totals = Totals()
     for row in summed_rollups(conn, rollup_filters(ROLLUPS, start, end, tenant=tenant, model=model), []):
         totals.add_sums(row)
@@ -130,3 +132,34 @@ def overview(
         error_types={item.value: item.requests for item in error_types},
         **totals.figures(),
     )
+
+
+def totals_by(
+    conn: Reader,
+    since: datetime,
+    until: datetime | None = None,
+    group_by: GroupBy = "tenant",
+    tenant: str | None = None,
+    quantiles: bool = True,
+) -> list[GroupTotals]:
+    """Totals over [since, until) for each tenant, model or upstream with requests in the range, by group name.
+
+    One query over `hourly_rollups` whatever the number of groups, plus one over the TTFT bins for the quantiles
+    (`quantiles=False` skips it and leaves the TTFT quantiles None, e.g. when only token counts are wanted).
+    """
+    if group_by not in GROUP_BY_CHOICES:
+        raise ValueError(f"group_by must be one of {GROUP_BY_CHOICES}, got {group_by!r}")
+    start, end = query_range(since, until)
+    groups: dict[str, Totals] = defaultdict(Totals)
+    for row in summed_rollups(
+        conn, rollup_filters(ROLLUPS, start, end, tenant=tenant), [ROLLUPS.c[group_by].label("grp")]
+    ):
+        groups[row["grp"]].add_sums(row)
+    if quantiles:
+        for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant), [BINS.c[group_by].label("grp")]):
+            groups[row["grp"]].add_bin(row["cache_state"], row["bin"], row["requests"])
+    return [
+        GroupTotals(group=name, **totals.figures())
+        for name, totals in sorted(groups.items())
+        if totals.sums["requests"] > 0
+    ]

@@ -1,4 +1,4 @@
-"""Queries over individual request rows: the explorer's list, one request in full, prefix reuse.
+"""Queries over individual request rows: the explorer's list and one request in full.
 
 Each is served by an index on `requests` that leads with the filtered column and ends with `created_at`.
 """
@@ -6,22 +6,23 @@ Each is served by an index on `requests` that leads with the filtered column and
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from sqlalchemy import ColumnElement, Row, case, func, select
+from sqlalchemy import ColumnElement, Row, select
 
 from db.models import RequestRecordRow, table_of
-from db.queries.results import PrefixRow, RequestRow
+from db.queries.results import RequestRow
 from db.queries.totals import Reader
 from db.records import RequestRecord
 from db.store import CHAINS, row_to_chain, row_to_record
-from db.timeutil import as_utc, utc_now
+from db.timeutil import as_utc
 
 REQUESTS = table_of(RequestRecordRow)
-_LISTED_COLUMNS = [column for column in REQUESTS.c if column.name != "prompt_text"]
+LISTED_COLUMNS = [column for column in REQUESTS.c if column.name != "prompt_text"]
 
 
-def _row(row: Row[Any]) -> RequestRow:
+def request_row(row: Row[Any]) -> RequestRow:
+    """A `RequestRow` from a result row of `LISTED_COLUMNS`."""
     values = dict(row._mapping)
     values["request_id"] = values.pop("id")
     values["stream"] = bool(values["stream"])
@@ -40,6 +41,7 @@ def recent_requests(
     until: datetime | None = None,
     upstream: str | None = None,
     prefix_hash: str | None = None,
+    miss_reason: str | None = None,
 ) -> list[RequestRow]:
     """The newest requests matching every given filter, newest first.
 
@@ -53,6 +55,7 @@ def recent_requests(
         ("miss_kind", miss_kind),
         ("upstream", upstream),
         ("prefix_hash", prefix_hash),
+        ("miss_reason", miss_reason),
     ):
         if value is not None:
             clauses.append(REQUESTS.c[column] == value)
@@ -65,12 +68,12 @@ def recent_requests(
     if until is not None:
         clauses.append(REQUESTS.c.created_at < as_utc(until))
     stmt = (
-        select(*_LISTED_COLUMNS)
+        select(*LISTED_COLUMNS)
         .where(*clauses)
         .order_by(REQUESTS.c.created_at.desc(), REQUESTS.c.id.desc())
         .limit(max(0, limit))
     )
-    return [_row(row) for row in conn.execute(stmt)]
+    return [request_row(row) for row in conn.execute(stmt)]
 
 
 def request_detail(conn: Reader, request_id: str) -> RequestRecord | None:
@@ -80,60 +83,3 @@ def request_detail(conn: Reader, request_id: str) -> RequestRecord | None:
         return None
     chain_row = conn.execute(select(CHAINS).where(CHAINS.c.request_id == request_id)).first()
     return row_to_record(row, None if chain_row is None else row_to_chain(chain_row))
-
-
-def top_prefixes(
-    conn: Reader,
-    since: datetime,
-    until: datetime | None = None,
-    limit: int = 20,
-    tenant: str | None = None,
-    order_by: Literal["requests", "cached_tokens"] = "requests",
-) -> list[PrefixRow]:
-    """The most reused prompt prefixes in [since, until): requests, hits and cached tokens per `prefix_hash`.
-
-    A prefix with many requests and few hits is one whose cache keeps being invalidated: the first place to look.
-    """
-    if order_by not in ("requests", "cached_tokens"):
-        raise ValueError(f"order_by must be 'requests' or 'cached_tokens', got {order_by!r}")
-    end = as_utc(until) if until is not None else utc_now()
-    requests = func.count().label("requests")
-    hits = func.sum(case((REQUESTS.c.cached_tokens > 0, 1), else_=0)).label("requests_with_hit")
-    cached = func.coalesce(func.sum(REQUESTS.c.cached_tokens), 0).label("cached_tokens")
-    prompt = func.coalesce(func.sum(REQUESTS.c.prompt_tokens), 0).label("prompt_tokens")
-    first_seen = func.min(REQUESTS.c.created_at).label("first_seen")
-    last_seen = func.max(REQUESTS.c.created_at).label("last_seen")
-    clauses: list[ColumnElement[bool]] = [
-        REQUESTS.c.prefix_hash.is_not(None),
-        REQUESTS.c.created_at >= as_utc(since),
-        REQUESTS.c.created_at < end,
-    ]
-    if tenant is not None:
-        clauses.append(REQUESTS.c.tenant == tenant)
-    primary, secondary = (requests, cached) if order_by == "requests" else (cached, requests)
-    stmt = (
-        select(REQUESTS.c.prefix_hash, requests, hits, cached, prompt, first_seen, last_seen)
-        .where(*clauses)
-        .group_by(REQUESTS.c.prefix_hash)
-        .order_by(primary.desc(), secondary.desc(), REQUESTS.c.prefix_hash)
-        .limit(max(0, limit))
-    )
-    return [
-        PrefixRow(
-            prefix_hash=row.prefix_hash,
-            requests=int(row.requests),
-            requests_with_hit=int(row.requests_with_hit or 0),
-            prompt_tokens=int(row.prompt_tokens),
-            cached_tokens=int(row.cached_tokens),
-            # min/max are expressions, so the UTC type does not apply: normalise here.
-            first_seen=_moment(row.first_seen),
-            last_seen=_moment(row.last_seen),
-        )
-        for row in conn.execute(stmt)
-    ]
-
-
-def _moment(value: datetime | str) -> datetime:
-    if isinstance(value, str):  # SQLite returns aggregate results over timestamps as text
-        return as_utc(datetime.fromisoformat(value))
-    return as_utc(value)

@@ -139,6 +139,15 @@ class MissReasonRow:
 
 
 @dataclass(frozen=True)
+class MissReasonTotal:
+    """`miss_reason_totals`: requests and recomputed tokens with one miss reason over a range."""
+
+    reason: str
+    requests: int
+    recomputed_tokens: int
+
+
+@dataclass(frozen=True)
 class DivergenceLocation:
     """`divergence_locations`: how often prompts first differed from the cached prefix at one place.
 

@@ -267,3 +267,59 @@ async def test_queries_run_from_async_code(db_url: str, data: dict[str, RequestR
         assert overview.requests_with_hit == 4
     finally:
         await engine.dispose()
+
+
+def test_top_prefixes_counts_whole_hours_of_the_rollup(conn: Connection) -> None:
+    # Since is floored to its hour (as in every rollup query): r1 at 12:00 counts from 12:59 on as well.
+    late_start = queries.top_prefixes(conn, T0 + timedelta(minutes=59), T0 + timedelta(hours=2))
+    assert [(row.prefix_hash, row.requests) for row in late_start] == [(P1, 3), (P2, 1), (P3, 1)]
+    next_hour = queries.top_prefixes(conn, T0 + timedelta(hours=1), T0 + timedelta(hours=2))
+    assert [(row.prefix_hash, row.requests, row.first_seen) for row in next_hour] == [
+        (P1, 1, T0 + timedelta(minutes=65))
+    ]
+    assert queries.top_prefixes(conn, SINCE, UNTIL, limit=0) == []
+    with pytest.raises(ValueError):
+        queries.top_prefixes(conn, SINCE, UNTIL, order_by="prompt_tokens")  # type: ignore[arg-type]
+
+
+def test_prefix_labels_come_from_the_newest_stored_prompt(
+    db_url: str, conn: Connection, make_record: Callable[..., RequestRecord]
+) -> None:
+    assert queries.prefix_labels(conn, [P1, P2, P3, "unknown"]) == {P3: "hello"}
+    assert queries.prefix_labels(conn, []) == {}
+    engine = create_sync_engine_for(db_url)
+    with engine.begin() as writer:
+        store_records(
+            writer,
+            [
+                make_record(prefix_hash=P1, created_at=T0 + timedelta(minutes=1), prompt_text="older prompt"),
+                make_record(
+                    prefix_hash=P1, created_at=T0 + timedelta(minutes=2), prompt_text="You are\n  a " + "x" * 90
+                ),
+                make_record(prefix_hash=P1, created_at=T0 + timedelta(minutes=3)),  # newest, but no text kept
+            ],
+        )
+    engine.dispose()
+    labels = queries.prefix_labels(conn, [P1, P1, P3])
+    assert labels[P3] == "hello"
+    assert labels[P1] == "You are a " + "x" * 49 + "…" and len(labels[P1]) == 60
+    assert queries.prefix_labels(conn, [P1], max_chars=7) == {P1: "You ar…"}
+
+
+def test_totals_by_group_in_one_pass(conn: Connection) -> None:
+    by_tenant = {row.group: row for row in queries.totals_by(conn, SINCE, UNTIL)}
+    assert list(by_tenant) == ["acme", "globex"]
+    acme, globex = by_tenant["acme"], by_tenant["globex"]
+    assert (acme.requests, acme.prompt_tokens, acme.cached_tokens, acme.requests_with_hit) == (4, 4500, 2656, 3)
+    assert acme.token_hit_rate == pytest.approx(2656 / 4500)
+    assert acme.ttft_hit_mean_ms == pytest.approx(25.0) and acme.ttft_hit_p50_ms is not None
+    assert (globex.requests, globex.error_requests, globex.prompt_tokens, globex.cached_tokens) == (4, 1, 1000, 100)
+    assert globex.request_hit_share == pytest.approx(1 / 2)
+    by_model = queries.totals_by(conn, SINCE, UNTIL, group_by="model", tenant="globex", quantiles=False)
+    assert [(row.group, row.requests, row.prompt_tokens) for row in by_model] == [("m2", 4, 1000)]
+    assert by_model[0].ttft_p50_ms is None and by_model[0].ttft_miss_mean_ms == pytest.approx(150.0)
+    by_upstream = queries.totals_by(conn, SINCE, UNTIL, group_by="upstream")
+    assert [(row.group, row.requests) for row in by_upstream] == [("local", 4), ("vllm", 4)]
+    assert queries.totals_by(conn, T0 + timedelta(days=30), T0 + timedelta(days=31)) == []
+    with pytest.raises(ValueError):
+        queries.totals_by(conn, SINCE, UNTIL, group_by="key_id")  # type: ignore[arg-type]
