@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from db.simulation.trace import Trace, TraceError, TraceRequest
+from db.timeutil import as_utc
 
 if TYPE_CHECKING:
     from db.chains import RequestChain
@@ -28,9 +29,9 @@ ExportItem = tuple[datetime, str, "RequestChain"] | TraceRequest
 
 
 def trace_request_from_chain(created_at: datetime, chain: RequestChain) -> TraceRequest:
-    """A stored request chain as a trace request, timed in seconds since the epoch."""
+    """A stored request chain as a trace request, timed in seconds since the epoch (a naive time is UTC)."""
     return TraceRequest(
-        timestamp_s=created_at.timestamp(),
+        timestamp_s=as_utc(created_at).timestamp(),
         input_length=chain.input_length,
         hash_ids=tuple(chain.hash_ids),
         block_size=chain.block_size,

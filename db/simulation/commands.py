@@ -1,0 +1,188 @@
+"""Handlers of the simulator's CLI commands (registered lazily by `db.simulation.cli`). Each returns an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from db.errors import DatabaseError
+from db.simulation.simulator import POLICIES, SimulationResult, simulate, sweep
+from db.simulation.synthetic import synthetic_trace
+from db.simulation.trace import Trace, TraceRequest
+from db.simulation.trace_io import export_trace as write_trace
+from db.simulation.trace_io import read_trace, trace_request_from_chain
+from db.simulation.units import format_size, format_ttl, parse_list, parse_size, parse_ttl
+from db.timeutil import parse_moment, utc_now
+
+DEFAULT_SINCE = "7d"
+
+
+def _fail(message: str) -> int:
+    print(f"prefixscope: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Report bad options, bad traces and database errors as one line and exit status 2, not a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            return fn(args)
+        except (DatabaseError, ValueError) as exc:
+            return _fail(str(exc))
+        except SQLAlchemyError as exc:
+            return _fail(f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}")
+
+    run.__name__ = fn.__name__
+    return run
+
+
+@contextmanager
+def _stored_chains(args: argparse.Namespace) -> Iterator[Iterator[tuple[datetime, str, Any]]]:
+    """The selected rows of `db.queries.iter_chains`, (created_at, tenant, RequestChain) in time order."""
+    from db import queries
+    from db.config import database_url_from_env
+    from db.engine import create_sync_engine_for
+
+    iter_chains = getattr(queries, "iter_chains", None)
+    if iter_chains is None:
+        raise DatabaseError(
+            "this database layer cannot read request chains yet (no db.queries.iter_chains); use --trace"
+        )
+    now = utc_now()
+    since = parse_moment(args.since or DEFAULT_SINCE, now)
+    until = parse_moment(args.until, now) if args.until else None
+    engine = create_sync_engine_for(database_url_from_env(args.database_url))
+    try:
+        with engine.connect() as conn:
+            yield iter_chains(conn, since, until=until, tenant=args.tenant)
+    finally:
+        engine.dispose()
+
+
+def _load_trace(args: argparse.Namespace) -> Trace:
+    if args.trace is not None:
+        selected = [name for name in ("since", "until", "tenant") if getattr(args, name) is not None]
+        if selected:
+            options = ", ".join(f"--{name}" for name in selected)
+            raise ValueError(f"{options}: only for stored requests; a --trace file is replayed whole")
+        return read_trace(args.trace, page_size=args.page, block_size=args.block_size)
+    with _stored_chains(args) as rows:
+        requests: list[TraceRequest] = [trace_request_from_chain(created_at, chain) for created_at, _, chain in rows]
+    return Trace.from_requests(requests, page_size=args.page)
+
+
+def _policies(text: str) -> list[str]:
+    policies = parse_list(text, lambda item: item.lower())
+    unknown = [policy for policy in policies if policy not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown eviction policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+    return policies
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _table(results: list[SimulationResult]) -> str:
+    headers = ["CAPACITY", "POLICY", "TTL", "TOKEN HIT", "BLOCK HIT", "REQ HIT", "EVICTED", "EXPIRED"]
+    rows = [
+        [
+            format_size(result.capacity_tokens),
+            result.policy,
+            format_ttl(result.ttl_s),
+            _pct(result.token_hit_rate),
+            _pct(result.block_hit_rate),
+            _pct(result.request_hit_share),
+            f"{result.evicted_blocks:,}",
+            f"{result.expired_blocks:,}",
+        ]
+        for result in results
+    ]
+    widths = [max(len(headers[i]), *(len(row[i]) for row in rows)) for i in range(len(headers))]
+    lines = [headers, *rows]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
+
+
+def _describe(trace: Trace) -> dict[str, int]:
+    return {
+        "requests": trace.num_requests,
+        "blocks": trace.num_blocks,
+        "block_size": trace.block_size,
+        "prompt_tokens": trace.prompt_tokens,
+        "approximate_chains": trace.num_approximate,
+    }
+
+
+@_guarded
+def simulate_command(args: argparse.Namespace) -> int:
+    capacities = parse_list(args.capacity, parse_size)
+    policies = _policies(args.policy)
+    ttls = parse_list(args.ttl, parse_ttl)
+    trace = _load_trace(args)
+    if trace.num_requests == 0:
+        if args.json:
+            print(json.dumps({"trace": _describe(trace), "results": []}, indent=2))
+        else:
+            print("no request chains to replay")
+        return 0
+    results = sweep(trace, capacities, policies, ttls)
+    if args.json:
+        print(json.dumps({"trace": _describe(trace), "results": [result.to_dict() for result in results]}, indent=2))
+        return 0
+    approximate = f", {trace.num_approximate:,} of them approximate" if trace.num_approximate else ""
+    print(
+        f"{trace.num_requests:,} requests{approximate}, {trace.num_blocks:,} blocks of {trace.block_size} tokens, "
+        f"{trace.prompt_tokens:,} prompt tokens"
+    )
+    print(_table(results))
+    return 0
+
+
+@_guarded
+def export_trace_command(args: argparse.Namespace) -> int:
+    with _stored_chains(args) as rows:
+        if args.out == "-":
+            written = write_trace(rows, sys.stdout)
+            return 0
+        written = write_trace(rows, args.out)
+    print(f"wrote {written:,} requests to {args.out}")
+    return 0
+
+
+@_guarded
+def bench_simulate(args: argparse.Namespace) -> int:
+    capacity = parse_size(args.capacity)
+    ttl_s = parse_ttl(args.ttl)
+    started = time.perf_counter()
+    trace = Trace.from_requests(synthetic_trace(args.blocks, seed=args.seed))
+    figures: dict[str, Any] = {
+        "blocks": trace.num_blocks,
+        "requests": trace.num_requests,
+        "block_size": trace.block_size,
+        "capacity_tokens": capacity,
+        "ttl_s": ttl_s,
+        "generate_s": round(time.perf_counter() - started, 3),
+        "policies": {},
+    }
+    for policy in POLICIES:
+        started = time.perf_counter()
+        result = simulate(trace, capacity, policy, ttl_s)
+        seconds = time.perf_counter() - started
+        figures["policies"][policy] = {
+            "seconds": round(seconds, 3),
+            "blocks_per_s": round(trace.num_blocks / seconds) if seconds else None,
+            "token_hit_rate": round(result.token_hit_rate or 0.0, 4),
+        }
+    print(json.dumps(figures, indent=2))
+    return 0
