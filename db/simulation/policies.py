@@ -1,10 +1,11 @@
 """The replay loops, one per eviction policy. `db.simulation.simulator` documents the cache model they share.
 
 Each loop does, per request in time order: drop blocks idle for more than the TTL; count the leading cached blocks
-(the hit); keep the request's first `capacity` blocks (its "admitted" blocks) and drop any deeper ones still cached;
-evict, by the policy, as many blocks outside the admitted ones as the missing admitted blocks need; insert and touch
-the admitted blocks from the deepest to the first, so that among one request's blocks the deepest counts as the
-oldest (evicted first, as an engine frees a radix tree's leaves first). Everything is plain ints in dicts, an
+(the hit); take the request's first `capacity` blocks (its "admitted" blocks, all of them unless the request is longer
+than the cache); evict, by the policy, as many blocks outside the admitted ones as the missing admitted blocks need
+(for a request longer than the cache that is every other block, its own deeper ones included); insert and touch the
+admitted blocks from the deepest to the first, so that among one request's blocks the deepest counts as the oldest
+(evicted first, as an engine frees a radix tree's leaves first). Everything is plain ints in dicts, an
 OrderedDict in recency or insertion order, and for `optimal` a heap of ints with lazy deletion.
 """
 
@@ -80,9 +81,6 @@ def replay_lru(trace: Trace, capacity: int, ttl_s: float | None) -> ReplayCounts
             hit_tokens += min(hits * size, lengths[request])
             hit_requests += 1
         admitted = min(end, start + capacity)
-        for position in range(admitted, end):
-            if cache.pop(hashes[position], None) is not None:
-                evicted += 1
         missing = sum(1 for position in range(start, admitted) if hashes[position] not in cache)
         need = len(cache) + missing - capacity
         if need > 0:
@@ -125,11 +123,6 @@ def replay_fifo(trace: Trace, capacity: int, ttl_s: float | None) -> ReplayCount
             hit_tokens += min(hits * size, lengths[request])
             hit_requests += 1
         admitted = min(end, start + capacity)
-        for position in range(admitted, end):
-            if hashes[position] in cache:
-                del cache[hashes[position]]
-                touched.pop(hashes[position], None)
-                evicted += 1
         missing = sum(1 for position in range(start, admitted) if hashes[position] not in cache)
         need = len(cache) + missing - capacity
         if need > 0:
@@ -189,10 +182,6 @@ def replay_optimal(trace: Trace, capacity: int, ttl_s: float | None, next_use: N
             hit_tokens += min(hits * size, lengths[request])
             hit_requests += 1
         admitted = min(end, start + capacity)
-        for position in range(admitted, end):
-            if current.pop(hashes[position], None) is not None:
-                touched.pop(hashes[position], None)
-                evicted += 1
         missing = sum(1 for position in range(start, admitted) if hashes[position] not in current)
         need = len(current) + missing - capacity
         if need > 0:
