@@ -40,6 +40,12 @@ def add_demo_data_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--rows", type=int, default=100_000, help="requests to generate (default 100000)")
     parser.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same rows")
     parser.add_argument("--days", type=int, default=14, help="spread the requests over this many days before now")
+    parser.add_argument(
+        "--chain-share",
+        type=float,
+        default=0.02,
+        help="share of requests stored with their block hash chain, for the what-if simulator (default 0.02)",
+    )
     parser.set_defaults(handler=run_demo_data)
     return parser
 

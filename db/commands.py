@@ -134,7 +134,7 @@ def db_revision(args: argparse.Namespace) -> int:
 def demo_data(args: argparse.Namespace) -> int:
     from db.demo_data import write_demo_data
 
-    result = write_demo_data(_url(args), rows=args.rows, seed=args.seed, days=args.days)
+    result = write_demo_data(_url(args), rows=args.rows, seed=args.seed, days=args.days, chain_share=args.chain_share)
     print(
         f"wrote {result.rows} demo requests for {len(result.tenants)} tenants "
         f"from {result.since:%Y-%m-%d %H:%M} to {result.until:%Y-%m-%d %H:%M} UTC in {result.seconds:.1f}s"

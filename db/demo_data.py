@@ -1,11 +1,13 @@
 """Realistic request history for demos, dashboards and load checks: `write_demo_data(url, rows, seed)`.
 
-Several tenants with their own traffic shapes: a support bot whose long system prompt is reused (high hit rate),
-an agent whose tool schemas are reordered unless normalized (partial hits), a tenant that puts a timestamp in its
-system prompt (cold misses), a batch tenant whose prefixes get evicted or expire, and an upstream that does not
-report cached tokens. Rows are generated in time order over the last `days` days with a daily rhythm, inserted in
-bulk through the same code as the live writer (so the rollups agree with the rows), and seeded: the same
-arguments give the same data.
+Several tenants with their own traffic shapes (`db.demo_outcomes`): a support bot whose long system prompt is reused
+(high hit rate), an agent whose tool schemas are reordered unless normalized (partial hits), a tenant that puts a
+timestamp in its system prompt (cold misses), a batch tenant whose prefixes get evicted or expire, and an upstream
+that does not report cached tokens. Every request with known cache figures says why it missed and where it diverged;
+a sample has its normalization gain measured, and a share (`chain_share`) carries its block hash chain, whose shared
+prefixes let a cache simulator replay them. Rows are generated in time order over the last `days` days with a daily
+rhythm, inserted in bulk through the same code as the live writer (so the rollups agree with the rows), and seeded:
+the same arguments give the same data.
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from db.demo_outcomes import (
+    TENANTS,
+    ChainBuilder,
+    TenantProfile,
+    cache_outcome,
+    normalization_gain,
+    prefix_tokens_of,
+)
 from db.engine import create_sync_engine_for
 from db.migrate import upgrade
 from db.records import RequestRecord
@@ -28,53 +38,14 @@ from db.timeutil import as_utc, utc_now
 _RULES = ("canonical_tool_order", "canonical_json_keys", "newline_normalization", "strip_bom")
 _HOIST = "hoist_volatile_values"
 _ERRORS = ((429, "rate_limited"), (500, "upstream_error"), (502, "bad_gateway"), (504, "upstream_timeout"))
+# Share of requests whose normalization gain is measured by a dry-run match of the un-normalized request.
+_GAIN_SAMPLE_RATE = 0.1
+# Default share of requests recorded with their block hash chain.
+DEFAULT_CHAIN_SHARE = 0.02
+# Upstreams that return real token-block hashes; for the others the gateway hashes text chunks (approximate chains).
+_EXACT_CHAIN_UPSTREAMS = {"local-engine"}
 
 
-@dataclass(frozen=True)
-class _TenantProfile:
-    name: str
-    weight: float
-    models: tuple[str, ...]
-    num_prefixes: int
-    prefix_tokens: tuple[int, int]  # range of shared-prefix lengths
-    hit_rate: float  # chance a request finds its prefix cached
-    partial_rate: float  # among hits, chance the prompt diverged inside the prefix
-    lost_kind: str  # why a known prefix missed: cold, evicted or expired
-    rules_rate: float
-    stores_prompts: bool = False
-
-
-# fmt: off
-_TENANTS = (
-    # A support bot: one long system prompt, almost always cached; stores prompts for the explorer.
-    _TenantProfile(
-        name="acme-support", weight=0.35, models=("smollm2-135m-instruct",), num_prefixes=8,
-        prefix_tokens=(1500, 3000), hit_rate=0.92, partial_rate=0.03, lost_kind="evicted", rules_rate=0.3,
-        stores_prompts=True,
-    ),
-    # Agents whose tool schemas arrive reordered: many partial hits.
-    _TenantProfile(
-        name="globex-agents", weight=0.25, models=("llama-3.1-8b-instruct", "smollm2-135m-instruct"),
-        num_prefixes=40, prefix_tokens=(2500, 6000), hit_rate=0.75, partial_rate=0.35, lost_kind="evicted",
-        rules_rate=0.8,
-    ),
-    # RAG over many documents: prefixes expire before they are reused.
-    _TenantProfile(
-        name="initech-rag", weight=0.2, models=("qwen2.5-7b-instruct",), num_prefixes=200,
-        prefix_tokens=(800, 4000), hit_rate=0.45, partial_rate=0.1, lost_kind="expired", rules_rate=0.2,
-    ),
-    # A timestamp in the system prompt: cold misses unless the hoisting rule is on.
-    _TenantProfile(
-        name="umbrella-timestamps", weight=0.12, models=("llama-3.1-8b-instruct",), num_prefixes=15,
-        prefix_tokens=(1000, 2000), hit_rate=0.08, partial_rate=0.5, lost_kind="cold", rules_rate=0.1,
-    ),
-    # Batch jobs on a hosted API that does not report cached tokens.
-    _TenantProfile(
-        name="hooli-batch", weight=0.08, models=("gpt-4o-mini",), num_prefixes=30, prefix_tokens=(500, 1500),
-        hit_rate=0.6, partial_rate=0.1, lost_kind="expired", rules_rate=0.0,
-    ),
-)
-# fmt: on
 # Which server hosts each model; "hosted-openai" does not report cached tokens to prefixscope here.
 _UPSTREAMS = {
     "smollm2-135m-instruct": ("local-engine",),
@@ -114,82 +85,80 @@ def _prefix_hash(tenant: str, index: int) -> str:
     return hashlib.sha256(f"{tenant}/prefix/{index}".encode()).hexdigest()[:32]
 
 
-def _record(rng: random.Random, created_at: datetime, profile: _TenantProfile, request_index: int) -> RequestRecord:
-    model = rng.choice(profile.models)
-    upstream = rng.choice(_UPSTREAMS[model])
-    # Zipf-like prefix popularity: a few system prompts carry most of the traffic.
-    prefix_index = min(int(rng.paretovariate(1.2)) - 1, profile.num_prefixes - 1)
-    prefix_tokens = rng.randint(*profile.prefix_tokens) // 16 * 16
-    prompt_tokens = prefix_tokens + rng.randint(20, 600)
-    completion_tokens = rng.randint(5, 400)
-    rules = tuple(rule for rule in _RULES if rng.random() < profile.rules_rate)
-    if profile.name == "umbrella-timestamps" and rng.random() < 0.1:
-        rules += (_HOIST,)
-    common: dict[str, Any] = {
-        "request_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
-        "created_at": created_at,
-        "tenant": profile.name,
-        "key_id": f"{hashlib.sha256(profile.name.encode()).hexdigest()[:10]}{request_index % 2:02d}",
-        "endpoint": "chat.completions" if rng.random() < 0.93 else "completions",
-        "model": model,
-        "upstream": upstream,
-        "stream": rng.random() < 0.6,
-        "applied_rules": rules,
-        "prefix_hash": _prefix_hash(profile.name, prefix_index),
-    }
-    if rng.random() < 0.015:
-        status_code, error_type = rng.choice(_ERRORS)
-        return RequestRecord(
-            **common,
-            status_code=status_code,
-            error_type=error_type,
-            prompt_tokens=None,
-            cached_tokens=None,
-            completion_tokens=None,
-            ttft_ms=None,
-            latency_ms=rng.uniform(5, 30_000),
-        )
-    cached_tokens: int | None
-    diverged: int | None = None
-    if upstream in _UNREPORTED_UPSTREAMS:
-        cached_tokens, miss_kind = None, None
-    elif rng.random() < profile.hit_rate or _HOIST in rules:
-        if rng.random() < 0.04:
-            # An exact repeat (a retry): all but the last token, page-aligned, comes from cache.
-            cached_tokens, miss_kind = (prompt_tokens - 1) // 16 * 16, "hit"
-        elif rng.random() < profile.partial_rate:
-            # Diverged inside the shared prefix (a reordered tool, a changed date): only its start was reused.
-            cached_tokens = rng.randint(1, max(1, prefix_tokens // 16 - 1)) * 16
-            miss_kind, diverged = "partial", cached_tokens + rng.randint(0, 15)
-        else:
-            # The usual reuse: the shared prefix from cache, the new turn prefilled.
-            cached_tokens, miss_kind, diverged = prefix_tokens, "partial", prefix_tokens
-    else:
-        miss_kind = profile.lost_kind if rng.random() < 0.7 else "cold"
-        # An evicted or expired prefix may still have its first pages in cache.
-        keeps_start = miss_kind != "cold" and rng.random() < 0.3
-        cached_tokens = rng.randint(1, max(1, prefix_tokens // 32)) * 16 if keeps_start else 0
-        diverged = cached_tokens
-    uncached = prompt_tokens - (cached_tokens or 0)
-    # Prefill dominates TTFT and is roughly linear in uncached tokens; log-normal noise for queueing.
-    ttft_ms = (12.0 + 0.09 * uncached) * rng.lognormvariate(0.0, 0.25)
-    latency_ms = ttft_ms + completion_tokens * rng.uniform(6.0, 14.0)
-    prompt_text = None
-    if profile.stores_prompts and rng.random() < 0.05:
-        prompt_text = f"[system prompt {prefix_index}] ... user question #{request_index}"
-    return RequestRecord(
-        **common,
-        status_code=200,
-        error_type=None,
-        prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens,
-        completion_tokens=completion_tokens,
-        ttft_ms=ttft_ms,
-        latency_ms=latency_ms,
-        miss_kind=miss_kind,
-        prompt_text=prompt_text,
-        diverged_at_token=diverged,
-    )
+class _Generator:
+    """Builds demo records from one seeded random stream (chains from another, so that the share of requests with
+    a chain changes nothing else)."""
+
+    def __init__(self, seed: int, chain_share: float) -> None:
+        self.rng = random.Random(seed)
+        self.chain_share = chain_share
+        self.chain_rng = random.Random(f"chain-sample/{seed}")
+        self.chains = ChainBuilder(seed)
+
+    def record(self, created_at: datetime, profile: TenantProfile, request_index: int) -> RequestRecord:
+        rng = self.rng
+        model = rng.choice(profile.models)
+        upstream = rng.choice(_UPSTREAMS[model])
+        # Zipf-like prefix popularity: a few system prompts carry most of the traffic.
+        prefix_index = min(int(rng.paretovariate(1.2)) - 1, profile.num_prefixes - 1)
+        prefix_tokens = prefix_tokens_of(profile, prefix_index)
+        prompt_tokens = prefix_tokens + rng.randint(20, 600)
+        completion_tokens = rng.randint(5, 400)
+        rules = tuple(rule for rule in _RULES if rng.random() < profile.rules_rate)
+        if profile.name == "umbrella-timestamps" and rng.random() < 0.1:
+            rules += (_HOIST,)
+        common: dict[str, Any] = {
+            "request_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+            "created_at": created_at,
+            "tenant": profile.name,
+            "key_id": f"{hashlib.sha256(profile.name.encode()).hexdigest()[:10]}{request_index % 2:02d}",
+            "endpoint": "chat.completions" if rng.random() < 0.93 else "completions",
+            "model": model,
+            "upstream": upstream,
+            "stream": rng.random() < 0.6,
+            "applied_rules": rules,
+            "prefix_hash": _prefix_hash(profile.name, prefix_index),
+        }
+        if rng.random() < 0.015:
+            status_code, error_type = rng.choice(_ERRORS)
+            return RequestRecord(
+                **common,
+                status_code=status_code,
+                error_type=error_type,
+                prompt_tokens=None,
+                cached_tokens=None,
+                completion_tokens=None,
+                ttft_ms=None,
+                latency_ms=rng.uniform(5, 30_000),
+            )
+        prefix_key = f"{profile.name}/{model}/{prefix_index}"
+        outcome = cache_outcome(rng, profile, prefix_key, prefix_tokens, prompt_tokens, _HOIST in rules)
+        explained: dict[str, Any] = {}
+        if upstream not in _UNREPORTED_UPSTREAMS:
+            explained = outcome.record_fields()
+            if rng.random() < _GAIN_SAMPLE_RATE:
+                explained["normalization_gain_tokens"] = normalization_gain(rng, profile, outcome, rules)
+        # Prefill dominates TTFT and is roughly linear in uncached tokens; log-normal noise for queueing.
+        uncached = prompt_tokens - outcome.cached_tokens
+        ttft_ms = (12.0 + 0.09 * uncached) * rng.lognormvariate(0.0, 0.25)
+        latency_ms = ttft_ms + completion_tokens * rng.uniform(6.0, 14.0)
+        prompt_text = None
+        if profile.stores_prompts and rng.random() < 0.05:
+            prompt_text = f"[system prompt {prefix_index}] ... user question #{request_index}"
+        if self.chain_rng.random() < self.chain_share:
+            approximate = upstream not in _EXACT_CHAIN_UPSTREAMS
+            explained["chain"] = self.chains.chain(prefix_key, prefix_tokens, prompt_tokens, outcome, approximate)
+        reported: dict[str, Any] = {
+            "status_code": 200,
+            "error_type": None,
+            "prompt_tokens": prompt_tokens,
+            "cached_tokens": None,  # unless the upstream reports it (then `explained` holds the figure)
+            "completion_tokens": completion_tokens,
+            "ttft_ms": ttft_ms,
+            "latency_ms": latency_ms,
+            "prompt_text": prompt_text,
+        }
+        return RequestRecord(**common, **(reported | explained))
 
 
 def write_demo_data(
@@ -199,30 +168,35 @@ def write_demo_data(
     days: int = 14,
     now: datetime | None = None,
     batch_size: int = 20_000,
+    chain_share: float = DEFAULT_CHAIN_SHARE,
 ) -> DemoDataResult:
-    """Migrate the database at `url` and add `rows` requests over the `days` days before `now`.
+    """Migrate the database at `url` and add `rows` requests over the `days` days before `now`, a `chain_share` of
+    them with their block hash chain.
 
     Request ids derive from `seed`; writing the same seed twice into one database adds nothing the second time.
     """
     if rows < 0 or days < 1:
         raise ValueError("rows must be >= 0 and days >= 1")
+    if not 0.0 <= chain_share <= 1.0:
+        raise ValueError("chain_share must be between 0 and 1")
     started = time.perf_counter()
     upgrade(url)
-    rng = random.Random(seed)
+    generator = _Generator(seed, chain_share)
+    rng = generator.rng
     until = as_utc(now) if now is not None else utc_now()
     since = until - timedelta(days=days)
-    weights = [profile.weight for profile in _TENANTS]
+    weights = [profile.weight for profile in TENANTS]
     engine = create_sync_engine_for(url)
     try:
         with engine.begin() as conn:
-            for profile in _TENANTS:
+            for profile in TENANTS:
                 ensure_tenant(conn, profile.name, {"store_prompts": profile.stores_prompts})
         stamps = _timestamps(rng, rows, since, days)
         for start in range(0, rows, batch_size):
             chunk = stamps[start : start + batch_size]
-            profiles = rng.choices(_TENANTS, weights=weights, k=len(chunk))
+            profiles = rng.choices(TENANTS, weights=weights, k=len(chunk))
             records = [
-                _record(rng, created_at, profile, start + offset)
+                generator.record(created_at, profile, start + offset)
                 for offset, (created_at, profile) in enumerate(zip(chunk, profiles, strict=True))
             ]
             with engine.begin() as conn:
@@ -231,7 +205,7 @@ def write_demo_data(
         engine.dispose()
     return DemoDataResult(
         rows=rows,
-        tenants=tuple(profile.name for profile in _TENANTS),
+        tenants=tuple(profile.name for profile in TENANTS),
         since=since,
         until=until,
         seconds=time.perf_counter() - started,

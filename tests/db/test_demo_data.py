@@ -5,10 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
+import pytest
+
 from db import queries
 from db.demo_data import write_demo_data
 from db.engine import create_sync_engine_for
-from db.records import MISS_KINDS
+from db.records import MISS_KINDS, MISS_REASONS
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -41,3 +43,44 @@ def test_demo_data_is_varied_seeded_and_consistent(empty_db_url: str, db_helpers
     # Same seed: the same ids, so writing again adds nothing.
     write_demo_data(empty_db_url, rows=3000, seed=3, days=3, now=NOW)
     assert len(db_helpers.stored_ids(empty_db_url)) == 3000
+
+
+def test_demo_data_explains_misses_and_records_replayable_chains(empty_db_url: str) -> None:
+    write_demo_data(empty_db_url, rows=4000, seed=5, days=2, now=NOW, chain_share=0.05)
+    since = NOW - timedelta(days=2)
+    engine = create_sync_engine_for(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            reasons = {row.reason: row for row in queries.miss_reason_totals(conn, since, NOW)}
+            assert set(reasons) <= set(MISS_REASONS) and len(reasons) >= 7
+            explained = sum(row.requests for row in reasons.values())
+            assert 0.4 < reasons["hit"].requests / explained < 0.8  # most requests reuse their prefix
+            assert reasons["hit"].recomputed_tokens == 0 and reasons["evicted"].recomputed_tokens > 0
+            locations = queries.divergence_locations(conn, since, NOW, limit=50)
+            segments = {location.segment for location in locations}
+            assert {"system", "tools"} <= segments
+            assert all(s in ("system", "tools") or s.startswith("messages[") for s in segments)
+            example = queries.miss_examples(conn, "reordered", since, NOW, limit=1)[0]
+            assert example.divergence_segment == "tools" and example.recomputed_tokens
+            gains = queries.normalization_gains(conn, since, NOW)
+            assert 0 < gains.requests_with_gain < gains.sampled_requests < 4000 * 0.2
+            chains = list(queries.iter_chains(conn, since))
+    finally:
+        engine.dispose()
+    assert 4000 * 0.03 < len(chains) < 4000 * 0.07
+    assert all(len(chain.hash_ids) == chain.input_length // chain.block_size for _, _, chain in chains)
+    assert {chain.approximate for _, _, chain in chains} == {False, True}
+    # Shared prefixes: an unbounded cache replaying the chains in order serves most blocks from cache.
+    seen: set[int] = set()
+    reused = total = 0
+    for _, _, chain in chains:
+        for block in chain.hash_ids:
+            reused += block in seen
+            total += 1
+            seen.add(block)
+    assert 0.3 < reused / total < 0.95
+
+
+def test_demo_data_refuses_a_bad_chain_share(empty_db_url: str) -> None:
+    with pytest.raises(ValueError):
+        write_demo_data(empty_db_url, rows=10, chain_share=1.5)
