@@ -9,6 +9,7 @@ only under `tree_lock`, which the HTTP side also takes for its read-only cache v
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -25,6 +26,9 @@ from local_engine.model_loader import LoadedModel
 from local_engine.model_runner import ModelRunner
 from local_engine.sampling import Sampler
 from local_engine.sequence import Sequence
+
+
+log = logging.getLogger(__name__)
 
 
 class _Deferred(Exception):
@@ -144,6 +148,8 @@ class Engine:
         except _Deferred:
             raise
         except Exception as exc:  # noqa: BLE001 - the error goes back to the client; the engine keeps serving
+            if not isinstance(exc, EngineError):
+                log.exception("request failed in the engine")
             error = exc if isinstance(exc, EngineError) else EngineError(f"generation failed: {exc}")
             self.counters.failed_requests += 1
             self._release(sequence)
@@ -285,7 +291,9 @@ class Engine:
             if sequence.pending_slots is not None:
                 self.allocator.free(sequence.pending_slots)
                 sequence.pending_slots = None
-        sequence.working = None
+        if sequence.working is not None:
+            self.runner.release(sequence.working)
+            sequence.working = None
 
     # ---- read-only views for the HTTP side ----------------------------------------------------------------------
 

@@ -83,11 +83,16 @@ class StepOutput:
 class ModelRunner:
     """Runs a causal LM on top of KV gathered from the pool, and writes new KV back into the pool."""
 
-    def __init__(self, model: torch.nn.Module, pool: KVPool) -> None:
+    def __init__(self, model: torch.nn.Module, pool: KVPool, max_idle_buffers: int = 4) -> None:
         self.model = model
         self.pool = pool
         self.device = pool.k.device
         self.dtype = pool.k.dtype
+        # Working buffers and the gather scratch are reused across requests: a fresh multi-megabyte allocation
+        # is page-faulted in on first touch, which costs more than the copy itself.
+        self._idle_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._max_idle_buffers = max_idle_buffers
+        self._gather_scratch = torch.empty(0, dtype=self.dtype, device=self.device)
 
     @staticmethod
     def pool_config_for(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> KVPoolConfig:
@@ -98,16 +103,43 @@ class ModelRunner:
 
     def new_working_kv(self, prefix_slots: torch.Tensor, capacity_tokens: int) -> WorkingKV:
         """A request's working cache holding the KV of `prefix_slots` (int64 `[m]`), room for `capacity_tokens`."""
-        config = self.pool.config
-        shape = (config.num_layers, 1, config.num_kv_heads, capacity_tokens, config.head_dim)
-        keys = torch.empty(shape, dtype=self.dtype, device=self.device)
-        values = torch.empty(shape, dtype=self.dtype, device=self.device)
+        keys, values = self._acquire_buffers(capacity_tokens)
         matched = int(prefix_slots.numel())
         if matched:
-            prefix_k, prefix_v = self.pool.read_all_layers(prefix_slots)  # [L, m, H, D]
-            keys[:, 0, :, :matched].copy_(prefix_k.transpose(1, 2))
-            values[:, 0, :, :matched].copy_(prefix_v.transpose(1, 2))
+            index = prefix_slots.to(self.device)
+            for pool_tensor, buffer in ((self.pool.k, keys), (self.pool.v, values)):
+                gathered = self._scratch(pool_tensor.shape[0], matched)  # [L, m, H, D]
+                torch.index_select(pool_tensor, 1, index, out=gathered)
+                buffer[:, 0, :, :matched].copy_(gathered.transpose(1, 2))
         return WorkingKV(keys, values, matched)
+
+    def release(self, working: WorkingKV) -> None:
+        """Keep a finished request's buffers for the next one."""
+        self._idle_buffers.append((working.keys_buffer, working.values_buffer))
+        if len(self._idle_buffers) > self._max_idle_buffers:
+            self._idle_buffers.pop(0)
+
+    def _acquire_buffers(self, capacity_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        fitting = [i for i, pair in enumerate(self._idle_buffers) if pair[0].shape[-2] >= capacity_tokens]
+        if fitting:
+            # By position: comparing tuples of tensors with == would compare their contents.
+            best = min(fitting, key=lambda i: self._idle_buffers[i][0].shape[-2])
+            return self._idle_buffers.pop(best)
+        config = self.pool.config
+        rounded = -(-capacity_tokens // 256) * 256  # round up so similar requests can share buffers
+        shape = (config.num_layers, 1, config.num_kv_heads, rounded, config.head_dim)
+        return (
+            torch.empty(shape, dtype=self.dtype, device=self.device),
+            torch.empty(shape, dtype=self.dtype, device=self.device),
+        )
+
+    def _scratch(self, num_layers: int, num_tokens: int) -> torch.Tensor:
+        config = self.pool.config
+        shape = (num_layers, num_tokens, config.num_kv_heads, config.head_dim)
+        needed = num_layers * num_tokens * config.num_kv_heads * config.head_dim
+        if self._gather_scratch.numel() < needed:
+            self._gather_scratch = torch.empty(needed, dtype=self.dtype, device=self.device)
+        return self._gather_scratch[:needed].view(shape)
 
     @torch.inference_mode()
     def forward(self, working: WorkingKV, token_ids: list[int], *, all_logits: bool = False) -> StepOutput:

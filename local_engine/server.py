@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 
 from litestar import Litestar, Request, get, post
@@ -27,6 +28,7 @@ from local_engine.protocol import (
 from local_engine.responses import ChunkWriter, completion_body, hash_chain_object, match_headers, new_response_id
 
 _MAX_TREE_NODES = 5000
+log = logging.getLogger(__name__)
 
 
 async def _generate(request: Request, state: State, endpoint: str) -> Response | Stream:
@@ -172,6 +174,7 @@ def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 def _unexpected_error(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return _engine_error(request, EngineError(f"internal error: {type(exc).__name__}: {exc}"))
 
 

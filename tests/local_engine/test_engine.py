@@ -203,3 +203,19 @@ def test_no_prefix_cache_baseline_never_hits(make_engine):
     report, _, _ = asyncio.run(scenario())
     assert report.matched_tokens == 0
     engine.check_integrity()
+
+
+def test_working_buffers_are_reused_across_requests_of_different_sizes(make_engine):
+    engine = make_engine(kv_cache_tokens=8192, max_active_requests=4)
+    sizes = [(40, 300), (200, 8), (90, 50), (10, 600), (120, 20)]
+
+    async def scenario():
+        for _ in range(2):
+            results = await asyncio.gather(
+                *(run_to_end(engine, GenerationRequest(prompt(80 + n, n), SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))) for n, m in sizes)
+            )
+            assert [f.completion_tokens for _, _, f in results] == [m for _, m in sizes]
+
+    asyncio.run(scenario())
+    assert 1 < len(engine.runner._idle_buffers) <= 4
+    engine.check_integrity()

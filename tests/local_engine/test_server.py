@@ -196,5 +196,6 @@ def test_the_prompt_hash_chain_is_returned_on_request(client):
     other = client.post("/v1/cache/match", json=chat("Another question, " * 12, return_hash_chain=True)).json()["hash_chain"]
     shared = sum(1 for x, y in zip(chain["hash_ids"], other["hash_ids"]) if x == y)
     assert 0 < shared < len(other["hash_ids"])  # the system prompt's blocks are shared, the question's are not
-    assert "hash_chain" not in client.post("/v1/chat/completions", json=chat()).json()["prefix_cache"]
+    plain = client.post("/v1/chat/completions", json=chat()).json()
+    assert "hash_chain" not in plain["prefix_cache"]
     assert client.post("/v1/chat/completions", json=chat(return_hash_chain="yes")).status_code == 400
