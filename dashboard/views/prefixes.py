@@ -18,12 +18,6 @@ if result.requests_in_range == 0:
     ui.stop_with_info("No requests in this time range. Pick a longer range or another tenant.")
 
 st.subheader("Most reused prefixes")
-if result.prefixes_since > filters.since:
-    st.caption(
-        f"Prefix reuse is counted from individual requests, so it covers the last "
-        f"{(filters.until - result.prefixes_since).days} days of the range (since "
-        f"{result.prefixes_since:%Y-%m-%d %H:%M} UTC); the rules and tenants below cover all of it."
-    )
 if not result.prefixes:
     st.info("No request in this range carries a prefix hash.")
 else:
@@ -92,15 +86,15 @@ st.subheader("Tenants")
 st.dataframe(
     [
         {
-            "tenant": item.tenant,
-            "requests": item.figures.requests,
-            "token hit rate": item.figures.token_hit_rate,
-            "requests with any hit": item.figures.request_hit_share,
-            "tokens from cache": item.figures.cached_tokens,
-            "prompt tokens": item.figures.prompt_tokens,
-            "TTFT p50 hits (ms)": item.figures.ttft_hit_p50_ms,
-            "TTFT p50 misses (ms)": item.figures.ttft_miss_p50_ms,
-            "errors": item.figures.error_requests,
+            "tenant": item.group,
+            "requests": item.requests,
+            "token hit rate": item.token_hit_rate,
+            "requests with any hit": item.request_hit_share,
+            "tokens from cache": item.cached_tokens,
+            "prompt tokens": item.prompt_tokens,
+            "TTFT p50 hits (ms)": item.ttft_hit_p50_ms,
+            "TTFT p50 misses (ms)": item.ttft_miss_p50_ms,
+            "errors": item.error_requests,
         }
         for item in result.tenants
     ],
