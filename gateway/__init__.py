@@ -1,3 +1,12 @@
-"""The prefixscope gateway: an OpenAI-compatible reverse proxy that authenticates tenants, keeps prompts
-cache-friendly (normalization), isolates tenants' prefix caches (server-derived salts), forwards to an upstream
-engine over HTTP and records every request without waiting on the database."""
+"""The prefixscope gateway: an OpenAI-compatible reverse proxy in front of prompt-caching engines.
+
+Request path (`proxy`): authenticate the key in memory (`auth`) -> read the body within the size limit
+(`asgi_io`) -> parse and validate (`parsing`) -> normalize (`normalize/`) -> replace any client salt with the
+tenant's derived one (`tenancy`, `upstreams/`) -> route by model (`routing`) -> forward or stream through the
+shared HTTP client (`http_client`, `transport`, `forwarding`, `sse`) -> hand one record to the background
+writer (`recording`). Nothing on that path waits on the database.
+
+Around it: the Litestar app and its lifespan (`app`), `/v1/models` (`models_api`), `/api/stats` (`stats_api`),
+Prometheus counters (`metrics`), the database door (`storage`), configuration (`config`), errors (`errors`,
+`edge_errors`), the uvicorn server (`server`), the CLI (`cli`) and the benchmark (`bench/`).
+"""
