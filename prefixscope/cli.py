@@ -13,7 +13,14 @@ from collections.abc import Sequence
 
 # Modules with a `register(commands, bench_commands)` function. Listed by name so that a program whose optional
 # dependencies are missing does not break the others' commands.
-_PROGRAM_CLIS = ("local_engine.cli", "gateway.cli", "db.cli", "dashboard.cli", "prefixscope.stack")
+_PROGRAM_CLIS = (
+    "local_engine.cli",
+    "gateway.cli",
+    "db.cli",
+    "db.simulation.cli",
+    "dashboard.cli",
+    "prefixscope.stack",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
