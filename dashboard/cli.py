@@ -43,6 +43,13 @@ def register(commands: argparse._SubParsersAction, bench_commands: argparse._Sub
     bench.add_argument(
         "--render", action="store_true", help="also run each page's whole script once (Streamlit's test runner)"
     )
+    bench.add_argument(
+        "--range",
+        dest="range_label",
+        default=None,
+        metavar="LABEL",
+        help="the sidebar's time range to time, e.g. 'Last 90 days' (default: the pages' default, 'Last 7 days')",
+    )
     bench.set_defaults(handler=_run_bench)
 
 

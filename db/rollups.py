@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Table
 from db.dialect import greatest, least, upsert_insert
 from db.histogram import bin_of
 from db.models import (
+    MISS_REASON_MAX,
     SEGMENT_MAX,
     HourlyDivergence,
     HourlyLabelCount,
@@ -148,7 +149,7 @@ class RollupAccumulator:
             prefix["last_seen"] = max(prefix["last_seen"], moment)
         recomputed = record.recomputed_tokens or 0
         if record.miss_reason is not None:
-            sums = self.miss_reasons[(bucket_start, record.tenant, record.miss_reason[:LABEL_MAX_CHARS])]
+            sums = self.miss_reasons[(bucket_start, record.tenant, record.miss_reason[:MISS_REASON_MAX])]
             sums[0] += 1
             sums[1] += recomputed
         if record.divergence_segment is not None and record.divergence_char_offset is not None:

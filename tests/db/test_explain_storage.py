@@ -163,3 +163,22 @@ def test_prune_deletes_chains_with_their_requests(db_url: str, make_record: Make
             assert queries.request_detail(conn, new.request_id) == new
     finally:
         engine.dispose()
+
+
+def test_overlong_labels_are_cut_to_their_columns_not_refused(
+    db_url: str, make_record: MakeRecord, db_helpers: SimpleNamespace
+) -> None:
+    item = make_record(miss_reason="r" * 50, divergence_segment="s" * 150, divergence_char_offset=3)
+    engine = create_sync_engine_for(db_url)
+    try:
+        with engine.begin() as conn:
+            assert store_records(conn, [item]).inserted == 1
+        with engine.connect() as conn:
+            stored = queries.request_detail(conn, item.request_id)
+            assert stored is not None
+            assert (stored.miss_reason, stored.divergence_segment) == ("r" * 32, "s" * 100)
+            assert _rows(conn, HourlyMissReason, "miss_reason") == [("r" * 32,)]
+            assert _rows(conn, HourlyDivergence, "segment") == [("s" * 100,)]
+        db_helpers.assert_rollups_match_requests(db_url)
+    finally:
+        engine.dispose()
