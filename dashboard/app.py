@@ -17,6 +17,8 @@ pages = [
     st.Page(VIEWS / "overview.py", title="Overview", icon=":material/insights:", default=True),
     st.Page(VIEWS / "requests.py", title="Requests", icon=":material/receipt_long:", url_path="requests"),
     st.Page(VIEWS / "prefixes.py", title="Prefixes and rules", icon=":material/account_tree:", url_path="prefixes"),
+    st.Page(VIEWS / "why_misses.py", title="Why misses", icon=":material/troubleshoot:", url_path="why-misses"),
+    st.Page(VIEWS / "what_if.py", title="What-if", icon=":material/science:", url_path="what-if"),
     st.Page(VIEWS / "engine.py", title="Engine cache", icon=":material/memory:", url_path="engine"),
     st.Page(VIEWS / "cost.py", title="Cost", icon=":material/payments:", url_path="cost"),
 ]
