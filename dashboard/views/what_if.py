@@ -144,7 +144,7 @@ ceiling = result.ceiling
 columns[4].metric("Unlimited cache, no TTL", ui.format_share(ceiling.token_hit_rate if ceiling else None))
 
 today_text = (
-    f"{format_size(today.capacity_tokens)} tokens, {today.policy}, TTL {format_ttl(today.ttl_s)}, "
+    f"{today.capacity_tokens:,} tokens, {today.policy}, TTL {format_ttl(today.ttl_s)}, "
     f"page size {page_size}"
 )
 st.markdown(f"**Today's setting:** {today_text}, {today_source}.")
