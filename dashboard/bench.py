@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from dashboard import loaders
+from dashboard import loaders, loaders_explain, what_if_model
 from dashboard.ui import DEFAULT_RANGE, RANGE_CHOICES, ceil_minute
 
 BENCH_DIR = Path("var") / "bench"
@@ -49,11 +49,32 @@ def _count_requests(engine: Any) -> int:
         return overview(conn, datetime(1970, 1, 1, tzinfo=UTC), ceil_minute(datetime.now(UTC))).requests
 
 
+def _replay(_conn: Any, sample: loaders_explain.ChainSample) -> what_if_model.WhatIfResult:
+    """The What-if page's default replay of `sample` (engine unreachable: the sidebar's default setting)."""
+    from dashboard.what_if_model import (
+        DEFAULT_CAPACITIES,
+        DEFAULT_POLICIES,
+        DEFAULT_TTLS,
+        FALLBACK_CAPACITY_TOKENS,
+        CurrentSetting,
+        page_size_choices,
+        run_what_if,
+    )
+
+    today = CurrentSetting(FALLBACK_CAPACITY_TOKENS, "lru", None)
+    page_size = page_size_choices(sample.block_sizes)[0]
+    return run_what_if(sample.requests, page_size, DEFAULT_CAPACITIES, DEFAULT_POLICIES, DEFAULT_TTLS, today)
+
+
 def _page_steps(engine: Any, since: datetime, until: datetime) -> dict[str, list[Step]]:
     """What each page loads with the default filters (all tenants, all models, the default range)."""
     with engine.connect() as conn:
         newest = loaders.load_recent_requests(conn, since, until, None, None, None, None, limit=1)
+        misses = loaders_explain.load_why_misses(conn, since, until, None).misses
+        sample = loaders_explain.load_chain_sample(conn, since, until, None, what_if_model.DEFAULT_BLOCK_BUDGET)
     newest_id = newest[0].request_id if newest else ""
+    # The Why misses page shows examples of the reason with the most missed requests first.
+    example_reason = misses[0].reason if misses else "evicted"
     catalog: Step = ("catalog", loaders.load_catalog, ())
     return {
         "overview": [catalog, ("overview", loaders.load_overview, (since, until, None, None))],
@@ -69,6 +90,20 @@ def _page_steps(engine: Any, since: datetime, until: datetime) -> dict[str, list
         ],
         "prefixes": [catalog, ("prefixes", loaders.load_prefixes, (since, until, None))],
         "cost": [catalog, ("model_usage", loaders.load_model_usage, (since, until, None))],
+        "why_misses": [
+            catalog,
+            ("why_misses", loaders_explain.load_why_misses, (since, until, None)),
+            ("miss_examples", loaders_explain.load_miss_examples, (example_reason, since, until, None)),
+        ],
+        "what_if": [
+            catalog,
+            (
+                "chain_sample",
+                loaders_explain.load_chain_sample,
+                (since, until, None, what_if_model.DEFAULT_BLOCK_BUDGET),
+            ),
+            ("replay", _replay, (sample,)),
+        ],
     }
 
 

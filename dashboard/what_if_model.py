@@ -35,6 +35,8 @@ DEFAULT_POLICIES = POLICIES
 # default keeps the default grid well under a second; the page offers more for a closer look.
 BLOCK_BUDGETS = (10_000, 25_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
 DEFAULT_BLOCK_BUDGET = 50_000
+# Today's capacity the page assumes until told otherwise, when the engine cannot say (the engine's default pool).
+FALLBACK_CAPACITY_TOKENS = 16_384
 # Page sizes offered: these multiples of the recorded block size (chains merge into larger pages, never split).
 PAGE_FACTORS = (1, 2, 4, 8, 16)
 
@@ -82,7 +84,7 @@ def page_size_choices(block_sizes: Sequence[int]) -> list[int]:
 
 def default_page_size(choices: Sequence[int], engine_page_size: int | None) -> int:
     """The engine's page size when the chains can be replayed at it, else the recorded block size."""
-    return engine_page_size if engine_page_size in choices else choices[0]
+    return engine_page_size if engine_page_size is not None and engine_page_size in choices else choices[0]
 
 
 def run_what_if(
@@ -117,9 +119,7 @@ def run_what_if(
             return replace(unlimited[ttl], policy=policy, capacity_tokens=capacity)
         return simulate(trace, capacity, policy, ttl)
 
-    results = [
-        at(capacity, policy, ttl) for policy in policies for ttl in unlimited for capacity in ordered_capacities
-    ]
+    results = [at(capacity, policy, ttl) for policy in policies for ttl in unlimited for capacity in ordered_capacities]
     today_result = None if today is None else at(today.capacity_tokens, today.policy, today.ttl_s)
     return WhatIfResult(
         results=tuple(results),

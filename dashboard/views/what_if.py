@@ -9,12 +9,9 @@ import streamlit as st
 
 from dashboard import charts_explain, data, data_explain, ui
 from dashboard import what_if_model as model
-from dashboard.engine_client import EngineUnavailable
+from dashboard.engine_client import CacheStats, EngineUnavailable
 from db.simulation import POLICIES, TraceError
 from db.simulation.units import format_size, format_ttl, parse_size, parse_ttl
-
-# What the sidebar offers for today's setting when the engine cannot tell (the engine's default pool).
-FALLBACK_CAPACITY_TOKENS = 16_384
 
 settings = ui.load_settings()
 st.title("What-if")
@@ -26,15 +23,18 @@ filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False).
 
 st.sidebar.header("What-if")
 budget_labels = [format_size(budget) for budget in model.BLOCK_BUDGETS]
-budget = parse_size(
-    st.sidebar.select_slider(
-        "Most blocks to replay",
-        budget_labels,
-        value=format_size(model.DEFAULT_BLOCK_BUDGET),
-        key="what_if_budget",
-        help="The newest chains of the range up to this many blocks; more is slower.",
+budget = (
+    parse_size(
+        st.sidebar.select_slider(
+            "Most blocks to replay",
+            budget_labels,
+            value=format_size(model.DEFAULT_BLOCK_BUDGET),
+            key="what_if_budget",
+            help="The newest chains of the range up to this many blocks; more is slower.",
+        )
     )
-) or model.DEFAULT_BLOCK_BUDGET
+    or model.DEFAULT_BLOCK_BUDGET
+)
 sample = ui.read_database(
     data_explain.chain_sample, settings.database_url, filters.since, filters.until, filters.tenant, budget
 )
@@ -44,11 +44,12 @@ if sample.num_requests == 0:
         "chain of a share of requests; pick a longer range or another tenant."
     )
 
+stats: CacheStats | None = None
+engine_problem = ""
 try:
     stats = data.engine_stats(settings.engine_url, settings.engine_timeout_s)
-    engine_problem = None
 except EngineUnavailable as exc:
-    stats, engine_problem = None, str(exc)
+    engine_problem = str(exc)
 raw = stats.raw if stats is not None else {}
 engine_page = raw.get("page_size") if isinstance(raw.get("page_size"), int) else None
 
@@ -98,7 +99,7 @@ else:
             st.sidebar.number_input(
                 "Today's cache capacity (tokens)",
                 min_value=1,
-                value=FALLBACK_CAPACITY_TOKENS,
+                value=model.FALLBACK_CAPACITY_TOKENS,
                 step=1024,
                 key="what_if_today_capacity",
             )
@@ -143,10 +144,7 @@ columns[3].metric("Today's setting, simulated", ui.format_share(today_rate))
 ceiling = result.ceiling
 columns[4].metric("Unlimited cache, no TTL", ui.format_share(ceiling.token_hit_rate if ceiling else None))
 
-today_text = (
-    f"{today.capacity_tokens:,} tokens, {today.policy}, TTL {format_ttl(today.ttl_s)}, "
-    f"page size {page_size}"
-)
+today_text = f"{today.capacity_tokens:,} tokens, {today.policy}, TTL {format_ttl(today.ttl_s)}, page size {page_size}"
 st.markdown(f"**Today's setting:** {today_text}, {today_source}.")
 if engine_page is not None and engine_page != page_size:
     st.caption(

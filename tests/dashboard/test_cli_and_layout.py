@@ -81,7 +81,7 @@ def test_bench_prints_each_pages_query_time(tmp_path: Path, capsys: pytest.Captu
     assert args.handler(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["requests"] == 300
-    assert set(report["pages"]) == {"overview", "requests", "prefixes", "cost", "engine"}
+    assert set(report["pages"]) == {"overview", "requests", "prefixes", "why_misses", "what_if", "cost", "engine"}
     assert all("query_ms_median" in page for page in report["pages"].values())
 
 

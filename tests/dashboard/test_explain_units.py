@@ -83,9 +83,7 @@ def test_page_sizes_merge_recorded_blocks() -> None:
 
 
 def test_what_if_figure_has_a_line_per_series_the_ceiling_and_today() -> None:
-    requests = [
-        TraceRequest(10.0 * index, length, chain, 4) for index, (chain, length, _) in enumerate(CHAINS)
-    ]
+    requests = [TraceRequest(10.0 * index, length, chain, 4) for index, (chain, length, _) in enumerate(CHAINS)]
     result = run_what_if(requests, 4, [8, 1_000], POLICIES, [None, 3600.0], CurrentSetting(1_000, "lru", None))
     assert result.ceiling is not None and result.ceiling.token_hit_rate == pytest.approx(CEILING_HIT_RATE)
     figure = charts_explain.what_if_figure(result, "today")
