@@ -168,8 +168,8 @@ if not sample.covers_range:
     )
 if sample.num_approximate:
     notes.append(
-        f"{sample.num_approximate:,} chains ({approximate_share:.0%}) are approximate: the gateway hashed text chunks "
-        "because the upstream returned no token-block hashes, so their figures are estimates."
+        f"{sample.num_approximate:,} of the chains ({approximate_share:.0%}) are approximate: the gateway hashed text "
+        "chunks because the upstream returned no token-block hashes, so their figures are estimates."
     )
 if filters.tenant:
     notes.append("Only this tenant's traffic is replayed, as if it had the whole cache to itself.")

@@ -114,6 +114,10 @@ else:
         ],
         hide_index=True,
         key="why_misses_locations",
+        column_config={
+            "requests": st.column_config.NumberColumn(format="localized"),
+            "tokens lost": st.column_config.NumberColumn(format="localized"),
+        },
     )
     st.caption(
         "The segment of the request (tools, system prompt, a message) and the character range inside it where the "
@@ -151,7 +155,11 @@ if misses:
             on_select="rerun",
             selection_mode="single-row",
             key="why_misses_examples",
-            column_config={"time (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss")},
+            column_config={
+                "time (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
+                "prompt tokens": st.column_config.NumberColumn(format="localized"),
+                "tokens lost": st.column_config.NumberColumn(format="localized"),
+            },
         )
         rows = picked.selection.rows if picked is not None and hasattr(picked, "selection") else []
         chosen = examples[rows[0]] if rows else examples[0]

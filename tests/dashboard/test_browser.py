@@ -13,11 +13,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-from dashboard_testkit import expected_figures, free_port
+from dashboard_testkit import create_database, expected_figures, free_port
+from explain_testkit import CEILING_HIT_RATE, TOKENS_LOST, explained_records
 
 from dashboard import ui
 
@@ -64,10 +66,11 @@ def _prefixscope_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "prefixscope.cli"]
 
 
-@pytest.fixture(scope="module")
-def dashboard_url(seeded_url: str, engine_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextmanager
+def _served_dashboard(database_url: str, engine_url: str, log_dir: Path) -> Iterator[str]:
+    """`prefixscope dashboard` on a free port over `database_url`, until the block ends."""
     port = free_port()
-    log = (tmp_path_factory.mktemp("dashboard-log") / "dashboard.log").open("w")
+    log = (log_dir / "dashboard.log").open("w")
     process = subprocess.Popen(
         [
             *_prefixscope_command(),
@@ -75,9 +78,9 @@ def dashboard_url(seeded_url: str, engine_server, tmp_path_factory: pytest.TempP
             "--port",
             str(port),
             "--database-url",
-            seeded_url,
+            database_url,
             "--engine",
-            engine_server[0],
+            engine_url,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -105,6 +108,20 @@ def dashboard_url(seeded_url: str, engine_server, tmp_path_factory: pytest.TempP
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def dashboard_url(seeded_url: str, engine_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with _served_dashboard(seeded_url, engine_server[0], tmp_path_factory.mktemp("dashboard-log")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def explained_dashboard_url(engine_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The dashboard over history with miss reasons and block hash chains (the Why misses and What-if pages)."""
+    database_url = create_database(tmp_path_factory.mktemp("explained") / "prefixscope.db", explained_records())
+    with _served_dashboard(database_url, engine_server[0], tmp_path_factory.mktemp("explained-log")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +189,31 @@ def test_every_page_renders_in_a_browser(
     _wait_until_rendered(page)
     assert page.locator('[data-testid="stException"]').count() == 0
     page.screenshot(path=str(tmp_path_factory.mktemp("screens") / f"{path}.png"), full_page=True)
+
+
+@pytest.mark.parametrize(
+    ("path", "label", "expected"),
+    [
+        ("why-misses", "Tokens lost", ui.format_tokens(TOKENS_LOST)),
+        ("what-if", "Unlimited cache, no TTL", ui.format_share(CEILING_HIT_RATE)),
+    ],
+)
+def test_why_misses_and_what_if_render_in_a_browser(
+    browser_page,
+    explained_dashboard_url: str,
+    path: str,
+    label: str,
+    expected: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    page = browser_page
+    page.goto(f"{explained_dashboard_url}/{path}")
+    assert _metric_value(page, label) == expected
+    page.locator(".js-plotly-plot").first.wait_for()
+    page.locator('[data-testid="stDataFrame"]').first.wait_for()
+    _wait_until_rendered(page)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    screenshot = tmp_path_factory.mktemp("screens") / f"{path}.png"
+    page.screenshot(path=str(screenshot), full_page=True)
+    assert screenshot.stat().st_size > 10_000
+    print(f"screenshot: {screenshot}")
