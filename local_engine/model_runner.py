@@ -8,6 +8,7 @@ attention kernel reading the pool directly could later replace the gather withou
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +94,11 @@ class ModelRunner:
         self._idle_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._max_idle_buffers = max_idle_buffers
         self._gather_scratch = torch.empty(0, dtype=self.dtype, device=self.device)
+        if self.device.type == "cpu":
+            # A suffix prefilled on top of cached KV needs a causal mask with an offset, and with a mask transformers
+            # repeats K/V per query head in every layer (megabytes per layer at a 2k-token prefix) instead of
+            # letting SDPA share them. PyTorch's CPU kernel does grouped-query attention with a mask, exactly.
+            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
     @staticmethod
     def pool_config_for(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> KVPoolConfig:
