@@ -35,8 +35,9 @@ DEFAULT_POLICIES = POLICIES
 # with a TTL the slowest), so the default keeps the default grid under a second; the page offers more, slower.
 BLOCK_BUDGETS = (10_000, 25_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
 DEFAULT_BLOCK_BUDGET = 50_000
-# Today's capacity the page assumes until told otherwise, when the engine cannot say (the engine's default pool).
-FALLBACK_CAPACITY_TOKENS = 16_384
+# Today's capacity the page assumes until told otherwise, when the engine cannot say: the local engine's default pool
+# (`local_engine.config.DEFAULT_KV_CACHE_TOKENS`, repeated here because the dashboard never imports the engine).
+FALLBACK_CAPACITY_TOKENS = 65_536
 # Page sizes offered: these multiples of the recorded block size (chains merge into larger pages, never split).
 PAGE_FACTORS = (1, 2, 4, 8, 16)
 
