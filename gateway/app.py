@@ -18,6 +18,8 @@ from litestar import Litestar, Request, Response, asgi, get
 from gateway.auth import KeySnapshot, KeyStore
 from gateway.config import GatewayConfig
 from gateway.edge_errors import exception_handlers
+from gateway.explain.explainer import Explainer
+from gateway.explain.uplift import UpliftChecker
 from gateway.http_client import make_http_client
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import GatewayMetrics
@@ -68,15 +70,17 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         metrics.open_mode.set(0 if snapshot.any_key_exists else 1)
 
     keys.on_change = on_keys
+    recorder = Recorder(storage.sink, metrics)
     runtime = Runtime(
         config=config,
         client=httpx.AsyncClient(),  # replaced by the pooled client when the app starts
         keys=keys,
         salts=SaltDeriver(secret),
         router=Router(config),
-        recorder=Recorder(storage.sink, metrics),
+        recorder=recorder,
         metrics=metrics,
     )
+    explainer = recorder.explainer = Explainer(UpliftChecker(lambda: runtime.client, recorder.record))
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -92,8 +96,11 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             finally:
                 await keys.stop()
         finally:
-            await runtime.client.aclose()
-            await storage.stop()
+            try:
+                await explainer.stop()  # the uplift checks in flight submit their records
+            finally:
+                await runtime.client.aclose()
+                await storage.stop()
 
     chat = CompletionProxy(runtime, CHAT)
     completions = CompletionProxy(runtime, COMPLETIONS)

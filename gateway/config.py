@@ -25,6 +25,10 @@ Example `prefixscope.toml`::
 
     [tenant_defaults]
     store_prompt_text = false
+    explain_history_size = 1000         # recent requests remembered per tenant to explain misses
+    uplift_sample_rate = 0.1            # share of requests whose normalization gain is measured (dry-run match)
+    hash_chain = true                   # record each prompt's block hash chain
+    hash_block_size = 16                # tokens per hashed block
 
     [tenants.acme]
     rules = { tool_order = false, hoist_volatile = true }
@@ -33,7 +37,6 @@ Example `prefixscope.toml`::
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -41,13 +44,16 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import ConfigError
-from gateway.normalize.volatile import DEFAULT_VOLATILE_PATTERNS, compile_patterns
+from gateway.tenant_settings import (  # noqa: F401 - re-exported: the rule names belong to the configuration
+    ALL_RULES,
+    HOIST_PLACEMENTS,
+    OPT_IN_RULES,
+    SEMANTIC_RULES,
+    TenantSettings,
+    parse_tenant,
+)
 
 UPSTREAM_KINDS = ("local_engine", "openai", "vllm", "sglang")
-SEMANTIC_RULES = ("newlines", "tool_schema_key_order", "tool_order", "tool_call_arguments_key_order")
-OPT_IN_RULES = ("hoist_volatile",)
-ALL_RULES = SEMANTIC_RULES + OPT_IN_RULES
-HOIST_PLACEMENTS = ("after_system", "end")
 
 DEFAULT_UPSTREAM_URL = "http://127.0.0.1:8001"
 DEFAULT_SECRET_FILE = Path("var/gateway_secret")
@@ -76,16 +82,6 @@ class UpstreamConfig:
         """The URL without the `/v1` suffix, where `/health` lives."""
         base = self.url.rstrip("/")
         return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
-@dataclass(frozen=True)
-class TenantSettings:
-    """Per-tenant behaviour: which normalization rules run and whether prompt text is stored."""
-
-    rules: frozenset[str] = frozenset(SEMANTIC_RULES)
-    volatile_patterns: tuple[str, ...] = DEFAULT_VOLATILE_PATTERNS
-    hoist_placement: str = "after_system"
-    store_prompt_text: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,9 +163,9 @@ def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
     for name in [default_upstream, *routes.values()]:
         if name not in names:
             raise ConfigError(f"route to unknown upstream {name!r}; known: {names}")
-    tenant_defaults = _parse_tenant(dict(data.get("tenant_defaults", {})), TenantSettings())
+    tenant_defaults = parse_tenant(dict(data.get("tenant_defaults", {})), TenantSettings())
     tenants = {
-        str(tenant): _parse_tenant(dict(values), tenant_defaults)
+        str(tenant): parse_tenant(dict(values), tenant_defaults)
         for tenant, values in dict(data.get("tenants", {})).items()
     }
     recorder = _parse_recorder(dict(data.get("recorder", {})))
@@ -249,34 +245,6 @@ def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
         api_key=None if api_key is None else str(api_key),
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
-    )
-
-
-def _parse_tenant(values: dict[str, Any], base: TenantSettings) -> TenantSettings:
-    rules = set(base.rules)
-    for name, enabled in dict(values.pop("rules", {})).items():
-        if name not in ALL_RULES:
-            raise ConfigError(f"unknown normalization rule {name!r}; known: {ALL_RULES}")
-        (rules.add if enabled else rules.discard)(name)
-    # Shorthand: `hoist_volatile = true` at the tenant level.
-    if "hoist_volatile" in values:
-        (rules.add if values.pop("hoist_volatile") else rules.discard)("hoist_volatile")
-    patterns = tuple(str(p) for p in values.pop("volatile_patterns", base.volatile_patterns))
-    try:
-        compile_patterns(patterns)
-    except (re.error, ValueError) as exc:
-        raise ConfigError(f"volatile_patterns: {exc}") from None
-    placement = str(values.pop("hoist_placement", base.hoist_placement))
-    if placement not in HOIST_PLACEMENTS:
-        raise ConfigError(f"hoist_placement must be one of {HOIST_PLACEMENTS}")
-    store_prompt_text = bool(values.pop("store_prompt_text", base.store_prompt_text))
-    if values:
-        raise ConfigError(f"unknown tenant settings: {sorted(values)}")
-    return TenantSettings(
-        rules=frozenset(rules),
-        volatile_patterns=patterns,
-        hoist_placement=placement,
-        store_prompt_text=store_prompt_text,
     )
 
 

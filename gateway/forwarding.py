@@ -15,6 +15,7 @@ import msgspec
 
 from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
+from gateway.explain.chains import body_without_hash_chain
 from gateway.recording import Outcome, RequestTracker
 from gateway.routing import Route
 from gateway.sse import SSERelay
@@ -83,15 +84,23 @@ async def _relay_upstream_error(
     return outcome
 
 
+def _answered(tracker: RequestTracker, route: Route, upstream: httpx.Response) -> None:
+    """What the response headers say: the match report, and (for the explanation) that the upstream answered."""
+    tracker.cache_report = route.adapter.cache_report(upstream.headers)
+    if tracker.explain is not None:
+        tracker.explain.upstream_status = upstream.status_code
+
+
 async def forward_plain(
     client: httpx.AsyncClient, route: Route, endpoint: str, payload: bytes, tracker: RequestTracker, send: Send
 ) -> Outcome:
+    tracker.sending_upstream()
     try:
         upstream = await client.send(route.request(endpoint, payload))
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     headers = _response_headers(route, upstream, tracker.request_id.encode())
-    tracker.cache_report = route.adapter.cache_report(upstream.headers)
+    _answered(tracker, route, upstream)
     if upstream.status_code >= 400:
         return await _relay_upstream_error(send, upstream, headers, tracker)
     body = upstream.content
@@ -100,6 +109,11 @@ async def forward_plain(
         tracker.usage = route.adapter.usage(
             {"usage": envelope.usage, "meta_info": envelope.meta_info, "prefix_cache": envelope.prefix_cache}
         )
+        explain = tracker.explain
+        if explain is not None and isinstance(envelope.prefix_cache, dict):
+            explain.prefix_cache = envelope.prefix_cache
+            if not explain.client_wants_chain and "hash_chain" in envelope.prefix_cache:
+                body = body_without_hash_chain(body)
     outcome = tracker.outcome = Outcome(upstream.status_code)
     content_type = upstream.headers.get("content-type")
     type_header = (b"content-type", content_type.encode("latin-1")) if content_type else JSON_CONTENT_TYPE
@@ -118,20 +132,27 @@ async def forward_stream(
     client_wants_usage: bool,
     start_perf: float,
 ) -> Outcome:
+    tracker.sending_upstream()
     try:
         upstream = await client.send(route.request(endpoint, payload), stream=True)
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     try:
         headers = _response_headers(route, upstream, tracker.request_id.encode())
-        tracker.cache_report = route.adapter.cache_report(upstream.headers)
+        _answered(tracker, route, upstream)
         if upstream.status_code >= 400:
             try:
                 await upstream.aread()
             except httpx.HTTPError as exc:
                 raise map_transport_error(exc, route) from None
             return await _relay_upstream_error(send, upstream, headers, tracker)
-        relay = SSERelay(route.adapter, forward_usage=client_wants_usage, start_perf=start_perf)
+        explain = tracker.explain
+        relay = SSERelay(
+            route.adapter,
+            forward_usage=client_wants_usage,
+            start_perf=start_perf,
+            forward_hash_chain=explain is None or explain.client_wants_chain,
+        )
         await send({"type": "http.response.start", "status": upstream.status_code, "headers": _SSE_HEADERS + headers})
         try:
             return await _pump(upstream, relay, send, route, tracker)
@@ -139,6 +160,8 @@ async def forward_stream(
             # Also on cancellation (client gone): whatever was learnt so far goes into the record.
             tracker.usage = relay.usage
             tracker.ttft_ms = relay.ttft_ms
+            if explain is not None:
+                explain.prefix_cache = relay.prefix_cache
     finally:
         await upstream.aclose()
 

@@ -23,6 +23,7 @@ from gateway.asgi_io import (
     send_response,
 )
 from gateway.errors import ClientDisconnected, GatewayError, MethodNotAllowed, error_body
+from gateway.explain.explainer import ExplainContext
 from gateway.fingerprint import prefix_hash, prompt_text
 from gateway.forwarding import forward_plain, forward_stream
 from gateway.parsing import parse_request
@@ -112,12 +113,21 @@ class CompletionProxy:
 
         normalized = runtime.pipeline_for(principal.tenant).apply(parsed.body)
         tracker.applied_rules = normalized.applied_rules
-        body = route.adapter.apply_salt(normalized.request, runtime.salts.salt_for(principal.tenant))
+        settings = runtime.config.tenant_settings(principal.tenant)
+        salt = runtime.salts.salt_for(principal.tenant)
+        body = route.adapter.apply_salt(normalized.request, salt)
         if parsed.stream:
             # Ask for usage on the client's behalf; the relay drops that chunk again if the client did not ask.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        # The engine's hash chain comes back in the response (removed again there if the client did not ask).
+        client_wants_chain = parsed.body.get("return_hash_chain") is True
+        if settings.hash_chain:
+            route.adapter.ask_for_hash_chain(body, settings.hash_block_size)
+        tracker.explain = ExplainContext(
+            settings, self._endpoint, principal.tenant, normalized.request, parsed.body, salt, route, client_wants_chain
+        )
         tracker.prefix_hash = prefix_hash(self._endpoint, normalized.request)
-        if runtime.config.tenant_settings(principal.tenant).store_prompt_text:
+        if settings.store_prompt_text:
             tracker.prompt_text = prompt_text(self._endpoint, normalized.request)
         payload = _ENCODER.encode(body)
 

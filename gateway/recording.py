@@ -2,7 +2,9 @@
 
 A `RequestTracker` follows a request through the proxy, collecting what is known as it becomes known; `finish`
 builds the record exactly once, whatever path the request took (success, upstream error, bad input, client
-disconnect), so every request is recorded.
+disconnect), so every request is recorded. For an answered request the record carries the miss explanation and the
+prompt's hash chain (`gateway.explain`); when the request was sampled for a normalization uplift check, the check's
+background task submits the record once it has its answer.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from db.records import RequestRecord
+from gateway.explain.explainer import ExplainContext, Explained, Explainer
+from gateway.explain.reasons import EngineReport
 from gateway.metrics import GatewayMetrics
 from gateway.upstreams.base import CacheReport, UsageReport
 
@@ -39,11 +43,13 @@ class RecordSink(Protocol):
 
 
 class Recorder:
-    """Submits finished records to the writer (never blocking) and counts them in the metrics."""
+    """Submits finished records to the writer (never blocking) and counts them in the metrics; holds the explainer
+    that adds miss explanations to them (None: records go unexplained)."""
 
-    def __init__(self, sink: RecordSink, metrics: GatewayMetrics) -> None:
+    def __init__(self, sink: RecordSink, metrics: GatewayMetrics, explainer: Explainer | None = None) -> None:
         self._sink = sink
         self._metrics = metrics
+        self.explainer = explainer
 
     def record(self, record: RequestRecord) -> None:
         self._metrics.observe(record)
@@ -79,6 +85,7 @@ class RequestTracker:
         "ttft_ms",
         "outcome",
         "finished",
+        "explain",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -102,6 +109,13 @@ class RequestTracker:
         # response (it saw `[DONE]`) is still recorded with the real outcome.
         self.outcome: Outcome | None = None
         self.finished = False
+        self.explain: ExplainContext | None = None
+
+    def sending_upstream(self) -> None:
+        """The request is about to go upstream: look up its nearest earlier request while the upstream works."""
+        explainer = self._recorder.explainer
+        if explainer is not None and self.explain is not None:
+            explainer.prepare_soon(self.explain)
 
     def finish(self, status_code: int, error_type: str | None = None) -> None:
         """Record the request (only the first call counts)."""
@@ -113,26 +127,45 @@ class RequestTracker:
         report = self.cache_report or CacheReport()
         prompt_tokens = usage.prompt_tokens if usage.prompt_tokens is not None else report.prompt_tokens
         cached_tokens = usage.cached_tokens if usage.cached_tokens is not None else report.matched_tokens
-        self._recorder.record(
-            RequestRecord(
-                request_id=self.request_id,
-                created_at=self.created_at,
-                tenant=self.tenant,
-                key_id=self.key_id,
-                endpoint=self.endpoint,
-                model=self.model,
-                upstream=self.upstream,
-                stream=self.stream,
-                status_code=status_code,
-                error_type=error_type,
-                prompt_tokens=prompt_tokens,
-                cached_tokens=cached_tokens,
-                completion_tokens=usage.completion_tokens,
-                ttft_ms=self.ttft_ms,
-                latency_ms=latency_ms,
-                applied_rules=self.applied_rules,
-                miss_kind=report.miss_kind,
-                prefix_hash=self.prefix_hash,
-                prompt_text=self.prompt_text,
+        explained = Explained()
+        explainer = self._recorder.explainer
+        if explainer is not None and self.explain is not None:
+            engine = EngineReport(
+                report.miss_kind,
+                report.matched_tokens if report.matched_tokens is not None else cached_tokens,
+                report.prompt_tokens if report.prompt_tokens is not None else prompt_tokens,
             )
+            explained = explainer.explain(
+                self.explain, recorded_status=status_code, engine=engine, applied_rules=self.applied_rules
+            )
+        explanation = explained.explanation
+        record = RequestRecord(
+            request_id=self.request_id,
+            created_at=self.created_at,
+            tenant=self.tenant,
+            key_id=self.key_id,
+            endpoint=self.endpoint,
+            model=self.model,
+            upstream=self.upstream,
+            stream=self.stream,
+            status_code=status_code,
+            error_type=error_type,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            completion_tokens=usage.completion_tokens,
+            ttft_ms=self.ttft_ms,
+            latency_ms=latency_ms,
+            applied_rules=self.applied_rules,
+            miss_kind=report.miss_kind,
+            prefix_hash=self.prefix_hash,
+            prompt_text=self.prompt_text,
+            miss_reason=None if explanation is None else explanation.reason,
+            divergence_segment=None if explanation is None else explanation.segment,
+            divergence_char_offset=None if explanation is None else explanation.char_offset,
+            recomputed_tokens=None if explanation is None else explanation.recomputed_tokens,
+            normalization_gain_tokens=explained.normalization_gain_tokens,
+            chain=explained.chain,
         )
+        if explained.uplift is not None and explainer is not None and explainer.uplift.defer(record, explained.uplift):
+            return  # the check's task submits the record
+        self._recorder.record(record)

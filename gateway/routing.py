@@ -22,6 +22,7 @@ class Route:
     headers: httpx.Headers
     chat_url: httpx.URL
     completions_url: httpx.URL
+    match_url: httpx.URL  # the engine's dry-run match (`POST /v1/cache/match`), where the kind has one
     extensions: dict[str, Any]  # the timeout, in the form httpx transports read it
 
     @property
@@ -51,6 +52,7 @@ def build_route(upstream: UpstreamConfig) -> Route:
         headers=httpx.Headers(headers),
         chat_url=httpx.URL(f"{upstream.api_base}/chat/completions"),
         completions_url=httpx.URL(f"{upstream.api_base}/completions"),
+        match_url=httpx.URL(f"{upstream.api_base}/cache/match"),
         extensions={"timeout": timeout.as_dict()},
     )
 

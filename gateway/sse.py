@@ -4,7 +4,9 @@ Upstream bytes are cut at event boundaries (a blank line). Each complete event i
 partial event at the end of a network chunk waits for the rest of itself. The relay looks inside events only
 while it needs something: the first content-bearing chunk (for time to first token) and any chunk that carries a
 usage object. When the gateway asked for usage on the client's behalf (`stream_options.include_usage`), the
-usage-only chunk is consumed here and not forwarded.
+usage-only chunk is consumed here and not forwarded. The engine puts its `prefix_cache` object (with the prompt's
+hash chain, when the gateway asked for it) on that same chunk; the relay keeps it and forwards the chunk without
+the hash chain unless the client asked for one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.explain.chains import strip_hash_chain
 from gateway.upstreams.base import UpstreamAdapter, UsageReport
 
 _DECODER = msgspec.json.Decoder()
@@ -27,12 +30,16 @@ _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 class SSERelay:
     """Stateful filter over one upstream stream. Not thread-safe; one per request."""
 
-    def __init__(self, adapter: UpstreamAdapter, *, forward_usage: bool, start_perf: float) -> None:
+    def __init__(
+        self, adapter: UpstreamAdapter, *, forward_usage: bool, start_perf: float, forward_hash_chain: bool = True
+    ) -> None:
         self._adapter = adapter
         self._forward_usage = forward_usage
+        self._forward_hash_chain = forward_hash_chain
         self._start_perf = start_perf
         self._buffer = b""
         self.usage: UsageReport | None = None
+        self.prefix_cache: dict[str, Any] | None = None
         self.ttft_ms: float | None = None
         self.error_type: str | None = None
         self.saw_done = False
@@ -96,12 +103,22 @@ class SSERelay:
             self.error_type = str(error.get("type") or error.get("code") or "upstream_error")
         if needs_usage and self._adapter.has_usage(chunk):
             self.usage = self._adapter.usage(chunk)
+            prefix_cache = chunk.get("prefix_cache")
+            if isinstance(prefix_cache, dict):
+                self.prefix_cache = prefix_cache
             if not self._forward_usage:
                 if not chunk.get("choices"):
                     return b""  # the usage-only chunk the client did not ask for
                 stripped = {k: v for k, v in chunk.items() if k != "usage"}
-                return b"data: " + _ENCODER.encode(stripped) + b"\n\n"
+                return b"data: " + _ENCODER.encode(self._shown(stripped)) + b"\n\n"
+            shown = self._shown(chunk)
+            if shown is not chunk:
+                return b"data: " + _ENCODER.encode(shown) + b"\n\n"
         return event + b"\n\n"
+
+    def _shown(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        """The chunk as the client sees it: without the hash chain the gateway asked for on its own behalf."""
+        return chunk if self._forward_hash_chain else strip_hash_chain(chunk)
 
 
 def _data_of(event: bytes) -> bytes | None:

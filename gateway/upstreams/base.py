@@ -56,12 +56,20 @@ def usage_from_openai_shape(payload: Mapping[str, Any]) -> UsageReport:
 
 
 class UpstreamAdapter:
-    """Base adapter: the OpenAI response shape, no salt and no match headers."""
+    """Base adapter: the OpenAI response shape, no salt, no match headers, no hash chains, no dry-run match."""
 
     kind = "openai"
     salt_field: str | None = None
     # Response headers passed back to the client unchanged (lower case).
     passthrough_headers: tuple[str, ...] = ()
+    # Whether the server returns a prompt's block hash chain when asked (`ask_for_hash_chain`).
+    returns_hash_chain = False
+    # Whether the server answers `POST /v1/cache/match` (a dry-run match of a request).
+    supports_dry_run_match = False
+
+    def ask_for_hash_chain(self, request: dict[str, Any], block_size: int) -> None:
+        """Ask for the prompt's block hash chain, in place on the gateway's own copy of the request (a no-op for
+        servers that cannot return one)."""
 
     def apply_salt(self, request: dict[str, Any], salt: str) -> dict[str, Any]:
         """A copy of `request` without client-supplied salt fields and with the tenant's salt where this kind

@@ -76,11 +76,20 @@ def _header_int(headers: Mapping[str, str], name: str) -> int | None:
 
 class LocalEngineAdapter(UpstreamAdapter):
     """prefixscope's own engine: salt in `cache_salt`; cached tokens in `usage.prompt_tokens_details`; the match
-    report (matched/prompt tokens and the miss kind) in `x-prefix-cache-*` headers, known before the first byte."""
+    report (matched/prompt tokens and the miss kind) in `x-prefix-cache-*` headers, known before the first byte; the
+    prompt's block hash chain in `prefix_cache.hash_chain` when asked (`return_hash_chain`); a dry-run match."""
 
     kind = "local_engine"
     salt_field = "cache_salt"
     passthrough_headers = (HEADER_MATCHED, HEADER_PROMPT, HEADER_MISS)
+    returns_hash_chain = True
+    supports_dry_run_match = True
+
+    def ask_for_hash_chain(self, request: dict[str, Any], block_size: int) -> None:
+        if request.get("return_hash_chain") is True:
+            return  # the client asked itself, with its own block size
+        request["return_hash_chain"] = True
+        request["hash_block_size"] = block_size
 
     def cache_report(self, headers: Mapping[str, str]) -> CacheReport:
         miss = headers.get(HEADER_MISS)

@@ -6,17 +6,18 @@ Everything listens on 127.0.0.1 on free ports.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from stub_upstream import StubState as StubState  # re-exported for the tests
+from stub_upstream import StubUpstream as StubUpstream
 
 from gateway.app import create_app
 from gateway.auth import KeySnapshot
@@ -88,7 +89,8 @@ def gateway_config(upstream_url: str, **changes: Any) -> GatewayConfig:
         default_upstream="stub",
         server_secret=TEST_SECRET,
         key_refresh_interval_s=0.1,
-        tenant_defaults=TenantSettings(),
+        # Uplift checks are random samples; tests that want them turn them on.
+        tenant_defaults=TenantSettings(uplift_sample_rate=0.0),
     )
     return replace(base, **changes)
 
@@ -98,167 +100,6 @@ def running_gateway(config: GatewayConfig, storage: Any | None = None) -> Iterat
     storage = storage if storage is not None else FakeStorage()
     with serve_in_thread(create_app(config, storage)) as url:
         yield RunningGateway(url=url, config=config, storage=storage)
-
-
-# --- stub upstream -------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StubState:
-    """What the stub saw, and knobs the tests turn."""
-
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)
-    release: threading.Event = field(default_factory=threading.Event)  # lets a held stream continue
-    released_before_end: bool | None = None
-    disconnected: threading.Event = field(default_factory=threading.Event)
-    slow_seconds: float = 5.0
-    cached_tokens: int | None = 4
-    miss: str = "partial"
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-class StubUpstream:
-    """A small OpenAI-compatible server whose behaviour is chosen by the request's model name:
-
-    - `slow`: waits `slow_seconds` before answering (timeouts);
-    - `err-400` / `err-429`: answers that status with an OpenAI error body;
-    - `held-stream`: streams one chunk, then waits for `state.release` before the rest;
-    - `endless-stream`: streams a chunk every 50 ms until the client goes away (records `disconnected`);
-    - `linger-after-done`: streams normally but holds the connection open after `[DONE]` until `state.release`;
-    - anything else: answers at once (streamed when asked, with a usage chunk when include_usage is set).
-    """
-
-    def __init__(self) -> None:
-        self.state = StubState()
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        path = scope["path"]
-        if path.endswith("/models"):
-            await self._json(send, 200, {"object": "list", "data": [{"id": "stub-model", "object": "model"}]})
-            return
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = json.loads(b"".join(chunks))
-        self.state.requests.append(body)
-        self.state.paths.append(path)
-        model = body.get("model", "")
-        if model == "slow":
-            await asyncio.sleep(self.state.slow_seconds)
-        if model.startswith("err-"):
-            status = int(model[4:])
-            error = {"error": {"message": "stub says no", "type": "invalid_request_error", "param": None, "code": "x"}}
-            await self._json(send, status, error)
-            return
-        if body.get("stream"):
-            await self._stream(send, receive, body, path)
-        else:
-            await self._json(send, 200, self._completion(body, path), self._cache_headers())
-
-    def _usage(self) -> dict[str, Any]:
-        usage: dict[str, Any] = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
-        if self.state.cached_tokens is not None:
-            usage["prompt_tokens_details"] = {"cached_tokens": self.state.cached_tokens}
-        return usage
-
-    def _cache_headers(self) -> list[tuple[bytes, bytes]]:
-        return [
-            (b"x-prefix-cache-matched-tokens", str(self.state.cached_tokens or 0).encode()),
-            (b"x-prefix-cache-prompt-tokens", b"10"),
-            (b"x-prefix-cache-miss", self.state.miss.encode()),
-        ]
-
-    def _completion(self, body: dict[str, Any], path: str) -> dict[str, Any]:
-        if path.endswith("/chat/completions"):
-            choice = {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-            kind = "chat.completion"
-        else:
-            choice = {"index": 0, "text": "ok", "finish_reason": "stop"}
-            kind = "text_completion"
-        return {
-            "id": "cmpl-1",
-            "object": kind,
-            "created": 1,
-            "model": body["model"],
-            "choices": [choice],
-            "usage": self._usage(),
-        }
-
-    def _chunk(self, body: dict[str, Any], path: str, text: str, finish: str | None = None) -> dict[str, Any]:
-        if path.endswith("/chat/completions"):
-            choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
-            kind = "chat.completion.chunk"
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": finish}
-            kind = "text_completion"
-        chunk = {"id": "cmpl-1", "object": kind, "created": 1, "model": body["model"], "choices": [choice]}
-        if (body.get("stream_options") or {}).get("include_usage"):
-            chunk["usage"] = None
-        return chunk
-
-    async def _stream(self, send: Any, receive: Any, body: dict[str, Any], path: str) -> None:
-        headers = [(b"content-type", b"text/event-stream"), *self._cache_headers()]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        model = body["model"]
-        await send({"type": "http.response.body", "body": _sse(self._chunk(body, path, "Hello")), "more_body": True})
-        if model == "endless-stream":
-            watcher = asyncio.ensure_future(receive())
-            while not watcher.done():
-                await send(
-                    {"type": "http.response.body", "body": _sse(self._chunk(body, path, ".")), "more_body": True}
-                )
-                await asyncio.sleep(0.05)
-            self.state.disconnected.set()
-            return
-        if model == "held-stream":
-            released = await asyncio.to_thread(self.state.release.wait, 20)
-            self.state.released_before_end = released
-        for text in (" wor", "ld"):
-            await send({"type": "http.response.body", "body": _sse(self._chunk(body, path, text)), "more_body": True})
-        await send({"type": "http.response.body", "body": _sse(self._chunk(body, path, "", "stop")), "more_body": True})
-        if (body.get("stream_options") or {}).get("include_usage"):
-            final = {
-                "id": "cmpl-1",
-                "object": "chat.completion.chunk",
-                "created": 1,
-                "model": model,
-                "choices": [],
-                "usage": self._usage(),
-            }
-            await send({"type": "http.response.body", "body": _sse(final), "more_body": True})
-        if model == "linger-after-done":
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
-            self.state.released_before_end = await asyncio.to_thread(self.state.release.wait, 20)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
-
-    @staticmethod
-    async def _json(send: Any, status: int, obj: Any, headers: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
-        body = json.dumps(obj).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json"), *headers],
-            }
-        )
-        await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 # --- fake storage ----------------------------------------------------------------------------------------------

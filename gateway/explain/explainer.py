@@ -1,0 +1,168 @@
+"""Per request: segments and the nearest earlier request when it is sent; the reason, the divergence, the hash chain
+and (for a sample) a normalization uplift check once it has been answered.
+
+The lookup happens when the request goes upstream (scheduled to run while the upstream works), so that it sees the
+tenant's history as the engine's cache saw it: requests still in flight are not yet in either. The request joins the
+history once it has been answered. Everything here runs on the event loop, after the response or while waiting for
+the upstream; nothing delays the client's bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from db.chains import RequestChain
+from gateway.explain.chains import approximate_chain, canonical_prompt_text, engine_chain
+from gateway.explain.compare import compare
+from gateway.explain.history import HistoryIndex, Nearest
+from gateway.explain.reasons import EngineReport, Explanation, classify
+from gateway.explain.segments import PromptSegments, chat_segments, completion_segments
+from gateway.explain.uplift import UpliftChecker, UpliftJob
+from gateway.parsing import CHAT
+from gateway.routing import Route
+from gateway.tenant_settings import TenantSettings
+
+log = logging.getLogger(__name__)
+
+
+class ExplainContext:
+    """What the explainer needs to know about one request, filled in along the request path."""
+
+    __slots__ = (
+        "settings",
+        "endpoint",
+        "tenant",
+        "body",
+        "raw_body",
+        "salt",
+        "route",
+        "client_wants_chain",
+        "segments",
+        "nearest",
+        "prepared",
+        "upstream_status",
+        "prefix_cache",
+    )
+
+    def __init__(
+        self,
+        settings: TenantSettings,
+        endpoint: str,
+        tenant: str,
+        body: dict[str, Any],
+        raw_body: dict[str, Any],
+        salt: str,
+        route: Route,
+        client_wants_chain: bool,
+    ) -> None:
+        self.settings = settings
+        self.endpoint = endpoint
+        self.tenant = tenant
+        self.body = body  # the normalized request, as the upstream got it (less the salt)
+        self.raw_body = raw_body  # the request as the client sent it
+        self.salt = salt
+        self.route = route
+        self.client_wants_chain = client_wants_chain
+        self.segments: PromptSegments | None = None
+        self.nearest: Nearest | None = None
+        self.prepared = False
+        self.upstream_status: int | None = None  # set when the upstream's response headers arrive
+        self.prefix_cache: dict[str, Any] | None = None  # the engine's `prefix_cache` object, when it sent one
+
+
+@dataclass(frozen=True, slots=True)
+class Explained:
+    """The explanation of one answered request, its hash chain, and the uplift check to run (if sampled)."""
+
+    explanation: Explanation | None = None
+    chain: RequestChain | None = None
+    normalization_gain_tokens: int | None = None
+    uplift: UpliftJob | None = None
+
+
+class Explainer:
+    """Holds every tenant's request history and the uplift checker."""
+
+    def __init__(self, uplift: UpliftChecker, *, rng: random.Random | None = None) -> None:
+        self.histories = HistoryIndex()
+        self.uplift = uplift
+        self._random = rng or random.Random()
+
+    def prepare_soon(self, context: ExplainContext) -> None:
+        """Schedule `prepare` to run while the upstream works on the request."""
+        asyncio.get_running_loop().call_soon(self.prepare, context)
+
+    def prepare(self, context: ExplainContext) -> None:
+        """Segment the request and find the nearest earlier one (once; idempotent)."""
+        if context.prepared:
+            return
+        context.prepared = True
+        try:
+            segment = chat_segments if context.endpoint == CHAT else completion_segments
+            context.segments = segment(context.body)
+            history = self.histories.for_tenant(context.tenant, context.settings.explain_history_size)
+            context.nearest = history.nearest(context.segments)
+        except Exception:  # explaining is an extra: it must never fail a request
+            log.exception("could not segment a request for the miss explanation")
+            context.segments = None
+
+    def explain(
+        self,
+        context: ExplainContext,
+        *,
+        recorded_status: int,
+        engine: EngineReport,
+        applied_rules: tuple[str, ...],
+    ) -> Explained:
+        """Classify an answered request and remember it; nothing for a request the upstream did not answer."""
+        status = context.upstream_status
+        if status is None or status >= 400:
+            return Explained()
+        try:
+            return self._explain(context, recorded_status, engine, applied_rules)
+        except Exception:
+            log.exception("could not explain a request")
+            return Explained()
+
+    def _explain(
+        self, context: ExplainContext, recorded_status: int, engine: EngineReport, applied_rules: tuple[str, ...]
+    ) -> Explained:
+        self.prepare(context)
+        explanation = None
+        if context.segments is not None:
+            history = self.histories.for_tenant(context.tenant, context.settings.explain_history_size)
+            explanation = classify(engine, compare(context.segments, context.nearest, history.text))
+            if recorded_status < 400:
+                history.add(context.segments, engine.prompt_tokens)
+        settings = context.settings
+        gain, job = None, None
+        if context.route.adapter.supports_dry_run_match and self._random.random() < settings.uplift_sample_rate:
+            if not applied_rules:
+                gain = 0  # nothing was normalized: the raw request is the request
+            elif engine.matched_tokens is not None:
+                job = UpliftJob(
+                    endpoint=context.endpoint,
+                    raw_body=context.raw_body,
+                    salt=context.salt,
+                    match_url=context.route.match_url,
+                    headers=context.route.headers,
+                    normalized_matched_tokens=engine.matched_tokens,
+                )
+        return Explained(explanation, self._chain(context, engine), gain, job)
+
+    @staticmethod
+    def _chain(context: ExplainContext, engine: EngineReport) -> RequestChain | None:
+        if context.route.adapter.returns_hash_chain:
+            return engine_chain(context.prefix_cache)  # present when the gateway (or the client) asked for it
+        if not context.settings.hash_chain:
+            return None
+        text = canonical_prompt_text(context.endpoint, context.body)
+        return approximate_chain(text, context.salt, context.settings.hash_block_size, engine.prompt_tokens)
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Finish (bounded) the uplift checks in flight; their records are submitted either way."""
+        await self.uplift.stop(timeout_s)
