@@ -107,9 +107,14 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
     loaded = load_model(config.model, resolve_device(config.device))
     tokenizer = loaded.tokenizer
     prompts = [system_prompt(tokenizer, i, args.prefix_tokens, args.seed) for i in range(args.num_prefixes)]
+    # Prompt i first appears in round i and then recurs every round: misses and hits interleave in time, so a
+    # change in machine load affects both sides of the ratio alike.
     workload = []
-    for turn in range(args.turns_per_prefix):
+    for round_index in range(args.num_prefixes + args.turns_per_prefix - 1):
         for index, prompt in enumerate(prompts):
+            turn = round_index - index
+            if not 0 <= turn < args.turns_per_prefix:
+                continue
             question = f"Customer {turn}-{index} asks: how do I get a refund for order {1000 + 7 * turn + index}?"
             messages = [{"role": "system", "content": prompt}, {"role": "user", "content": question}]
             workload.append((turn == 0, chat_prompt_token_ids(tokenizer, messages, None)))
