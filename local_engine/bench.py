@@ -55,6 +55,7 @@ def _round(value: float | None, digits: int = 2) -> float | None:
 
 
 async def _run_workload(engine, workload, max_tokens: int):
+    from local_engine.engine_counters import EngineCounters
     from local_engine.engine_types import Finished, GenerationRequest
     from local_engine.sampling import SamplingParams
 
@@ -63,7 +64,7 @@ async def _run_workload(engine, workload, max_tokens: int):
     handle = await engine.submit(warmup)
     async for _ in handle.stream():
         pass
-    engine.counters.__init__()  # measure the workload alone
+    engine.counters = EngineCounters()  # measure the workload alone, not the warm-up
     results = []
     for is_first_seen, token_ids in workload:
         handle = await engine.submit(GenerationRequest(tuple(token_ids), sampling, namespace="bench"))
