@@ -61,7 +61,8 @@ def compare(current: PromptSegments, nearest: Nearest | None, text_of: Callable[
     earlier_text = text_of(earlier_digest)
     in_final_turn = run >= current.turn_start
     # Later segments in common (the same system prompt after new tools) make it a change, not a new prompt.
-    shares_later = not set(current.digests[run + 1 :]).isdisjoint(entry.digests[run + 1 :])
+    # (The final turn does not count: a new question can repeat an old one.)
+    shares_later = not set(current.digests[run + 1 : current.turn_start]).isdisjoint(entry.digests[run + 1 :])
     if entry.kinds[run] != segment.kind:
         # A segment appeared or went (tools added, a system prompt dropped): nothing inside it to compare.
         return Divergence(DIVERGED, segment.name, segment.kind, 0, shared, in_final_turn, similar=shares_later)
