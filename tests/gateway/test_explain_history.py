@@ -6,8 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.explain.history import HistoryIndex, TenantHistory
-from gateway.explain.segments import Segment, chat_segments
-from gateway.explain.segments import PromptSegments
+from gateway.explain.segments import PromptSegments, Segment, chat_segments
 
 
 def request(*contents, model="m"):
