@@ -25,6 +25,15 @@ from gateway_testkit import (  # noqa: E402
 
 
 @pytest.fixture(scope="session")
+def engine_url() -> Iterator[str]:
+    """The real engine with its default cache (page size 1, no TTL), shared by the real-model tests."""
+    from real_engine_kit import running_engine
+
+    with running_engine("--kv-cache-tokens", "16384") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def stub_server() -> Iterator[tuple[StubUpstream, str]]:
     stub = StubUpstream()
     with serve_in_thread(stub) as url:

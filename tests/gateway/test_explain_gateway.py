@@ -170,3 +170,21 @@ async def test_gains_never_go_below_zero_and_bad_answers_leave_none():
         await checker.stop()
         await client.aclose()
     assert [r.normalization_gain_tokens for r in submitted] == [0, None, None]
+
+
+def test_explanations_and_approximate_chains_reach_the_database(stub, stub_url, tmp_path):
+    import sqlite3
+
+    from gateway_testkit import db_storage, wait_until
+
+    path = tmp_path / "gateway.db"
+    storage = db_storage(f"sqlite:///{path}", tmp_path)
+    config = replace(gateway_config(stub_url), upstreams=(UpstreamConfig(name="stub", url=stub_url, kind="openai"),))
+    with running_gateway(config, storage) as gw:
+        request_id = post(gw, CHAT).headers["x-request-id"]
+        assert wait_until(lambda: storage.sink.counters().written == 1)
+    with sqlite3.connect(path) as conn:
+        reason, recomputed = conn.execute("SELECT miss_reason, recomputed_tokens FROM requests").fetchone()
+        chain = conn.execute("SELECT request_id, block_size, input_length, approximate FROM request_chains").fetchone()
+    assert (reason, recomputed) == ("new_prefix", 6)
+    assert chain == (request_id, 16, 10, 1)

@@ -1,31 +1,25 @@
 """The gateway in front of the real engine (SmolLM2-135M-Instruct on the CPU), driven by the `openai` package.
 
-One engine process serves the whole module. Every test starts its prompts with a fresh nonce so that nothing
-cached by an earlier test can help it.
+One engine process (the session's `engine_url`) serves the whole module. Every test starts its prompts with a fresh
+nonce so that nothing cached by an earlier test can help it.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
-from gateway_testkit import TcpProxy, db_storage, free_port, gateway_config, running_gateway, wait_until
+from gateway_testkit import TcpProxy, db_storage, gateway_config, running_gateway, wait_until
 from sqlalchemy import bindparam, create_engine, text
 
 from gateway.config import TenantSettings, UpstreamConfig
 
 pytestmark = pytest.mark.real_model
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2"
 LONG_SYSTEM = (
     "You are the support assistant of a bicycle shop. You answer questions about orders, repairs, spare parts "
@@ -66,55 +60,6 @@ def reordered_tools() -> list[dict]:
         return value
 
     return [reverse_keys(tool) for tool in reversed(TOOLS)]
-
-
-@pytest.fixture(scope="module")
-def engine_url() -> Iterator[str]:
-    port = free_port()
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"gateway-test-engine-{port}.log", "wb")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prefixscope",
-            "engine",
-            "--model",
-            MODEL,
-            "--device",
-            "cpu",
-            "--port",
-            str(port),
-            "--kv-cache-tokens",
-            "16384",
-            "--log-level",
-            "warning",
-        ],
-        cwd=REPO_ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the engine exited with {process.returncode}; see {log.name}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the engine did not become healthy")
-            time.sleep(0.5)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 @dataclass
