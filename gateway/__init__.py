@@ -6,7 +6,12 @@ tenant's derived one (`tenancy`, `upstreams/`) -> route by model (`routing`) -> 
 shared HTTP client (`http_client`, `transport`, `forwarding`, `sse`) -> hand one record to the background
 writer (`recording`). Nothing on that path waits on the database.
 
+Every answered request is explained (`explain/`): why it did not come further from cache (one reason, the segment
+and character offset where it first differed from the nearest earlier request, the tokens that cost), the prompt's
+block hash chain for the what-if simulator, and for a sample a normalization uplift measured by a background dry-run
+match. The lookup runs while the upstream works, the rest after the response.
+
 Around it: the Litestar app and its lifespan (`app`), `/v1/models` (`models_api`), `/api/stats` (`stats_api`),
-Prometheus counters (`metrics`), the database door (`storage`), configuration (`config`), errors (`errors`,
-`edge_errors`), the uvicorn server (`server`), the CLI (`cli`) and the benchmark (`bench/`).
+Prometheus counters (`metrics`), the database door (`storage`), configuration (`config`, `tenant_settings`), errors
+(`errors`, `edge_errors`), the uvicorn server (`server`), the CLI (`cli`) and the benchmark (`bench/`).
 """

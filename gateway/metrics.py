@@ -70,6 +70,23 @@ class GatewayMetrics:
             ("rule",),
             registry=self.registry,
         )
+        self.miss_reasons = Counter(
+            "prefixscope_gateway_miss_reasons",
+            "Answered requests by the reason they did not come further from cache (`hit` when nothing was lost).",
+            ("reason",),
+            registry=self.registry,
+        )
+        self.recomputed_tokens = Counter(
+            "prefixscope_gateway_recomputed_tokens",
+            "Prompt tokens not served from cache, by miss reason.",
+            ("reason",),
+            registry=self.registry,
+        )
+        self.normalization_gain_tokens = Counter(
+            "prefixscope_gateway_normalization_gain_tokens",
+            "Prompt tokens matched thanks to normalization, over the requests sampled for a dry-run check.",
+            registry=self.registry,
+        )
         self.errors = Counter(
             "prefixscope_gateway_errors", "Errors by type, on every endpoint.", ("error_type",), registry=self.registry
         )
@@ -109,6 +126,12 @@ class GatewayMetrics:
             self._child(self.cache_hits, record.upstream).inc()
         for rule in record.applied_rules:
             self._child(self.rules, rule).inc()
+        if record.miss_reason is not None:
+            self._child(self.miss_reasons, record.miss_reason).inc()
+            if record.recomputed_tokens:
+                self._child(self.recomputed_tokens, record.miss_reason).inc(record.recomputed_tokens)
+        if record.normalization_gain_tokens:
+            self.normalization_gain_tokens.inc(record.normalization_gain_tokens)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,9 @@
 """A minimal, fast OpenAI-compatible upstream for benchmarks: raw asyncio HTTP/1.1, answers at once.
 
 It parses just enough HTTP (request line, Content-Length, keep-alive) to answer `/v1/chat/completions`,
-`/v1/completions` (plain or streamed), `/v1/models` and `/health` with canned bodies, so that what a benchmark
-measures is the gateway, not the upstream.
+`/v1/completions` (plain or streamed), `/v1/cache/match`, `/v1/models` and `/health` with canned bodies, so that what
+a benchmark measures is the gateway, not the upstream. Like the local engine, its answers carry the `prefix_cache`
+object with a block hash chain (which the gateway records and removes from what the client sees).
 
 Run: `python -m gateway.bench.stub --port 9001`.
 """
@@ -19,36 +20,35 @@ _USAGE = {
     "total_tokens": 520,
     "prompt_tokens_details": {"cached_tokens": 448},
 }
-_CHAT = json.dumps(
-    {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "bench",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-        "usage": _USAGE,
-    }
-).encode()
-_STREAM_EVENTS = (
-    b"".join(
-        b"data: " + json.dumps(chunk).encode() + b"\n\n"
-        for chunk in (
-            {
-                "id": "c",
-                "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
-            },
-            {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "ok"}}]},
-            {
-                "id": "c",
-                "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-            },
-            {"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": _USAGE},
-        )
+_REPORT = {"matched_tokens": 448, "prompt_tokens": 512, "miss": "partial"}
+_CHAIN = {"block_size": 16, "input_length": 512, "hash_ids": [(i * 2654435761) % 2**62 for i in range(32)]}
+
+
+def _chat_body(prefix_cache: dict) -> bytes:
+    return json.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "bench",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": _USAGE,
+            "prefix_cache": prefix_cache,
+        }
+    ).encode()
+
+
+def _stream_events(prefix_cache: dict) -> bytes:
+    chunks = (
+        {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+        {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "ok"}}]},
+        {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": _USAGE, "prefix_cache": prefix_cache},
     )
-    + b"data: [DONE]\n\n"
-)
+    return b"".join(b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
+
+
+_MATCH = json.dumps({"matched_tokens": 64, "prompt_tokens": 512, "miss": "partial"}).encode()
 _MODELS = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]}).encode()
 _CACHE_HEADERS = (
     b"x-prefix-cache-matched-tokens: 448\r\nx-prefix-cache-prompt-tokens: 512\r\nx-prefix-cache-miss: partial\r\n"
@@ -68,9 +68,13 @@ def _response(body: bytes, content_type: bytes) -> bytes:
     )
 
 
-_PLAIN = _response(_CHAT, b"application/json")
-_STREAMED = _response(_STREAM_EVENTS, b"text/event-stream")
+# With the block hash chain when the request asked for it (`return_hash_chain`), as the engine answers.
+_PLAIN = _response(_chat_body(_REPORT), b"application/json")
+_PLAIN_CHAINED = _response(_chat_body({**_REPORT, "hash_chain": _CHAIN}), b"application/json")
+_STREAMED = _response(_stream_events(_REPORT), b"text/event-stream")
+_STREAMED_CHAINED = _response(_stream_events({**_REPORT, "hash_chain": _CHAIN}), b"text/event-stream")
 _MODELS_RESPONSE = _response(_MODELS, b"application/json")
+_MATCH_RESPONSE = _response(_MATCH, b"application/json")
 _NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
 
 
@@ -105,9 +109,15 @@ class StubProtocol(asyncio.Protocol):
     def _answer(self, head: bytes, body: bytes) -> None:
         assert self._transport is not None
         path = head.split(b" ", 2)[1]
-        if path.endswith(b"/completions"):
+        if path.endswith(b"/cache/match"):
+            self._transport.write(_MATCH_RESPONSE)
+        elif path.endswith(b"/completions"):
             streamed = b'"stream":true' in body or b'"stream": true' in body
-            self._transport.write(_STREAMED if streamed else _PLAIN)
+            chained = b'"return_hash_chain":true' in body or b'"return_hash_chain": true' in body
+            if streamed:
+                self._transport.write(_STREAMED_CHAINED if chained else _STREAMED)
+            else:
+                self._transport.write(_PLAIN_CHAINED if chained else _PLAIN)
         elif path.endswith(b"/models") or path == b"/health":
             self._transport.write(_MODELS_RESPONSE)
         else:

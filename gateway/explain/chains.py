@@ -41,7 +41,9 @@ def engine_chain(prefix_cache: Any) -> RequestChain | None:
     hash_ids = chain.get("hash_ids")
     if not block_size or input_length is None or not isinstance(hash_ids, list):
         return None
-    if not all(_positive_int(value) is not None and value <= INT64_MAX for value in hash_ids):
+    if hash_ids and not (all(type(value) is int for value in hash_ids) and 0 <= min(hash_ids) <= max(hash_ids)):
+        return None
+    if hash_ids and max(hash_ids) > INT64_MAX:
         return None
     return RequestChain(block_size, input_length, tuple(hash_ids))
 

@@ -102,11 +102,38 @@ def test_overrides_win():
         {"tenants": {"t": {"volatile_patterns": ["("]}}},
         {"tenants": {"t": {"volatile_patterns": []}}},
         {"tenants": {"t": {"hoist_placement": "middle"}}},
+        {"tenant_defaults": {"explain_history_size": 0}},
+        {"tenant_defaults": {"uplift_sample_rate": 1.5}},
+        {"tenant_defaults": {"uplift_sample_rate": "often"}},
+        {"tenants": {"t": {"hash_block_size": 0}}},
+        {"tenants": {"t": {"hash_block_size": 4096}}},
+        {"tenants": {"t": {"hash_chain": "yes"}}},
     ],
 )
 def test_invalid_configs_are_rejected(document):
     with pytest.raises(ConfigError):
         parse_config(document)
+
+
+def test_miss_explanation_settings_per_tenant_over_the_defaults():
+    config = parse_config(
+        {
+            "tenant_defaults": {"explain_history_size": 50, "uplift_sample_rate": 0.5},
+            "tenants": {"t": {"hash_chain": False, "hash_block_size": 32, "uplift_sample_rate": 0.0}},
+        }
+    )
+    defaults, tenant = config.tenant_settings("other"), config.tenant_settings("t")
+    assert (defaults.explain_history_size, defaults.uplift_sample_rate, defaults.hash_chain) == (50, 0.5, True)
+    assert defaults.hash_block_size == 16
+    assert (tenant.explain_history_size, tenant.uplift_sample_rate, tenant.hash_chain) == (50, 0.0, False)
+    assert tenant.hash_block_size == 32
+    plain = parse_config({}).tenant_defaults
+    assert (plain.explain_history_size, plain.uplift_sample_rate, plain.hash_chain, plain.hash_block_size) == (
+        1000,
+        0.1,
+        True,
+        16,
+    )
 
 
 def test_unreadable_config(tmp_path: Path):

@@ -40,11 +40,14 @@ def test_answered_requests_are_explained_and_failed_ones_are_not(stub, stub_url)
         post(gw, {**CHAT, "model": "err-400"})
         post(gw, {"model": "m", "prompt": "Once upon a time"}, "/v1/completions")
         first, second, failed, completion = gw.wait_records(4)
+        metrics = httpx.get(f"{gw.url}/metrics").text
     # The stub reports a partial match of 4 of 10 tokens.
     assert (first.miss_reason, first.recomputed_tokens, first.divergence_segment) == ("new_prefix", 6, None)
     assert (second.miss_reason, second.recomputed_tokens) == ("hit", 0)  # the conversation grew: the ideal case
     assert (failed.miss_reason, failed.chain, failed.recomputed_tokens) == (None, None, None)
     assert completion.miss_reason == "new_prefix"  # no earlier completions prompt: nothing similar seen
+    assert 'prefixscope_gateway_miss_reasons_total{reason="new_prefix"} 2.0' in metrics
+    assert 'prefixscope_gateway_recomputed_tokens_total{reason="new_prefix"} 12.0' in metrics
 
 
 def test_engine_chains_are_recorded_and_hidden_from_clients_that_did_not_ask(stub, stub_url):
