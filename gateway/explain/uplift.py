@@ -72,6 +72,7 @@ class UpliftChecker:
         self._max_pending = max_pending
         self._timeout = httpx.Timeout(timeout_s)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self.checked = 0
         self.failed = 0
         self.skipped = 0
@@ -82,8 +83,8 @@ class UpliftChecker:
 
     def defer(self, record: RequestRecord, job: UpliftJob) -> bool:
         """Start a check that submits `record` (with its gain) when done; False when too many are waiting (the
-        caller then submits the record itself)."""
-        if len(self._tasks) >= self._max_pending:
+        caller then submits the record itself, as it does once the checker is stopping)."""
+        if self._stopping or len(self._tasks) >= self._max_pending:
             self.skipped += 1
             return False
         task = asyncio.get_running_loop().create_task(self._check(record, job))
@@ -128,7 +129,9 @@ class UpliftChecker:
         return matched
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        """Wait (bounded) for the checks in flight; cancel the rest (their records are still submitted)."""
+        """Wait (bounded) for the checks in flight; cancel the rest (their records are still submitted). No new check
+        starts afterwards."""
+        self._stopping = True
         if not self._tasks:
             return
         _, still_running = await asyncio.wait(set(self._tasks), timeout=timeout_s)

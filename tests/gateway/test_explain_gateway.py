@@ -162,6 +162,7 @@ async def test_stopping_submits_the_records_of_unfinished_checks_without_a_gain(
     assert sorted(r.request_id for r in submitted) == ["a", "b"]
     assert all(r.normalization_gain_tokens is None for r in submitted)
     assert (checker.pending, checker.skipped) == (0, 1)
+    assert not checker.defer(record("d"), job())  # stopped: the caller submits it
 
 
 async def test_gains_never_go_below_zero_and_bad_answers_leave_none():

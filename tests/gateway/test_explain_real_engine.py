@@ -233,6 +233,7 @@ def test_engine_hash_chains_are_recorded_exactly_and_not_shown(deployment: Deplo
     streamed = deployment.chat("hit", messages, stream=True, stream_options={"include_usage": True})
     assert "hash_chain" not in plain.json()["prefix_cache"] and "hash_chain" not in streamed.text
     rows = deployment.rows([plain, streamed])
+    assert [row["miss_reason"] for row in rows] == ["hit", "hit"]  # a new question, then the same again
     chains = stored(deployment.database_url, "request_chains", "request_id", [r["id"] for r in rows])
     for row in rows:
         chain = chains[row["id"]]
