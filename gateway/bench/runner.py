@@ -5,7 +5,8 @@ database), and the load generator, each its own process so the client does not t
 
 1. latency at a fixed rate straight to the stub, then through the gateway: the difference is the added latency;
 2. a closed-loop run through the gateway: the highest sustained request rate of one gateway process;
-3. stop the gateway (its writer flushes) and check that every request sent has exactly one row.
+3. stop the gateway (its writer flushes) and check that every request sent has exactly one row, and how many rows
+   carry a miss explanation, a (sampled) normalization gain and a hash chain (the stub answers like the engine).
 
 Prints one JSON object.
 """
@@ -127,6 +128,18 @@ def _count_rows(db_path: Path) -> int:
         return int(conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
 
 
+def _count_explained(db_path: Path) -> dict[str, int]:
+    """How many stored requests carry a miss reason, a normalization gain (sampled) and a hash chain."""
+    import sqlite3
+
+    with sqlite3.connect(db_path) as conn:
+        reasons, gains = conn.execute(
+            "SELECT COUNT(miss_reason), COUNT(normalization_gain_tokens) FROM requests"
+        ).fetchone()
+        chains = conn.execute("SELECT COUNT(*) FROM request_chains").fetchone()[0]
+    return {"with_miss_reason": int(reasons), "with_normalization_gain": int(gains), "with_hash_chain": int(chains)}
+
+
 def run(config: BenchConfig) -> int:
     load_start = round(os.getloadavg()[0], 2)
     workdir = Path(tempfile.mkdtemp(prefix="prefixscope-bench-"))
@@ -208,6 +221,7 @@ def run(config: BenchConfig) -> int:
         gateway.wait(timeout=120)
         drain_s = time.perf_counter() - drain_started
         stored = _count_rows(db_path)
+        explained = _count_explained(db_path)
     finally:
         for process in processes:
             if process.poll() is None:
@@ -251,6 +265,7 @@ def run(config: BenchConfig) -> int:
             "dropped": after["dropped"],
             "spilled": after["spilled"],
             "shutdown_drain_s": round(drain_s, 3),
+            "explained": explained,
         },
         "targets": {
             "added_p50_ms_max": 1.0,
