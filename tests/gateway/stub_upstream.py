@@ -188,5 +188,3 @@ class StubUpstream:
             }
         )
         await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
