@@ -3,7 +3,7 @@
 Tables:
 - `tenants`, `api_keys`: who may call the gateway (keys are stored as hashes, never in plaintext);
 - `requests`: one row per request;
-- `request_chains`: the block hash chain of a sample of requests, for the what-if cache simulator;
+- `request_chains`: the block hash chain of each recorded request, for the what-if cache simulator;
 - `hourly_rollups`, `hourly_ttft_bins`, `hourly_label_counts`: per hour, tenant, model and upstream, the sums the
   history queries need, kept current by the writer in the same transaction as the request rows. They are additive
   (every column is a count or a sum), so a batch is folded in with a single upsert and hours add up into days;

@@ -26,8 +26,8 @@ MISS_KINDS: Final = ("hit", "partial", "cold", "evicted", "expired")
 # how far it matched): `hit` nothing cacheable was lost; `model_changed` / `tools_changed` / `system_changed` /
 # `messages_changed` the first difference from the cached prefix lies there; `volatile_value` it is a value that
 # changes on every call (a date, an id); `reordered` the same parts in another order; `new_prefix` nothing like it
-# was cached; `evicted` / `expired` it was cached but dropped for space or by TTL; `below_page` the prompt is shorter
-# than one cache page.
+# was cached; `evicted` / `expired` it was cached but dropped for space or by TTL; `below_page` everything matched but a
+# tail shorter than one cache page.
 MISS_REASONS: Final = (
     "hit",
     "model_changed",
@@ -77,11 +77,11 @@ class RequestRecord:
     miss_reason: str | None = None
     divergence_segment: str | None = None
     divergence_char_offset: int | None = None
-    # Prompt tokens prefilled again because of the divergence (they had been cached before it).
+    # Prompt tokens computed rather than served from cache (prompt - matched); 0 for a hit.
     recomputed_tokens: int | None = None
     # Tokens normalization gained, from a dry-run match of the un-normalized request; None when not sampled.
     normalization_gain_tokens: int | None = None
-    # The prompt's block hash chain, for the what-if simulator (recorded for a sample of requests).
+    # The prompt's block hash chain, for the what-if simulator (recorded while the tenant's `hash_chain` is on).
     chain: RequestChain | None = None
 
     @property
