@@ -57,6 +57,29 @@ def next_uses(trace: Trace) -> NextUse:
     return NextUse(positions, times_s)
 
 
+def _drop_idle(touched: OrderedDict[int, float], store: dict, now: float, ttl_s: float) -> int:
+    """Drop the hashes idle for more than `ttl_s` from `touched` (oldest first) and from `store`; how many went."""
+    dropped = 0
+    while touched:
+        oldest, last = next(iter(touched.items()))
+        if not now - last > ttl_s:
+            break
+        del touched[oldest]
+        store.pop(oldest, None)  # a no-op when `store` is `touched` itself (LRU)
+        dropped += 1
+    return dropped
+
+
+def _leading_hits(hashes: tuple[int, ...], start: int, end: int, store: dict) -> int:
+    """How many of the request's blocks, from its first, are cached: a prefix cache stops at the first miss."""
+    hits = 0
+    for position in range(start, end):
+        if hashes[position] not in store:
+            break
+        hits += 1
+    return hits
+
+
 def replay_lru(trace: Trace, capacity: int, ttl_s: float | None) -> ReplayCounts:
     """Least recently used; `cache` maps hash -> last touch time, least recent first."""
     hashes, offsets, lengths, size = trace.hashes, trace.offsets, trace.input_lengths, trace.block_size
@@ -64,18 +87,9 @@ def replay_lru(trace: Trace, capacity: int, ttl_s: float | None) -> ReplayCounts
     hit_tokens = hit_blocks = hit_requests = evicted = expired = 0
     for request, now in enumerate(trace.timestamps_s):
         if ttl_s is not None:
-            while cache:
-                oldest, touched = next(iter(cache.items()))
-                if not now - touched > ttl_s:
-                    break
-                del cache[oldest]
-                expired += 1
+            expired += _drop_idle(cache, cache, now, ttl_s)
         start, end = offsets[request], offsets[request + 1]
-        hits = 0
-        for position in range(start, end):
-            if hashes[position] not in cache:
-                break
-            hits += 1
+        hits = _leading_hits(hashes, start, end, cache)
         if hits:
             hit_blocks += hits
             hit_tokens += min(hits * size, lengths[request])
@@ -106,18 +120,9 @@ def replay_fifo(trace: Trace, capacity: int, ttl_s: float | None) -> ReplayCount
     hit_tokens = hit_blocks = hit_requests = evicted = expired = 0
     for request, now in enumerate(trace.timestamps_s):
         if ttl_s is not None:
-            while touched:
-                oldest, last = next(iter(touched.items()))
-                if not now - last > ttl_s:
-                    break
-                del touched[oldest], cache[oldest]
-                expired += 1
+            expired += _drop_idle(touched, cache, now, ttl_s)
         start, end = offsets[request], offsets[request + 1]
-        hits = 0
-        for position in range(start, end):
-            if hashes[position] not in cache:
-                break
-            hits += 1
+        hits = _leading_hits(hashes, start, end, cache)
         if hits:
             hit_blocks += hits
             hit_tokens += min(hits * size, lengths[request])
@@ -165,18 +170,9 @@ def replay_optimal(trace: Trace, capacity: int, ttl_s: float | None, next_use: N
     hit_tokens = hit_blocks = hit_requests = evicted = expired = 0
     for request, now in enumerate(trace.timestamps_s):
         if ttl_s is not None:
-            while touched:
-                oldest, last = next(iter(touched.items()))
-                if not now - last > ttl_s:
-                    break
-                del touched[oldest], current[oldest]
-                expired += 1
+            expired += _drop_idle(touched, current, now, ttl_s)
         start, end = offsets[request], offsets[request + 1]
-        hits = 0
-        for position in range(start, end):
-            if hashes[position] not in current:
-                break
-            hits += 1
+        hits = _leading_hits(hashes, start, end, current)
         if hits:
             hit_blocks += hits
             hit_tokens += min(hits * size, lengths[request])
