@@ -60,7 +60,11 @@ def _stored_chains(args: argparse.Namespace) -> Iterator[Iterator[tuple[datetime
     now = utc_now()
     since = parse_moment(args.since or DEFAULT_SINCE, now)
     until = parse_moment(args.until, now) if args.until else None
-    engine = create_sync_engine_for(database_url_from_env(args.database_url))
+    from db.readiness import require_schema
+
+    url = database_url_from_env(args.database_url)
+    require_schema(url, explicit=args.database_url is not None)
+    engine = create_sync_engine_for(url)
     try:
         with engine.connect() as conn:
             yield iter_chains(conn, since, until=until, tenant=args.tenant)
