@@ -19,6 +19,7 @@ from typing import Any
 
 from dashboard import loaders, loaders_explain, what_if_model
 from dashboard.ui import DEFAULT_RANGE, RANGE_CHOICES, ceil_minute
+from prefixscope.progress import progress
 
 BENCH_DIR = Path("var") / "bench"
 # Demo data spans this many days, so the pages' default range (7 days) sees about half of it.
@@ -181,13 +182,18 @@ def run_bench(args: argparse.Namespace) -> int:
         until = ceil_minute(datetime.now(UTC))
         window: timedelta = RANGE_CHOICES[range_label]
         steps = _page_steps(engine, until - window, until)
-        pages = {page: _time_page(engine, page_steps, max(1, args.repeats)) for page, page_steps in steps.items()}
+        with progress("bench dashboard: pages", total=len(steps), unit="pages") as bar:
+            pages = {
+                page: _time_page(engine, page_steps, max(1, args.repeats))
+                for page, page_steps in bar.iterate(steps.items())
+            }
     finally:
         engine.dispose()
     pages["engine"] = {"query_ms_median": 0.0, "note": "no database queries: reads the engine's cache API over HTTP"}
     if args.render:
-        for page, figures in pages.items():
-            figures["render_ms"] = _render_ms(url, page, range_label)
+        with progress("bench dashboard: rendering", total=len(pages), unit="pages") as bar:
+            for page, figures in bar.iterate(pages.items()):
+                figures["render_ms"] = _render_ms(url, page, range_label)
     report = {
         "benchmark": "dashboard",
         "database": url,

@@ -79,7 +79,8 @@ def run_gateway(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"prefixscope gateway: {exc}", file=sys.stderr)
         return 2
-    _print_paths(config, config_path, database_url)
+    if args.log_level in ("debug", "info"):
+        _print_paths(config, config_path, database_url)
     from gateway.server import serve
 
     serve(config, database_url, log_level=args.log_level)
