@@ -183,3 +183,15 @@ def test_make_up_forwards_args() -> None:
         cwd=ROOT, capture_output=True, text=True, check=True,
     )
     assert result.stdout.strip().splitlines()[-1] == "/nonexistent/bin/prefixscope up --gateway-port 9080 --config my.toml"
+
+
+def test_the_readme_works_from_a_clone() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)\)", readme)
+    assert "docs/ARCHITECTURE.md" in links
+    assert all((ROOT / link).exists() for link in links if "://" not in link), links
+    assert "../shared" not in readme
+    for documented in ("--engine-port", "--gateway-port", "--dashboard-port", "ARGS=", "PREFIXSCOPE_HOME"):
+        assert documented in readme

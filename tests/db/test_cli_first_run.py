@@ -146,8 +146,10 @@ def test_stats_labels_rejected_requests_prints_unknown_cache_as_unknown_and_api_
         )
     with engine.connect() as conn:
         expected = queries.stats(conn, hour - timedelta(hours=1), bucket="1d", group_by="upstream")
+        per_model = queries.totals_by(conn, hour - timedelta(hours=1), group_by="model")  # the Cost page's query
     engine.dispose()
     assert [row.group for row in expected] == ["(rejected)", "hosted", "local"]
+    assert [(row.group, row.requests) for row in per_model] == [("(rejected)", 1), ("m1", 1), ("m2", 1)]
 
     code, out, _ = _run(
         capsys, "stats", "--since", "1d", "--bucket", "1d", "--by", "upstream", "--json", "--database-url", db_url
