@@ -21,7 +21,6 @@ from dashboard import loaders, loaders_explain, what_if_model
 from dashboard.ui import DEFAULT_RANGE, RANGE_CHOICES, ceil_minute
 from prefixscope.progress import progress
 
-BENCH_DIR = Path("var") / "bench"
 # Demo data spans this many days, so the pages' default range (7 days) sees about half of it.
 DEMO_DAYS = 14
 
@@ -29,7 +28,10 @@ Step = tuple[str, Callable[..., Any], tuple[Any, ...]]
 
 
 def default_bench_url(rows: int) -> str:
-    return f"sqlite:///{(BENCH_DIR / f'dashboard-{rows}.db').resolve()}"
+    """A database kept in the state directory's `bench/`, so later runs from anywhere reuse it."""
+    from prefixscope.paths import state_dir
+
+    return f"sqlite:///{state_dir() / 'bench' / f'dashboard-{rows}.db'}"
 
 
 def write_demo_database(url: str | None, rows: int, seed: int) -> None:
