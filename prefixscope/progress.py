@@ -111,8 +111,10 @@ class Progress:
         if self.total:
             share = min(1.0, self.completed / self.total)
             text = f"{self.description}: {_number(self.completed)}/{_number(self.total)}{unit} ({100 * share:.0f}%)"
-        else:
+        elif self.completed:
             text = f"{self.description}: {_number(self.completed)}{unit}"
+        else:  # a single step of unknown length (loading a model, say): only the time
+            text = self.description
         if done:
             return f"{text}, done in {format_duration(elapsed)}"
         text += f", {format_duration(elapsed)} elapsed"

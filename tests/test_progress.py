@@ -58,6 +58,10 @@ def test_unknown_totals_count_without_an_estimate_and_short_work_prints_nothing(
         "export-trace: 3 requests, 15s elapsed",
         "export-trace: 3 requests, done in 15s",
     ]
+    clock, out = FakeClock(), io.StringIO()
+    with progress("loading the model", stream=out, interval_s=10, clock=clock):
+        clock.now += 83
+    assert out.getvalue() == "loading the model, done in 1m23s\n"
     quiet = io.StringIO()
     with progress("fast", total=2, stream=quiet, interval_s=10, clock=FakeClock()) as bar:
         bar.advance(2)
