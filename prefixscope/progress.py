@@ -74,6 +74,7 @@ class Progress:
             self._bar = _RichBar(self)
 
     def __enter__(self) -> Progress:
+        self._started = self._last_line = self._clock()
         if self._bar is not None:
             self._bar.start()
         return self
