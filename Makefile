@@ -25,8 +25,11 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium is not installed: the browser tests will be skipped (install Debian's chromium)"; fi; }
 
+# Options for `prefixscope up`, e.g. make up ARGS="--gateway-port 9080 --config prefixscope.toml"
+ARGS ?=
+
 up: install
-	$(VENV)/bin/prefixscope up
+	$(VENV)/bin/prefixscope up $(ARGS)
 
 test: install browser
 	$(VENV)/bin/pytest -q

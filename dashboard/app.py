@@ -10,8 +10,11 @@ from pathlib import Path
 import streamlit as st
 
 VIEWS = Path(__file__).resolve().parent / "views"
+# A file shipped with the package, served by Streamlit itself: a Material icon as page icon would make the browser
+# fetch the favicon from a font server on every page, which fails offline.
+FAVICON = Path(__file__).resolve().parent / "assets" / "favicon.png"
 
-st.set_page_config(page_title="prefixscope", page_icon=":material/search:", layout="wide")
+st.set_page_config(page_title="prefixscope", page_icon=str(FAVICON), layout="wide")
 
 pages = [
     st.Page(VIEWS / "overview.py", title="Overview", icon=":material/insights:", default=True),

@@ -19,8 +19,8 @@ from typing import Any
 
 from dashboard import loaders, loaders_explain, what_if_model
 from dashboard.ui import DEFAULT_RANGE, RANGE_CHOICES, ceil_minute
+from prefixscope.progress import progress
 
-BENCH_DIR = Path("var") / "bench"
 # Demo data spans this many days, so the pages' default range (7 days) sees about half of it.
 DEMO_DAYS = 14
 
@@ -28,7 +28,10 @@ Step = tuple[str, Callable[..., Any], tuple[Any, ...]]
 
 
 def default_bench_url(rows: int) -> str:
-    return f"sqlite:///{(BENCH_DIR / f'dashboard-{rows}.db').resolve()}"
+    """A database kept in the state directory's `bench/`, so later runs from anywhere reuse it."""
+    from prefixscope.paths import state_dir
+
+    return f"sqlite:///{state_dir() / 'bench' / f'dashboard-{rows}.db'}"
 
 
 def write_demo_database(url: str | None, rows: int, seed: int) -> None:
@@ -181,13 +184,18 @@ def run_bench(args: argparse.Namespace) -> int:
         until = ceil_minute(datetime.now(UTC))
         window: timedelta = RANGE_CHOICES[range_label]
         steps = _page_steps(engine, until - window, until)
-        pages = {page: _time_page(engine, page_steps, max(1, args.repeats)) for page, page_steps in steps.items()}
+        with progress("bench dashboard: pages", total=len(steps), unit="pages") as bar:
+            pages = {
+                page: _time_page(engine, page_steps, max(1, args.repeats))
+                for page, page_steps in bar.iterate(steps.items())
+            }
     finally:
         engine.dispose()
     pages["engine"] = {"query_ms_median": 0.0, "note": "no database queries: reads the engine's cache API over HTTP"}
     if args.render:
-        for page, figures in pages.items():
-            figures["render_ms"] = _render_ms(url, page, range_label)
+        with progress("bench dashboard: rendering", total=len(pages), unit="pages") as bar:
+            for page, figures in bar.iterate(pages.items()):
+                figures["render_ms"] = _render_ms(url, page, range_label)
     report = {
         "benchmark": "dashboard",
         "database": url,

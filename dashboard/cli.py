@@ -36,7 +36,8 @@ def register(commands: argparse._SubParsersAction, bench_commands: argparse._Sub
         "--database-url",
         default=None,
         metavar="URL",
-        help="database to time (default: a SQLite file under var/ holding --rows demo requests, created if missing)",
+        help="database to time (default: a SQLite file in the state directory's bench/ holding --rows demo requests, "
+        "created if missing)",
     )
     bench.add_argument("--repeats", type=int, default=3, help="timed runs per page (the median is reported)")
     bench.add_argument("--seed", type=int, default=0, help="demo-data seed when the database is created")

@@ -29,7 +29,7 @@ def _with_url(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--database-url",
         default=None,
-        help="database URL (default: $PREFIXSCOPE_DATABASE_URL, else sqlite+aiosqlite:///./prefixscope.db)",
+        help="database URL (default: $PREFIXSCOPE_DATABASE_URL, else prefixscope.db in the state directory)",
     )
     return parser
 
@@ -86,7 +86,7 @@ def _register_keys(commands: Any) -> None:
     create.add_argument("--json", action="store_true", help="print JSON")
     create.set_defaults(handler=_lazy("keys_create"))
     revoke = _with_url(keys_commands.add_parser("revoke", help="revoke a key"))
-    revoke.add_argument("key_id", help="the key's public id (the part after 'psk-')")
+    revoke.add_argument("key_id", metavar="KEY", help="the key's id (as `keys list` shows it) or the whole key")
     revoke.set_defaults(handler=_lazy("keys_revoke"))
     listing = _with_url(keys_commands.add_parser("list", help="list keys (no secrets)"))
     listing.add_argument("--active", action="store_true", help="leave out revoked keys")

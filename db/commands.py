@@ -18,11 +18,12 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from db import keys, migrate, queries
-from db.config import database_url_from_env
+from db.config import database_url_from_env, sqlite_path
 from db.engine import create_sync_engine_for
 from db.errors import DatabaseError
+from db.readiness import require_schema
 from db.store import prune_requests, rebuild_rollups
-from db.timeutil import parse_duration, parse_moment, utc_now
+from db.timeutil import iso_utc, parse_duration, parse_moment, utc_now
 
 
 def _fail(message: str) -> int:
@@ -35,7 +36,10 @@ def _url(args: argparse.Namespace) -> str:
 
 
 @contextmanager
-def _engine(args: argparse.Namespace) -> Iterator[Engine]:
+def _engine(args: argparse.Namespace, *, existing: bool = True) -> Iterator[Engine]:
+    """An engine on the command's database; with `existing`, refuse (`DatabaseNotReady`) rather than create one."""
+    if existing:
+        require_schema(_url(args), explicit=args.database_url is not None)
     engine = create_sync_engine_for(_url(args))
     try:
         yield engine
@@ -60,7 +64,7 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 def _json_default(value: object) -> str:
     if isinstance(value, datetime):
-        return value.isoformat()
+        return iso_utc(value)
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
@@ -101,6 +105,10 @@ def db_downgrade(args: argparse.Namespace) -> int:
 
 @_guarded
 def db_current(args: argparse.Namespace) -> int:
+    path = sqlite_path(_url(args))
+    if path is not None and not path.exists():
+        print(f"base (no database at {path.resolve()}; `prefixscope db upgrade` creates it)")
+        return 0
     revision = migrate.current_revision(_url(args))
     head = migrate.head_revision()
     print(f"{revision or 'base'}{' (head)' if revision == head else f' (head is {head})'}")
@@ -144,7 +152,9 @@ def demo_data(args: argparse.Namespace) -> int:
 
 @_guarded
 def keys_create(args: argparse.Namespace) -> int:
-    with _engine(args) as engine:
+    # Keys are often created before the gateway first ran: create or migrate the schema as the gateway would.
+    migrate.upgrade(_url(args))
+    with _engine(args, existing=False) as engine:
         created = keys.create_api_key(engine, args.tenant, is_admin=args.admin, label=args.label)
     if args.json:
         _print_json(asdict(created))
@@ -157,11 +167,12 @@ def keys_create(args: argparse.Namespace) -> int:
 
 @_guarded
 def keys_revoke(args: argparse.Namespace) -> int:
+    key_id = keys.key_id_of(args.key_id)
     with _engine(args) as engine:
-        revoked = keys.revoke_api_key(engine, args.key_id)
+        revoked = keys.revoke_api_key(engine, key_id)
     if not revoked:
-        return _fail(f"no active key with id {args.key_id!r}")
-    print(f"revoked {args.key_id}")
+        return _fail(f"no active key with id {key_id!r}")
+    print(f"revoked {key_id}")
     return 0
 
 
@@ -213,10 +224,11 @@ def stats(args: argparse.Namespace) -> int:
     rows = [
         [
             f"{row.bucket_start:%Y-%m-%d %H:%M}",
-            *([row.group or ""] if args.by else []),
+            *([row.group or "-"] if args.by else []),
             str(row.requests),
             str(row.prompt_tokens),
-            str(row.cached_tokens),
+            # Upstreams that do not report cached tokens: unknown, not zero (as in the hit-rate columns).
+            str(row.cached_tokens) if row.requests_with_known_cache else "-",
             _pct(row.token_hit_rate),
             _pct(row.request_hit_share),
             f"{_ms(row.ttft_hit_p50_ms)}/{_ms(row.ttft_hit_p95_ms)}",

@@ -15,8 +15,6 @@ from db.errors import DatabaseConfigError
 
 ENV_DATABASE_URL = "PREFIXSCOPE_DATABASE_URL"
 
-# A file in the working directory: the embedded single-gateway set-up needs no server and no configuration.
-DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./prefixscope.db"
 
 Backend = Literal["sqlite", "postgresql"]
 
@@ -31,13 +29,21 @@ _POSTGRES_DRIVERS = {
 }
 
 
+def default_database_url() -> str:
+    """A SQLite file in the per-user state directory (`prefixscope.paths`): the embedded single-gateway set-up
+    needs no server and no configuration, and finds the same database from any working directory."""
+    from prefixscope.paths import default_database_url as in_state_dir
+
+    return in_state_dir()
+
+
 def database_url_from_env(explicit: str | None = None) -> str:
-    """The URL to use: `explicit` if given, else `$PREFIXSCOPE_DATABASE_URL`, else `DEFAULT_DATABASE_URL`.
+    """The URL to use: `explicit` if given, else `$PREFIXSCOPE_DATABASE_URL`, else `default_database_url()`.
 
     The URL is checked (a `DatabaseConfigError` names what is wrong) but kept as written; use `async_url` or
     `sync_url` to get a driver-specific form.
     """
-    url = explicit or os.environ.get(ENV_DATABASE_URL) or DEFAULT_DATABASE_URL
+    url = explicit or os.environ.get(ENV_DATABASE_URL) or default_database_url()
     backend_of(url)
     return url
 

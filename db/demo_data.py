@@ -34,6 +34,7 @@ from db.records import RequestRecord
 from db.store import store_records
 from db.tenants import ensure_tenant
 from db.timeutil import as_utc, utc_now
+from prefixscope.progress import progress
 
 _RULES = ("canonical_tool_order", "canonical_json_keys", "newline_normalization", "strip_bom")
 _HOIST = "hoist_volatile_values"
@@ -182,25 +183,16 @@ def write_demo_data(
     started = time.perf_counter()
     upgrade(url)
     generator = _Generator(seed, chain_share)
-    rng = generator.rng
     until = as_utc(now) if now is not None else utc_now()
     since = until - timedelta(days=days)
-    weights = [profile.weight for profile in TENANTS]
     engine = create_sync_engine_for(url)
     try:
         with engine.begin() as conn:
             for profile in TENANTS:
                 ensure_tenant(conn, profile.name, {"store_prompts": profile.stores_prompts})
-        stamps = _timestamps(rng, rows, since, days)
-        for start in range(0, rows, batch_size):
-            chunk = stamps[start : start + batch_size]
-            profiles = rng.choices(TENANTS, weights=weights, k=len(chunk))
-            records = [
-                generator.record(created_at, profile, start + offset)
-                for offset, (created_at, profile) in enumerate(zip(chunk, profiles, strict=True))
-            ]
-            with engine.begin() as conn:
-                store_records(conn, records)
+        stamps = _timestamps(generator.rng, rows, since, days)
+        with progress("demo-data", total=rows, unit="requests") as bar:
+            _write_batches(engine, generator, stamps, batch_size, bar)
     finally:
         engine.dispose()
     return DemoDataResult(
@@ -210,3 +202,18 @@ def write_demo_data(
         until=until,
         seconds=time.perf_counter() - started,
     )
+
+
+def _write_batches(engine: Any, generator: _Generator, stamps: list[datetime], batch_size: int, bar: Any) -> None:
+    """Generate and store the requests at `stamps`, `batch_size` per transaction, advancing `bar` per batch."""
+    weights = [profile.weight for profile in TENANTS]
+    for start in range(0, len(stamps), batch_size):
+        chunk = stamps[start : start + batch_size]
+        profiles = generator.rng.choices(TENANTS, weights=weights, k=len(chunk))
+        records = [
+            generator.record(created_at, profile, start + offset)
+            for offset, (created_at, profile) in enumerate(zip(chunk, profiles, strict=True))
+        ]
+        with engine.begin() as conn:
+            store_records(conn, records)
+        bar.advance(len(records))

@@ -81,6 +81,15 @@ def parse_key(plaintext: str) -> tuple[str, str] | None:
     return key_id, secret
 
 
+def key_id_of(text: str) -> str:
+    """The key id named by `text`: a whole key (`psk-<key_id>-<secret>`), `psk-<key_id>`, or the bare key id."""
+    text = text.strip()
+    parsed = parse_key(text)
+    if parsed is not None:
+        return parsed[0]
+    return text[len(KEY_PREFIX) :] if text.startswith(KEY_PREFIX) else text
+
+
 def verify_key(plaintext: str, entries: Iterable[KeyEntry] | Mapping[str, KeyEntry]) -> KeyEntry | None:
     """The active entry matching `plaintext`, or None.
 

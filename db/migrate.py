@@ -7,6 +7,7 @@ installed package alike, without an `alembic.ini`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -16,6 +17,9 @@ from alembic.script import ScriptDirectory
 
 from db.config import sqlite_path
 from db.engine import create_sync_engine_for
+
+# One "setup plugin" INFO line per Alembic plugin opens every migration otherwise; the "Running upgrade" lines stay.
+logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 def migrations_dir() -> Path:

@@ -21,6 +21,12 @@ def as_utc(moment: datetime) -> datetime:
     return moment.astimezone(UTC)
 
 
+def iso_utc(moment: datetime) -> str:
+    """RFC 3339 in UTC with a `Z` suffix (`2026-01-01T00:00:00Z`, microseconds when non-zero): the form msgspec
+    writes, so `prefixscope stats --json` and `GET /api/stats` print the same timestamps."""
+    return as_utc(moment).isoformat().replace("+00:00", "Z")
+
+
 def floor_hour(moment: datetime) -> datetime:
     """The start of the UTC hour that contains `moment`."""
     return as_utc(moment).replace(minute=0, second=0, microsecond=0)

@@ -60,8 +60,12 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     from gateway.config import ConfigOverrides, load_config
     from gateway.errors import ConfigError
+    from gateway.state import place_state
+    from prefixscope.logs import quiet_library_loggers
+    from prefixscope.paths import state_dir
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_library_loggers(debug=args.log_level == "debug")
     config_path = args.config
     if config_path is None and DEFAULT_CONFIG_FILE.exists():
         config_path = DEFAULT_CONFIG_FILE
@@ -71,13 +75,30 @@ def run_gateway(args: argparse.Namespace) -> int:
             ConfigOverrides(host=args.host, port=args.port, upstream_url=args.upstream),
         )
         database_url = resolve_database_url(args.database_url, config.database_url)
+        config = place_state(config, state_dir())
     except (ConfigError, ValueError) as exc:
         print(f"prefixscope gateway: {exc}", file=sys.stderr)
         return 2
+    if args.log_level in ("debug", "info"):
+        _print_paths(config, config_path, database_url)
     from gateway.server import serve
 
     serve(config, database_url, log_level=args.log_level)
     return 0
+
+
+def _print_paths(config: Any, config_path: Path | None, database_url: str) -> None:
+    """Say at start-up which files this gateway uses, so state in an unexpected place is noticed at once."""
+    import re
+
+    secret = "set in the config" if config.server_secret else str(config.secret_file.resolve())
+    lines = [
+        f"config    {config_path.resolve() if config_path else '(none: defaults)'}",
+        f"database  {re.sub(r'//[^@/]*@', '//***@', database_url)}",
+        f"secret    {secret}",
+        f"spill     {config.recorder.spill_path.resolve()}",
+    ]
+    print("\n".join(f"prefixscope gateway: {line}" for line in lines), file=sys.stderr, flush=True)
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -10,8 +10,8 @@ Example `prefixscope.toml`::
     default_upstream = "local"
     max_body_bytes = 8388608
     # server_secret = "..."            # else generated once and kept in secret_file (0600)
-    secret_file = "var/gateway_secret"
-    database_url = "sqlite:///var/prefixscope.db"
+    # secret_file = "/srv/prefixscope/gateway_secret"   # default: gateway_secret in the state directory
+    # database_url = "postgresql+asyncpg://..."         # default: prefixscope.db in the state directory
 
     [[upstreams]]
     name = "local"

@@ -54,7 +54,7 @@ def _round(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
 
-async def _run_workload(engine, workload, max_tokens: int):
+async def _run_workload(engine, workload, max_tokens: int, bar=None):
     from local_engine.engine_counters import EngineCounters
     from local_engine.engine_types import Finished, GenerationRequest
     from local_engine.sampling import SamplingParams
@@ -72,13 +72,18 @@ async def _run_workload(engine, workload, max_tokens: int):
         async for event in handle.stream():
             if isinstance(event, Finished):
                 results.append((is_first_seen, report, event))
+        if bar is not None:
+            bar.advance()
     return results
 
 
-def _measure(engine, workload, max_tokens: int) -> dict:
+def _measure(engine, workload, max_tokens: int, label: str) -> dict:
+    from prefixscope.progress import progress
+
     engine.start()
     try:
-        results = asyncio.run(_run_workload(engine, workload, max_tokens))
+        with progress(f"bench engine: {label}", total=len(workload), unit="requests") as bar:
+            results = asyncio.run(_run_workload(engine, workload, max_tokens, bar))
     finally:
         engine.stop()
     miss_ttft = [f.timings.ttft_ms for first, _, f in results if first]
@@ -104,8 +109,11 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
     from local_engine.engine import Engine
     from local_engine.model_loader import load_model, resolve_device
 
+    from prefixscope.progress import progress
+
     config = engine_config_from(args)
-    loaded = load_model(config.model, resolve_device(config.device))
+    with progress(f"bench engine: loading {config.model}"):
+        loaded = load_model(config.model, resolve_device(config.device))
     tokenizer = loaded.tokenizer
     prompts = [system_prompt(tokenizer, i, args.prefix_tokens, args.seed) for i in range(args.num_prefixes)]
     # Prompt i first appears in round i and then recurs every round: misses and hits interleave in time, so a
@@ -120,8 +128,8 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
             messages = [{"role": "system", "content": prompt}, {"role": "user", "content": question}]
             workload.append((turn == 0, chat_prompt_token_ids(tokenizer, messages, None)))
 
-    cached = _measure(Engine(config, loaded), workload, args.max_tokens)
-    baseline = _measure(Engine(replace(config, prefix_cache=False), loaded), workload, args.max_tokens)
+    cached = _measure(Engine(config, loaded), workload, args.max_tokens, "prefix cache")
+    baseline = _measure(Engine(replace(config, prefix_cache=False), loaded), workload, args.max_tokens, "no cache")
     hit_p50, miss_p50 = cached["ttft_repeated"]["p50_ms"], cached["ttft_first_seen"]["p50_ms"]
     report = {
         "model": loaded.model_id,

@@ -18,6 +18,10 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-active-requests", type=int, default=8)
 
 
+# Public: `prefixscope up` offers the same options and passes them on to the engine it starts.
+add_engine_options = _add_engine_options
+
+
 def engine_config_from(args: argparse.Namespace):
     from local_engine.config import EngineConfig
 

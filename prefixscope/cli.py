@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -41,7 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result = args.handler(args)
+    try:
+        result = args.handler(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`prefixscope stats --json | head`): that is its choice, not an error. Point stdout
+        # at /dev/null so that the interpreter's final flush does not raise again (Python's documented recipe).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     return int(result or 0)
 
 

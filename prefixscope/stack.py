@@ -1,7 +1,8 @@
 """`prefixscope up`: start the engine, then the gateway in front of it, then the dashboard, as child processes.
 
 Each program runs in its own process (the gateway must never share a process with torch), started in dependency
-order and stopped together: Ctrl-C, SIGTERM or any child exiting stops the rest.
+order and stopped together: Ctrl-C or SIGTERM stops everything and exits with status 0; a child exiting on its own
+stops the rest and exits with a non-zero status. Before anything starts, every port is checked to be free.
 """
 
 from __future__ import annotations
@@ -9,102 +10,105 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
+from pathlib import Path
 
-
-def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.5)
-    return False
+from prefixscope.ports import PortRequest, port_problems
+from prefixscope.supervisor import Program, supervise
 
 
 def _program_available(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _plan(args: argparse.Namespace) -> list[tuple[str, list[str], str, str]]:
-    """(name, argv, health URL, URL to print) for each program to start, in order."""
+def _engine_options(args: argparse.Namespace) -> list[str]:
+    """The engine's own options (model, device, cache flags) as given to `up`, to pass on unchanged."""
+    from local_engine.cli import add_engine_options
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_options(parser)
+    argv: list[str] = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, action.default)
+        if not action.option_strings or value is None or value == action.default:
+            continue
+        if action.nargs == 0:
+            argv.append(action.option_strings[0])
+        else:
+            argv += [action.option_strings[0], str(value)]
+    return argv
+
+
+def plan(args: argparse.Namespace) -> list[Program]:
+    """The programs to start, in order."""
     command = [sys.executable, "-m", "prefixscope"]
     database = ["--database-url", args.database_url] if args.database_url else []
     host = args.host
     engine_url = f"http://{host}:{args.engine_port}"
-    engine_argv = command + ["engine", "--model", args.model, "--device", args.device, "--host", host,
-                             "--port", str(args.engine_port)]
-    if args.kv_cache_tokens:
-        engine_argv += ["--kv-cache-tokens", str(args.kv_cache_tokens)]
-    plan = [("engine", engine_argv, engine_url + "/health", engine_url + "/v1")]
+    engine_argv = command + ["engine", *_engine_options(args), "--host", host, "--port", str(args.engine_port)]
+    programs = [Program("engine", engine_argv, engine_url + "/health", engine_url + "/v1")]
     if _program_available("gateway.cli"):
         gateway_url = f"http://{host}:{args.gateway_port}"
         argv = command + ["gateway", "--host", host, "--port", str(args.gateway_port), "--upstream", engine_url]
-        plan.append(("gateway", argv + database, gateway_url + "/health", gateway_url + "/v1"))
+        argv += ["--config", str(args.config)] if args.config else []
+        programs.append(Program("gateway", argv + database, gateway_url + "/health", gateway_url + "/v1"))
     if _program_available("dashboard.cli"):
         dashboard_url = f"http://{host}:{args.dashboard_port}"
         argv = command + ["dashboard", "--host", host, "--port", str(args.dashboard_port), "--engine", engine_url]
-        plan.append(("dashboard", argv + database, dashboard_url + "/_stcore/health", dashboard_url))
-    return plan
+        programs.append(Program("dashboard", argv + database, dashboard_url + "/_stcore/health", dashboard_url))
+    return programs
+
+
+def _port_requests(args: argparse.Namespace, programs: list[Program]) -> list[PortRequest]:
+    ports = {"engine": args.engine_port, "gateway": args.gateway_port, "dashboard": args.dashboard_port}
+    return [PortRequest(p.name, ports[p.name], f"--{p.name}-port") for p in programs if p.name in ports]
+
+
+def _print_state(args: argparse.Namespace) -> None:
+    """Where this stack keeps its state, resolved (the same from any working directory)."""
+    from db.config import database_url_from_env
+    from prefixscope.paths import state_dir
+
+    print(f"state     {state_dir()}", flush=True)
+    print(f"database  {database_url_from_env(args.database_url)}", flush=True)
+    if args.config:
+        print(f"config    {Path(args.config).resolve()}", flush=True)
 
 
 def _up(args: argparse.Namespace) -> int:
-    processes: list[tuple[str, subprocess.Popen]] = []
-    stopping = False
-
-    def stop(*_) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        for name, argv, health_url, public_url in _plan(args):
-            print(f"starting {name} ...", flush=True)
-            process = subprocess.Popen(argv, env=os.environ.copy())
-            processes.append((name, process))
-            if not _wait_healthy(health_url, process, args.start_timeout):
-                print(f"{name} did not become healthy at {health_url}", file=sys.stderr)
-                return 1
-            print(f"{name:<9} {public_url}", flush=True)
-        print("prefixscope is up; Ctrl-C stops everything.", flush=True)
-        while not stopping:
-            for name, process in processes:
-                if process.poll() is not None:
-                    print(f"{name} exited with status {process.returncode}; stopping the rest", file=sys.stderr)
-                    return process.returncode or 1
-            time.sleep(0.5)
-        return 0
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        for _, process in reversed(processes):
-            if process.poll() is None:
-                process.terminate()
-        for _, process in reversed(processes):
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    if args.config is not None and not Path(args.config).is_file():
+        print(f"prefixscope up: no config file at {Path(args.config).resolve()}", file=sys.stderr)
+        return 2
+    programs = plan(args)
+    problems = port_problems(args.host, _port_requests(args, programs))
+    if problems:
+        for problem in problems:
+            print(f"prefixscope up: {problem}", file=sys.stderr)
+        print("prefixscope up: nothing was started", file=sys.stderr)
+        return 2
+    _print_state(args)
+    return supervise(programs, args.start_timeout, env=os.environ.copy())
 
 
 def register(commands, bench_commands) -> None:
-    up = commands.add_parser("up", help="start the engine, gateway and dashboard together")
-    up.add_argument("--model", default="smollm2")
-    up.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    up.add_argument("--kv-cache-tokens", type=int, default=None)
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--engine-port", type=int, default=8001)
-    up.add_argument("--gateway-port", type=int, default=8080)
-    up.add_argument("--dashboard-port", type=int, default=8501)
-    up.add_argument("--database-url", default=None, help="default: PREFIXSCOPE_DATABASE_URL, then local SQLite")
+    from local_engine.cli import add_engine_options
+
+    up = commands.add_parser(
+        "up",
+        help="start the engine, gateway and dashboard together",
+        description="Start the engine, the gateway in front of it and the dashboard, after checking that their "
+        "ports are free; Ctrl-C stops all three. Engine options (--model, --device, cache flags) are passed on.",
+    )
+    add_engine_options(up)
+    up.add_argument("--host", default="127.0.0.1", help="address every program listens on (default 127.0.0.1)")
+    up.add_argument("--engine-port", type=int, default=8001, help="engine port (default 8001)")
+    up.add_argument("--gateway-port", type=int, default=8080, help="gateway port (default 8080)")
+    up.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (default 8501)")
+    up.add_argument("--config", type=Path, default=None, help="the gateway's TOML config (upstreams, tenants, rules)")
+    up.add_argument(
+        "--database-url",
+        default=None,
+        help="default: $PREFIXSCOPE_DATABASE_URL, else prefixscope.db in the state directory ($PREFIXSCOPE_HOME)",
+    )
     up.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for each program")
     up.set_defaults(handler=_up)

@@ -67,29 +67,32 @@ def stack(tmp_path_factory):
     ports = {name: _free_port() for name in ("engine", "gateway", "dashboard")}
     database_url = f"sqlite+aiosqlite:///{workdir / 'prefixscope.db'}"
     log = (workdir / "up.log").open("w")
+    home = workdir / "home"
     process = subprocess.Popen(
         [sys.executable, "-m", "prefixscope", "up", "--kv-cache-tokens", "8192", "--database-url", database_url,
          "--engine-port", str(ports["engine"]), "--gateway-port", str(ports["gateway"]),
          "--dashboard-port", str(ports["dashboard"])],
         cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PREFIXSCOPE_HOME": str(home), "PYTHONUNBUFFERED": "1"},
     )
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     try:
         _wait_for(urls["engine"] + "/health", process)
         _wait_for(urls["gateway"] + "/health", process)
         _wait_for(urls["dashboard"] + "/_stcore/health", process)
-        yield urls, database_url
+        yield urls, database_url, process, workdir
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
         log.close()
 
 
 def test_requests_through_the_gateway_appear_on_the_dashboard(stack):
-    urls, database_url = stack
+    urls, database_url, _, _ = stack
     client = OpenAI(base_url=urls["gateway"] + "/v1", api_key="unused-in-open-mode", max_retries=0, timeout=120)
     cached = []
     for question in ("Is my order shipped?", "Can I change the address?", "Do you gift-wrap?"):
@@ -133,3 +136,31 @@ def test_requests_through_the_gateway_appear_on_the_dashboard(stack):
             )
         finally:
             browser.close()
+
+
+def test_a_second_up_on_the_same_ports_refuses_to_start(stack):
+    urls, _, _, workdir = stack
+    ports = [url.rsplit(":", 1)[1] for url in (urls["engine"], urls["gateway"], urls["dashboard"])]
+    result = subprocess.run(
+        [sys.executable, "-m", "prefixscope", "up", "--engine-port", ports[0], "--gateway-port", ports[1],
+         "--dashboard-port", ports[2]],
+        cwd=workdir, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    for option, port in zip(("--engine-port", "--gateway-port", "--dashboard-port"), ports, strict=True):
+        assert f"port {port} on 127.0.0.1" in result.stderr and f"{option} PORT" in result.stderr
+
+
+def test_ctrl_c_stops_the_stack_with_status_0_and_state_lives_in_the_state_dir(stack):
+    urls, database_url, process, workdir = stack
+    home = workdir / "home"
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    assert process.wait(timeout=60) == 0
+    log = (workdir / "up.log").read_text()
+    assert "stopping the rest" not in log and "Traceback" not in log
+    assert f"state     {home}\n" in log and f"database  {database_url}\n" in log
+    assert f"prefixscope gateway: secret    {home / 'gateway_secret'}\n" in log
+    assert (home / "gateway_secret").is_file() and not (workdir / "var").exists()
+    for url in urls.values():
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url, timeout=2)

@@ -10,7 +10,15 @@ History (`stats`, `overview`, `totals_by`, `rule_counts`, `label_counts`, `top_p
 
 from db.queries.catalog import models, tenants, upstreams
 from db.queries.chains import ChainEntry, iter_chains
-from db.queries.history import BUCKETS, GROUP_BY_CHOICES, bucket_floor, overview, stats, totals_by
+from db.queries.history import (
+    BUCKETS,
+    GROUP_BY_CHOICES,
+    REJECTED_GROUP,
+    bucket_floor,
+    overview,
+    stats,
+    totals_by,
+)
 from db.queries.labels import label_counts, rule_counts
 from db.queries.misses import (
     divergence_locations,
@@ -36,6 +44,7 @@ from db.queries.results import (
 )
 
 __all__ = [
+    "REJECTED_GROUP",
     "BUCKETS",
     "GROUP_BY_CHOICES",
     "CacheFigures",

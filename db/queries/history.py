@@ -28,6 +28,16 @@ from db.timeutil import as_utc, floor_hour, utc_now
 
 GroupBy = Literal["tenant", "model", "upstream"]
 GROUP_BY_CHOICES: Final = ("tenant", "model", "upstream")
+# The group name shown for requests rejected before routing (bad input, auth failures): the gateway records them
+# with an empty model and upstream, which would otherwise form a blank group.
+REJECTED_GROUP: Final = "(rejected)"
+
+
+def group_label(name: str | None) -> str | None:
+    """`name`, or `REJECTED_GROUP` for the empty name of requests that never reached an upstream."""
+    return REJECTED_GROUP if name == "" else name
+
+
 # Bucket sizes `stats` accepts. Sub-day buckets divide the day evenly; weeks start on Monday (ISO 8601).
 BUCKETS: Final[dict[str, timedelta]] = {
     "1h": timedelta(hours=1),
@@ -94,7 +104,7 @@ def stats(
 
     def key_of(row: Any) -> tuple[datetime, str | None]:
         bucket_start = datetime.fromtimestamp(int(row["bucket_index"]) * size_s + offset_s, UTC)
-        return bucket_start, row["grp"] if group_by is not None else None
+        return bucket_start, group_label(row["grp"]) if group_by is not None else None
 
     for row in summed_rollups(
         conn, rollup_filters(ROLLUPS, start, end, tenant=tenant, model=model), group_columns(ROLLUPS)
@@ -154,10 +164,10 @@ def totals_by(
     for row in summed_rollups(
         conn, rollup_filters(ROLLUPS, start, end, tenant=tenant), [ROLLUPS.c[group_by].label("grp")]
     ):
-        groups[row["grp"]].add_sums(row)
+        groups[group_label(row["grp"]) or ""].add_sums(row)
     if quantiles:
         for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant), [BINS.c[group_by].label("grp")]):
-            groups[row["grp"]].add_bin(row["cache_state"], row["bin"], row["requests"])
+            groups[group_label(row["grp"]) or ""].add_bin(row["cache_state"], row["bin"], row["requests"])
     return [
         GroupTotals(group=name, **totals.figures())
         for name, totals in sorted(groups.items())

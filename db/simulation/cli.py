@@ -34,7 +34,7 @@ def _with_selection(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--database-url",
         default=None,
-        help="database URL (default: $PREFIXSCOPE_DATABASE_URL, else sqlite+aiosqlite:///./prefixscope.db)",
+        help="database URL (default: $PREFIXSCOPE_DATABASE_URL, else prefixscope.db in the state directory)",
     )
     parser.add_argument("--since", default=None, help="start: a duration before now (7d, 12h) or ISO time (default 7d)")
     parser.add_argument("--until", default=None, help="end (exclusive): a duration before now or ISO time")

@@ -60,7 +60,11 @@ def _stored_chains(args: argparse.Namespace) -> Iterator[Iterator[tuple[datetime
     now = utc_now()
     since = parse_moment(args.since or DEFAULT_SINCE, now)
     until = parse_moment(args.until, now) if args.until else None
-    engine = create_sync_engine_for(database_url_from_env(args.database_url))
+    from db.readiness import require_schema
+
+    url = database_url_from_env(args.database_url)
+    require_schema(url, explicit=args.database_url is not None)
+    engine = create_sync_engine_for(url)
     try:
         with engine.connect() as conn:
             yield iter_chains(conn, since, until=until, tenant=args.tenant)
@@ -75,8 +79,12 @@ def _load_trace(args: argparse.Namespace) -> Trace:
             options = ", ".join(f"--{name}" for name in selected)
             raise ValueError(f"{options}: only for stored requests; a --trace file is replayed whole")
         return read_trace(args.trace, page_size=args.page, block_size=args.block_size)
-    with _stored_chains(args) as rows:
-        requests: list[TraceRequest] = [trace_request_from_chain(created_at, chain) for created_at, _, chain in rows]
+    from prefixscope.progress import progress
+
+    with _stored_chains(args) as rows, progress("simulate: reading chains", unit="requests") as bar:
+        requests: list[TraceRequest] = [
+            trace_request_from_chain(created_at, chain) for created_at, _, chain in bar.iterate(rows)
+        ]
     return Trace.from_requests(requests, page_size=args.page)
 
 
@@ -136,7 +144,11 @@ def simulate_command(args: argparse.Namespace) -> int:
         else:
             print("no request chains to replay")
         return 0
-    results = sweep(trace, capacities, policies, ttls)
+    from prefixscope.progress import progress
+
+    runs = len(capacities) * len(policies) * len(ttls)
+    with progress("simulate", total=runs * trace.num_blocks, unit="blocks replayed") as bar:
+        results = sweep(trace, capacities, policies, ttls, on_result=lambda _: bar.advance(trace.num_blocks))
     if args.json:
         print(json.dumps({"trace": _describe(trace), "results": [result.to_dict() for result in results]}, indent=2))
         return 0
@@ -151,11 +163,13 @@ def simulate_command(args: argparse.Namespace) -> int:
 
 @_guarded
 def export_trace_command(args: argparse.Namespace) -> int:
-    with _stored_chains(args) as rows:
+    from prefixscope.progress import progress
+
+    with _stored_chains(args) as rows, progress("export-trace", unit="requests") as bar:
         if args.out == "-":
-            written = write_trace(rows, sys.stdout)
+            written = write_trace(bar.iterate(rows), sys.stdout)
             return 0
-        written = write_trace(rows, args.out)
+        written = write_trace(bar.iterate(rows), args.out)
     print(f"wrote {written:,} requests to {args.out}")
     return 0
 
@@ -175,10 +189,16 @@ def bench_simulate(args: argparse.Namespace) -> int:
         "generate_s": round(time.perf_counter() - started, 3),
         "policies": {},
     }
-    for policy in POLICIES:
-        started = time.perf_counter()
-        result = simulate(trace, capacity, policy, ttl_s)
-        seconds = time.perf_counter() - started
+    from prefixscope.progress import progress
+
+    with progress("bench simulate", total=len(POLICIES) * trace.num_blocks, unit="blocks replayed") as bar:
+        timings = {}
+        for policy in POLICIES:
+            started = time.perf_counter()
+            result = simulate(trace, capacity, policy, ttl_s)
+            timings[policy] = (time.perf_counter() - started, result)
+            bar.advance(trace.num_blocks)
+    for policy, (seconds, result) in timings.items():
         figures["policies"][policy] = {
             "seconds": round(seconds, 3),
             "blocks_per_s": round(trace.num_blocks / seconds) if seconds else None,

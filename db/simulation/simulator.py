@@ -29,7 +29,7 @@ there than here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -98,17 +98,23 @@ def sweep(
     capacities: Sequence[int | None],
     policies: Sequence[str] = POLICIES,
     ttls: Sequence[float | None] = (None,),
+    on_result: Callable[[SimulationResult], None] | None = None,
 ) -> list[SimulationResult]:
-    """`simulate` for every combination, capacity first, then policy, then TTL (the next-use scan runs once)."""
+    """`simulate` for every combination, capacity first, then policy, then TTL (the next-use scan runs once).
+
+    `on_result` is called after each combination (for progress reporting).
+    """
     for policy in policies:
         _check_policy(policy)
     next_use = next_uses(trace) if "optimal" in policies else None
-    return [
-        _simulate(trace, capacity, policy, ttl, next_use)
-        for capacity in capacities
-        for policy in policies
-        for ttl in ttls
-    ]
+    results = []
+    for capacity in capacities:
+        for policy in policies:
+            for ttl in ttls:
+                results.append(_simulate(trace, capacity, policy, ttl, next_use))
+                if on_result is not None:
+                    on_result(results[-1])
+    return results
 
 
 def _check_policy(policy: str) -> None:

@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from prefixscope.progress import timed
+
 SYSTEM_PROMPT = (
     "You are the support assistant of an online shop. Answer briefly and politely. "
     "Use the tools to look up orders and products; never invent order numbers. " * 12
@@ -166,6 +168,7 @@ def run(config: BenchConfig) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("PREFIXSCOPE_DATABASE_URL", None)
     processes: list[subprocess.Popen[bytes]] = []
+    clock = timed("bench gateway", config.warmup_s + 3 * config.duration_s)
     try:
         processes.append(
             subprocess.Popen([sys.executable, "-m", "gateway.bench.stub", "--port", str(stub_port)], env=env)
@@ -194,6 +197,7 @@ def run(config: BenchConfig) -> int:
         _wait_http(f"{gateway_url}/health")
         chat = "/v1/chat/completions"
         sent_to_gateway = 0
+        clock.start()
         warm = _loadgen("fixed", gateway_url + chat, body_file, config, duration_s=config.warmup_s, connections=16)
         sent_to_gateway += warm["sent"]
         direct = _loadgen("fixed", stub_url + chat, body_file, config, duration_s=config.duration_s, connections=16)
@@ -214,6 +218,7 @@ def run(config: BenchConfig) -> int:
         )
         cpu_after_peak = _cpu_seconds(gateway.pid)
         peak_elapsed = time.perf_counter() - started
+        clock.stop()
         after = _records(gateway_url)
         sent_to_gateway += peak["sent"]
         drain_started = time.perf_counter()
@@ -223,6 +228,7 @@ def run(config: BenchConfig) -> int:
         stored = _count_rows(db_path)
         explained = _count_explained(db_path)
     finally:
+        clock.stop(completed=False)
         for process in processes:
             if process.poll() is None:
                 process.terminate()

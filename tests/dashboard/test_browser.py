@@ -134,9 +134,21 @@ def browser_page(dashboard_url: str) -> Iterator[object]:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(PAGE_TIMEOUT_MS)
+            page.on("request", lambda request: None if _is_local(request.url) else OUTSIDE_REQUESTS.append(request.url))
             yield page
         finally:
             browser.close()
+
+
+# Every request the browser made to anything but this machine, over all the tests of this module.
+OUTSIDE_REQUESTS: list[str] = []
+
+
+def _is_local(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.scheme in ("data", "blob", "about") or parts.hostname in ("127.0.0.1", "localhost")
 
 
 def _wait_until_rendered(page: object) -> None:
@@ -217,3 +229,17 @@ def test_why_misses_and_what_if_render_in_a_browser(
     page.screenshot(path=str(screenshot), full_page=True)
     assert screenshot.stat().st_size > 10_000
     print(f"screenshot: {screenshot}")
+
+
+def test_the_dashboard_works_offline_no_request_leaves_127_0_0_1(browser_page, dashboard_url: str) -> None:
+    """A tour of every page: nothing is fetched from another host (fonts, icons, analytics), and the page icon
+    the browser would fetch is served by the dashboard itself."""
+    page = browser_page
+    for path in ("", "requests", "prefixes", "why-misses", "what-if", "engine", "cost"):
+        page.goto(f"{dashboard_url}/{path}")
+        _wait_until_rendered(page)
+        icons = page.eval_on_selector_all('link[rel~="icon"]', "links => links.map(link => link.href)")
+        assert icons and all(_is_local(href) for href in icons), icons
+        sources = page.eval_on_selector_all("[src]", "nodes => nodes.map(node => node.src)")
+        assert all(_is_local(src) for src in sources if src), sources
+    assert OUTSIDE_REQUESTS == []

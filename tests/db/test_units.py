@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from db import histogram
 from db.chains import RequestChain
 from db.config import (
-    DEFAULT_DATABASE_URL,
     ENV_DATABASE_URL,
     async_url,
     backend_of,
@@ -29,9 +28,12 @@ from db.rollups import RollupAccumulator
 from db.timeutil import floor_hour, parse_duration, parse_moment
 
 
-def test_url_from_env_prefers_explicit_then_env_then_default(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_url_from_env_prefers_explicit_then_env_then_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
-    assert database_url_from_env(None) == DEFAULT_DATABASE_URL
+    monkeypatch.setenv("PREFIXSCOPE_HOME", str(tmp_path / "home"))
+    # The default is a file in the state directory, the same from any working directory.
+    assert database_url_from_env(None) == f"sqlite+aiosqlite:///{tmp_path / 'home' / 'prefixscope.db'}"
+    assert sqlite_path(database_url_from_env(None)) == tmp_path / "home" / "prefixscope.db"
     monkeypatch.setenv(ENV_DATABASE_URL, "postgresql://u@h/db")
     assert database_url_from_env(None) == "postgresql://u@h/db"
     assert database_url_from_env("sqlite:///x.db") == "sqlite:///x.db"

@@ -67,8 +67,12 @@ def test_prefixscope_gateway_command_serves_and_records(tmp_path, stub, stub_url
     import httpx
     from gateway_testkit import free_port
 
+    import os
+
     port = free_port()
     database = tmp_path / "cli.db"
+    home = tmp_path / "home"
+    log = tmp_path / "gateway.log"
     process = subprocess.Popen(
         [
             sys.executable,
@@ -82,9 +86,11 @@ def test_prefixscope_gateway_command_serves_and_records(tmp_path, stub, stub_url
             "--database-url",
             f"sqlite:///{database}",
             "--log-level",
-            "warning",
+            "info",
         ],
-        cwd=tmp_path,  # the secret file and spill file default to ./var
+        cwd=tmp_path,
+        env={**os.environ, "PREFIXSCOPE_HOME": str(home)},  # the secret file and spill file live in the state dir
+        stderr=log.open("w"),
     )
     try:
         deadline = time.monotonic() + 60
@@ -107,5 +113,12 @@ def test_prefixscope_gateway_command_serves_and_records(tmp_path, stub, stub_url
         assert process.wait(timeout=60) in (0, -signal.SIGTERM)
     with sqlite3.connect(database) as conn:
         assert conn.execute("SELECT id FROM requests").fetchall() == [(response.headers["x-request-id"],)]
-    secret = tmp_path / "var" / "gateway_secret"
+    secret = home / "gateway_secret"
     assert secret.exists() and (secret.stat().st_mode & 0o777) == 0o600
+    assert not (tmp_path / "var").exists()
+    printed = log.read_text()
+    assert f"prefixscope gateway: secret    {secret}\n" in printed
+    assert f"prefixscope gateway: spill     {home / 'spill' / 'gateway_requests.jsonl'}\n" in printed
+    assert f"prefixscope gateway: database  sqlite:///{database}\n" in printed
+    # The upstream call was made, but httpx's per-request INFO line and Alembic's plugin lines are not logged.
+    assert "HTTP Request:" not in printed and "setup plugin" not in printed

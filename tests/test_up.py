@@ -1,0 +1,197 @@
+"""`prefixscope up` without loading a model: its port checks, the command lines it builds, how it stops, and
+`make up ARGS=...`. The whole stack with the real model is in test_stack.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from prefixscope.cli import build_parser
+from prefixscope.ports import PortRequest, port_problems
+from prefixscope.stack import plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_taken_port_is_named_with_the_option_that_moves_it_and_nothing_starts(tmp_path: Path) -> None:
+    engine, gateway, dashboard = _free_port(), _free_port(), _free_port()
+    with socket.socket() as other:  # another program already listening on the gateway's port
+        other.bind(("127.0.0.1", gateway))
+        other.listen()
+        result = subprocess.run(
+            [sys.executable, "-m", "prefixscope", "up", "--engine-port", str(engine), "--gateway-port", str(gateway),
+             "--dashboard-port", str(dashboard)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PREFIXSCOPE_HOME": str(tmp_path / "home")},
+        )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"prefixscope up: port {gateway} on 127.0.0.1 (the gateway) is already in use, perhaps by another "
+        "prefixscope: stop that program or choose another port with --gateway-port PORT",
+        "prefixscope up: nothing was started",
+    ]
+    assert not (tmp_path / "home").exists()
+
+
+def test_the_same_port_for_two_programs_is_refused() -> None:
+    port = _free_port()
+    problems = port_problems(
+        "127.0.0.1", [PortRequest("engine", port, "--engine-port"), PortRequest("gateway", port, "--gateway-port")]
+    )
+    assert problems == [
+        f"port {port} is chosen for both the engine and the gateway: give one of them another with --gateway-port PORT"
+    ]
+    assert port_problems("127.0.0.1", [PortRequest("engine", port, "--engine-port")]) == []
+
+
+def test_options_are_passed_to_each_program(tmp_path: Path) -> None:
+    config = tmp_path / "prefixscope.toml"
+    args = build_parser().parse_args(
+        ["up", "--model", "/models/tiny", "--device", "cpu", "--kv-cache-gib", "0.5", "--page-size", "16",
+         "--eviction", "fifo", "--ttl", "600", "--no-prefix-cache", "--max-active-requests", "4",
+         "--config", str(config), "--engine-port", "7001", "--gateway-port", "7080", "--dashboard-port", "7501",
+         "--database-url", "sqlite:///x.db"]
+    )
+    programs = {program.name: program for program in plan(args)}
+    python = [sys.executable, "-m", "prefixscope"]
+    assert programs["engine"].argv == python + [
+        "engine", "--model", "/models/tiny", "--device", "cpu", "--kv-cache-gib", "0.5", "--page-size", "16",
+        "--eviction", "fifo", "--ttl", "600.0", "--no-prefix-cache", "--max-active-requests", "4",
+        "--host", "127.0.0.1", "--port", "7001",
+    ]
+    assert programs["gateway"].argv == python + [
+        "gateway", "--host", "127.0.0.1", "--port", "7080", "--upstream", "http://127.0.0.1:7001",
+        "--config", str(config), "--database-url", "sqlite:///x.db",
+    ]
+    assert programs["dashboard"].argv == python + [
+        "dashboard", "--host", "127.0.0.1", "--port", "7501", "--engine", "http://127.0.0.1:7001",
+        "--database-url", "sqlite:///x.db",
+    ]
+    assert [programs[name].health_url for name in ("engine", "gateway", "dashboard")] == [
+        "http://127.0.0.1:7001/health", "http://127.0.0.1:7080/health", "http://127.0.0.1:7501/_stcore/health"
+    ]
+    defaults = {p.name: p for p in plan(build_parser().parse_args(["up"]))}
+    assert defaults["engine"].argv == python + ["engine", "--host", "127.0.0.1", "--port", "8001"]
+
+
+def test_help_documents_the_port_options() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "prefixscope", "up", "--help"], capture_output=True, text=True, check=True
+    )
+    for option in ("--engine-port", "--gateway-port", "--dashboard-port", "--config", "--kv-cache-tokens", "--model"):
+        assert option in result.stdout
+
+
+def test_a_missing_config_file_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "prefixscope", "up", "--config", str(tmp_path / "nope.toml")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == f"prefixscope up: no config file at {tmp_path / 'nope.toml'}"
+
+
+# Two small HTTP servers stand in for the programs; the second exits by itself after `LIFETIME` seconds when asked.
+SUPERVISED = textwrap.dedent(
+    """
+    import sys
+    from prefixscope.supervisor import Program, supervise
+
+    def server(port, lifetime):
+        code = (
+            "import http.server, os, sys, threading\\n"
+            "class Quiet(http.server.SimpleHTTPRequestHandler):\\n    def log_message(self, *args): pass\\n"
+            f"server = http.server.HTTPServer(('127.0.0.1', {port}), Quiet)\\n"
+            + (f"threading.Timer({lifetime}, lambda: os._exit(3)).start()\\n" if lifetime else "")
+            + "try:\\n    server.serve_forever()\\nexcept KeyboardInterrupt:\\n    sys.exit(0)\\n"
+        )
+        return Program(f"server{port}", [sys.executable, "-c", code], f"http://127.0.0.1:{port}/", "")
+
+    first, second, lifetime = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    sys.exit(supervise([server(first, 0), server(second, lifetime)], start_timeout_s=60))
+    """
+)
+
+
+def _supervise(tmp_path: Path, lifetime: float) -> tuple[subprocess.Popen, list[int]]:
+    ports = [_free_port(), _free_port()]
+    process = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISED, *map(str, ports), str(lifetime)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("prefixscope is up"):
+            return process, ports
+    pytest.fail(f"the supervisor did not start its programs: {process.communicate()}")
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_ctrl_c_stops_everything_with_status_0_and_no_alarm(tmp_path: Path) -> None:
+    process, ports = _supervise(tmp_path, lifetime=0)
+    # A terminal's Ctrl-C: SIGINT to the whole process group, the children included.
+    os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0
+    assert "stopping the rest" not in err and "Traceback" not in err
+    assert out.strip().splitlines()[-1] == "stopping ..."
+    assert not any(_listening(port) for port in ports)
+
+
+def test_sigterm_stops_everything_with_status_0(tmp_path: Path) -> None:
+    process, ports = _supervise(tmp_path, lifetime=0)
+    process.send_signal(signal.SIGTERM)  # to the supervisor only: it stops its children
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and err == ""
+    assert not any(_listening(port) for port in ports)
+
+
+def test_a_child_that_dies_stops_the_rest_and_fails(tmp_path: Path) -> None:
+    process, ports = _supervise(tmp_path, lifetime=3)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 3
+    assert err.strip() == f"server{ports[1]} exited with status 3; stopping the rest"
+    deadline = time.monotonic() + 10
+    while _listening(ports[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _listening(ports[0])
+
+
+def test_make_up_forwards_args() -> None:
+    result = subprocess.run(
+        ["make", "-n", "-W", "pyproject.toml", "up", "ARGS=--gateway-port 9080 --config my.toml", "VENV=/nonexistent"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )
+    assert result.stdout.strip().splitlines()[-1] == "/nonexistent/bin/prefixscope up --gateway-port 9080 --config my.toml"
+
+
+def test_the_readme_works_from_a_clone() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)\)", readme)
+    assert "docs/ARCHITECTURE.md" in links
+    assert all((ROOT / link).exists() for link in links if "://" not in link), links
+    assert "../shared" not in readme
+    for documented in ("--engine-port", "--gateway-port", "--dashboard-port", "ARGS=", "PREFIXSCOPE_HOME"):
+        assert documented in readme
