@@ -50,6 +50,7 @@ class Recorder:
         self._sink = sink
         self._metrics = metrics
         self.explainer = explainer
+        self.advisor: Any = None  # a `gateway.advisor.sampler.AdviceSampler` when rule advice is on
 
     def record(self, record: RequestRecord) -> None:
         self._metrics.observe(record)
@@ -166,6 +167,14 @@ class RequestTracker:
             normalization_gain_tokens=explained.normalization_gain_tokens,
             chain=explained.chain,
         )
-        if explained.uplift is not None and explainer is not None and explainer.uplift.defer(record, explained.uplift):
-            return  # the check's task submits the record
-        self._recorder.record(record)
+        recorder = self._recorder
+
+        def submit(record: RequestRecord) -> None:
+            uplift = explained.uplift
+            if uplift is not None and explainer is not None and explainer.uplift.defer(record, uplift):
+                return  # the check's task submits the record
+            recorder.record(record)
+
+        if recorder.advisor is not None and recorder.advisor.observe(self.explain, record, submit):
+            return  # the rule advisor's task submits the record
+        submit(record)
