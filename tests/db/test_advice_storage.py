@@ -136,3 +136,27 @@ def test_candidate_catalog() -> None:
         "tool_call_arguments_key_order = true }"
     )
     assert candidate_info("future_rule").moves_content
+
+
+def test_migration_0007_adds_and_removes_the_advice_rollup(empty_db_url: str) -> None:
+    from sqlalchemy import inspect
+
+    from db.migrate import downgrade, upgrade
+
+    def tables() -> set[str]:
+        engine = create_sync_engine_for(empty_db_url)
+        try:
+            return set(inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+
+    upgrade(empty_db_url, "0007")
+    assert "hourly_advice" in tables()
+    engine = create_sync_engine_for(empty_db_url)
+    try:
+        key = inspect(engine).get_pk_constraint("hourly_advice")["constrained_columns"]
+    finally:
+        engine.dispose()
+    assert key == ["bucket_start", "tenant", "candidate"]
+    downgrade(empty_db_url, "0002")
+    assert "hourly_advice" not in tables() and "hourly_miss_reasons" in tables()
