@@ -128,6 +128,12 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 name: int(getattr(counters, name, 0))
                 for name in ("queued", "written", "spilled", "replayed", "dropped", "pending_spill")
             },
+            "rule_advice": {
+                "sampled": advisor.sampled,
+                "failed": advisor.failed,
+                "skipped": advisor.skipped,
+                "pending": advisor.pending,
+            },
         }
 
     @get("/metrics", sync_to_thread=False)
