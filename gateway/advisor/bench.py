@@ -153,7 +153,8 @@ def run(config: BenchConfig) -> int:
                 engine_url = f"http://127.0.0.1:{port}"
                 command = [sys.executable, "-m", "prefixscope", "engine", "--model", MODEL, "--device", "cpu"]
                 command += ["--port", str(port), "--kv-cache-tokens", "65536", "--log-level", "warning"]
-                processes.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL))
+                quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+                processes.append(subprocess.Popen(command, env=env, **quiet))
                 _wait_http(f"{engine_url}/health", processes[-1], 600)
             upgrade(database_url)
             store = create_sync_engine_for(database_url)

@@ -17,6 +17,7 @@ estimate is the actual figure.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -110,6 +111,7 @@ class Estimator:
         best_actual = best_match(job.earlier, job.endpoint, CURRENT, None, actual.keys)
         found = []
         for candidate, pipeline in job.candidates:
+            await asyncio.sleep(0)  # rewriting the history is CPU work: let the event loop serve requests between
             rewrite = _rewriter(pipeline)
             rewritten = rewrite(job.raw_body)
             target = Rendering(rewritten, segment_keys(job.endpoint, rewritten))

@@ -74,14 +74,13 @@ class AdviceSampler:
             return False
         if record.status_code >= 400:
             return False
-        history = self.histories.for_tenant(context.tenant)
-        earlier = history.snapshot()
-        history.add(Entry(context.endpoint, context.raw_body, context.body))
         settings = context.settings
-        rate = getattr(settings, "advice_sample_rate", 0.0)
-        if rate <= 0 or self._random.random() >= rate:
-            return False
-        if record.prompt_tokens is None or record.cached_tokens is None:
+        history = self.histories.for_tenant(context.tenant)
+        rate = settings.advice_sample_rate
+        sampled = rate > 0 and self._random.random() < rate
+        earlier = history.snapshot() if sampled else ()  # the requests before this one
+        history.add(Entry(context.endpoint, context.raw_body, context.body))
+        if not sampled or record.prompt_tokens is None or record.cached_tokens is None:
             return False
         candidates = candidates_for(settings)
         if not candidates:
