@@ -15,9 +15,9 @@ from typing import Any, Protocol
 import httpx
 from litestar import Litestar, Request, Response, asgi, get
 
+from gateway.advisor.sampler import AdviceSampler
 from gateway.auth import KeySnapshot, KeyStore
 from gateway.config import GatewayConfig
-from gateway.advisor.sampler import AdviceSampler
 from gateway.edge_errors import exception_handlers
 from gateway.explain.explainer import Explainer
 from gateway.explain.uplift import UpliftChecker
