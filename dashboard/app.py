@@ -21,6 +21,7 @@ pages = [
     st.Page(VIEWS / "requests.py", title="Requests", icon=":material/receipt_long:", url_path="requests"),
     st.Page(VIEWS / "prefixes.py", title="Prefixes and rules", icon=":material/account_tree:", url_path="prefixes"),
     st.Page(VIEWS / "why_misses.py", title="Why misses", icon=":material/troubleshoot:", url_path="why-misses"),
+    st.Page(VIEWS / "advice.py", title="Rule advice", icon=":material/lightbulb:", url_path="advice"),
     st.Page(VIEWS / "what_if.py", title="What-if", icon=":material/science:", url_path="what-if"),
     st.Page(VIEWS / "engine.py", title="Engine cache", icon=":material/memory:", url_path="engine"),
     st.Page(VIEWS / "cost.py", title="Cost", icon=":material/payments:", url_path="cost"),

@@ -283,6 +283,26 @@ class HourlyDivergence(Base):
     recomputed_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
+class HourlyAdvice(Base):
+    """The rule advisor's estimates per tenant, candidate rule (`db.advice.CANDIDATES`) and UTC hour: sampled
+    requests, their actual prompt and cached tokens, the prompt and cached tokens estimated with the candidate on, and
+    the TTFT and prefilled tokens of the samples whose TTFT is known (to turn tokens into prefill time)."""
+
+    __tablename__ = "hourly_advice"
+
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX), primary_key=True)
+    candidate: Mapped[str] = mapped_column(String(64), primary_key=True)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    changed_samples: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    candidate_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    candidate_cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    ttft_ms_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    ttft_prefilled_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 def table_of(model: type[Base]) -> Table:
     """The Core `Table` of a model, typed as such (for insert/update/upsert statements)."""
     return cast(Table, model.__table__)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any, Final
 
+from db.advice import AdviceOutcome
 from db.chains import RequestChain
 from db.timeutil import as_utc
 
@@ -83,6 +84,8 @@ class RequestRecord:
     normalization_gain_tokens: int | None = None
     # The prompt's block hash chain, for the what-if simulator (recorded while the tenant's `hash_chain` is on).
     chain: RequestChain | None = None
+    # Sampled by the rule advisor: per candidate rule, the tokens this request would have hit (`db.advice`).
+    advice: tuple[AdviceOutcome, ...] = ()
 
     @property
     def cache_hit(self) -> bool | None:
@@ -111,4 +114,5 @@ class RequestRecord:
         kwargs["applied_rules"] = tuple(kwargs.get("applied_rules") or ())
         chain = kwargs.get("chain")
         kwargs["chain"] = None if chain is None else RequestChain.from_dict(chain)
+        kwargs["advice"] = tuple(AdviceOutcome.from_dict(item) for item in kwargs.get("advice") or ())
         return cls(**kwargs)

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, select
 
+from db.advice_store import store_advice
 from db.chains import RequestChain, unpack_hash_ids
 from db.dialect import upsert_insert
 from db.models import MISS_REASON_MAX, SEGMENT_MAX, RequestChainRow, RequestRecordRow, table_of
@@ -142,6 +143,7 @@ def store_records(conn: Connection, records: Sequence[RequestRecord]) -> StoreRe
         conn.execute(upsert_insert(conn, CHAINS).on_conflict_do_nothing(index_elements=["request_id"]), chains)
     if fresh:
         apply_rollups(conn, RollupAccumulator().add_all(fresh))
+        store_advice(conn, fresh)
     return StoreResult(inserted=len(fresh), duplicates=len(records) - len(fresh))
 
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import httpx
 from litestar import Litestar, Request, Response, asgi, get
 
+from gateway.advisor.sampler import AdviceSampler
 from gateway.auth import KeySnapshot, KeyStore
 from gateway.config import GatewayConfig
 from gateway.edge_errors import exception_handlers
@@ -81,6 +82,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         metrics=metrics,
     )
     explainer = recorder.explainer = Explainer(UpliftChecker(lambda: runtime.client, recorder.record))
+    advisor = recorder.advisor = AdviceSampler(lambda: runtime.client)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -97,6 +99,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 await keys.stop()
         finally:
             try:
+                await advisor.stop()  # the rule advice estimates in flight submit their records
                 await explainer.stop()  # the uplift checks in flight submit their records
             finally:
                 await runtime.client.aclose()
@@ -124,6 +127,12 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             "records": {
                 name: int(getattr(counters, name, 0))
                 for name in ("queued", "written", "spilled", "replayed", "dropped", "pending_spill")
+            },
+            "rule_advice": {
+                "sampled": advisor.sampled,
+                "failed": advisor.failed,
+                "skipped": advisor.skipped,
+                "pending": advisor.pending,
             },
         }
 

@@ -3,8 +3,8 @@
 A `RequestTracker` follows a request through the proxy, collecting what is known as it becomes known; `finish`
 builds the record exactly once, whatever path the request took (success, upstream error, bad input, client
 disconnect), so every request is recorded. For an answered request the record carries the miss explanation and the
-prompt's hash chain (`gateway.explain`); when the request was sampled for a normalization uplift check, the check's
-background task submits the record once it has its answer.
+prompt's hash chain (`gateway.explain`); when the request was sampled for rule advice (`gateway.advisor`) or a
+normalization uplift check, their background tasks submit the record once they have their answers.
 """
 
 from __future__ import annotations
@@ -13,13 +13,16 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from db.records import RequestRecord
 from gateway.explain.explainer import ExplainContext, Explained, Explainer
 from gateway.explain.reasons import EngineReport
 from gateway.metrics import GatewayMetrics
 from gateway.upstreams.base import CacheReport, UsageReport
+
+if TYPE_CHECKING:
+    from gateway.advisor.sampler import AdviceSampler
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,7 @@ class Recorder:
         self._sink = sink
         self._metrics = metrics
         self.explainer = explainer
+        self.advisor: AdviceSampler | None = None  # estimates what rules a tenant has not enabled would gain
 
     def record(self, record: RequestRecord) -> None:
         self._metrics.observe(record)
@@ -166,6 +170,14 @@ class RequestTracker:
             normalization_gain_tokens=explained.normalization_gain_tokens,
             chain=explained.chain,
         )
-        if explained.uplift is not None and explainer is not None and explainer.uplift.defer(record, explained.uplift):
-            return  # the check's task submits the record
-        self._recorder.record(record)
+        recorder = self._recorder
+
+        def submit(record: RequestRecord) -> None:
+            uplift = explained.uplift
+            if uplift is not None and explainer is not None and explainer.uplift.defer(record, uplift):
+                return  # the check's task submits the record
+            recorder.record(record)
+
+        if recorder.advisor is not None and recorder.advisor.observe(self.explain, record, submit):
+            return  # the rule advisor's task submits the record
+        submit(record)

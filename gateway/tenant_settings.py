@@ -6,6 +6,7 @@ Example (in `prefixscope.toml`)::
     store_prompt_text = false
     explain_history_size = 1000         # recent requests remembered per tenant to explain misses
     uplift_sample_rate = 0.1            # share of requests whose normalization gain is measured (dry-run match)
+    advice_sample_rate = 0.1            # share of requests the rule advisor estimates every rule that is off on
     hash_chain = true                   # record each prompt's block hash chain
     hash_block_size = 16                # tokens per hashed block
 
@@ -41,6 +42,7 @@ class TenantSettings:
     store_prompt_text: bool = False
     explain_history_size: int = 1000
     uplift_sample_rate: float = 0.1
+    advice_sample_rate: float = 0.1
     hash_chain: bool = True
     hash_block_size: int = 16
 
@@ -81,6 +83,7 @@ def _parse_explain(values: dict[str, Any], base: TenantSettings) -> dict[str, An
     try:
         history_size = int(values.pop("explain_history_size", base.explain_history_size))
         sample_rate = float(values.pop("uplift_sample_rate", base.uplift_sample_rate))
+        advice_rate = float(values.pop("advice_sample_rate", base.advice_sample_rate))
         block_size = int(values.pop("hash_block_size", base.hash_block_size))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"tenant settings: {exc}") from None
@@ -91,11 +94,14 @@ def _parse_explain(values: dict[str, Any], base: TenantSettings) -> dict[str, An
         raise ConfigError("explain_history_size must be at least 1")
     if not 0.0 <= sample_rate <= 1.0:
         raise ConfigError("uplift_sample_rate must be between 0 and 1")
+    if not 0.0 <= advice_rate <= 1.0:
+        raise ConfigError("advice_sample_rate must be between 0 and 1")
     if not 1 <= block_size <= MAX_HASH_BLOCK_SIZE:
         raise ConfigError(f"hash_block_size must be between 1 and {MAX_HASH_BLOCK_SIZE}")
     return {
         "explain_history_size": history_size,
         "uplift_sample_rate": sample_rate,
+        "advice_sample_rate": advice_rate,
         "hash_chain": hash_chain,
         "hash_block_size": block_size,
     }

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 _PROGRAM_CLIS = (
     "local_engine.cli",
     "gateway.cli",
+    "gateway.advisor.cli",
     "db.cli",
     "db.simulation.cli",
     "dashboard.cli",

@@ -25,6 +25,11 @@ REASON_MEANINGS = {
 
 settings = ui.load_settings()
 st.title("Why misses")
+st.page_link(
+    "views/advice.py",
+    label="Rule advice: what each rule this tenant has not enabled would gain",
+    icon=":material/lightbulb:",
+)
 
 catalog = ui.read_database(data.catalog, settings.database_url)
 if catalog.is_empty:

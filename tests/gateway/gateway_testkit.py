@@ -89,8 +89,8 @@ def gateway_config(upstream_url: str, **changes: Any) -> GatewayConfig:
         default_upstream="stub",
         server_secret=TEST_SECRET,
         key_refresh_interval_s=0.1,
-        # Uplift checks are random samples; tests that want them turn them on.
-        tenant_defaults=TenantSettings(uplift_sample_rate=0.0),
+        # Uplift checks and rule advice are random samples; tests that want them turn them on.
+        tenant_defaults=TenantSettings(uplift_sample_rate=0.0, advice_sample_rate=0.0),
     )
     return replace(base, **changes)
 

@@ -1,0 +1,115 @@
+"""Printing rule advice (`db.queries.advice`) for `prefixscope advise`, as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from typing import Any
+
+from db.queries.advice import CandidateAdvice, TenantAdvice
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _tokens(value: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+def _duration_ms(value: float | None) -> str:
+    if value is None:
+        return "unknown (no TTFT measured)"
+    seconds = value / 1000
+    if abs(seconds) >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if abs(seconds) >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
+
+
+def candidate_lines(candidate: CandidateAdvice) -> list[str]:
+    """The text block of one candidate."""
+    label = "RECOMMENDED" if candidate.recommended else "no gain" if candidate.shown else "not enough samples"
+    lines = [f"  {candidate.title} [{label}] - {candidate.samples} sampled requests"]
+    if not candidate.shown:
+        return lines
+    lines += [
+        f"    what it changes: {candidate.description}"
+        + (" (moves content: changes what the model reads)" if candidate.moves_content else ""),
+        f"    token hit rate: {_pct(candidate.sampled_hit_rate)} on the samples -> "
+        f"{_pct(candidate.sampled_estimated_hit_rate)} with it "
+        f"(changed {candidate.changed_samples} of {candidate.samples})",
+        f"    saves per day: {_tokens(candidate.tokens_saved_per_day)} prompt tokens, "
+        f"{_duration_ms(candidate.prefill_ms_saved_per_day)} of prefill",
+    ]
+    if candidate.recommended:
+        lines.append("    to enable it, in prefixscope.toml:")
+        lines += [f"      {line}" for line in candidate.toml_lines]
+    return lines
+
+
+def format_text(found: list[TenantAdvice]) -> str:
+    if not found:
+        return "no rule advice in this range (set advice_sample_rate above 0 for the tenants to advise)"
+    blocks = []
+    for tenant in found:
+        head = (
+            f"tenant {tenant.tenant}: token hit rate {_pct(tenant.token_hit_rate)} today, "
+            f"{_tokens(tenant.prompt_tokens_per_day)} prompt tokens per day"
+        )
+        lines = [head]
+        for candidate in tenant.candidates:
+            if candidate.shown:
+                lines.append(
+                    f"  -> with {candidate.title}: estimated {_pct(candidate.estimated_hit_rate)} "
+                    f"(from {candidate.samples} samples)"
+                )
+        if not tenant.recommendations:
+            lines.append("  nothing to recommend: no rule that is off would raise the hit rate")
+        for candidate in tenant.candidates:
+            lines += candidate_lines(candidate)
+        hidden = [c for c in tenant.candidates if not c.shown]
+        if hidden:
+            lines.append(f"  (estimates on fewer than {tenant.min_samples} sampled requests are not shown)")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+# What an estimate on too few samples does not show.
+_HIDDEN = ("sampled_estimated_hit_rate", "estimated_hit_rate", "tokens_saved_per_day", "prefill_ms_saved_per_day")
+
+
+def to_json(found: list[TenantAdvice]) -> list[dict[str, Any]]:
+    result = []
+    for tenant in found:
+        data = asdict(tenant)
+        data["candidates"] = [
+            {**asdict(c), "toml": "\n".join(c.toml_lines)} | ({} if c.shown else dict.fromkeys(_HIDDEN))
+            for c in tenant.candidates
+        ]
+        result.append(data)
+    return result
+
+
+def advise_command(args: argparse.Namespace) -> int:
+    from db.config import database_url_from_env
+    from db.engine import create_sync_engine_for
+    from db.queries.advice import advice
+    from db.timeutil import parse_moment, utc_now
+
+    if args.min_samples < 1:
+        raise ValueError("--min-samples must be at least 1")
+    since = parse_moment(args.since, utc_now())
+    engine = create_sync_engine_for(database_url_from_env(args.database_url))
+    try:
+        with engine.connect() as conn:
+            found = advice(conn, since, tenant=args.tenant, min_samples=args.min_samples)
+    finally:
+        engine.dispose()
+    print(json.dumps(to_json(found), indent=2) if args.json else format_text(found))
+    return 0

@@ -1,0 +1,135 @@
+"""The advisor's background sampler, bounded as the normalization uplift checker is.
+
+Every answered request joins its tenant's history (a reference, nothing copied). A share of them
+(`advice_sample_rate` per tenant) is sampled: its record is held while a background task estimates every candidate
+(`gateway.advisor.estimate`) and then submitted with the estimates attached, so the client never waits. At most
+`concurrency` estimates run at once and at most `max_pending` wait; past that a request is not sampled. `stop` waits
+(bounded) for the estimates in flight and submits the records of any it has to cancel, without advice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import replace
+
+import httpx
+
+from db.records import RequestRecord
+from gateway.advisor.candidates import candidates_for
+from gateway.advisor.estimate import AdviceJob, Estimator
+from gateway.advisor.history import DEFAULT_HISTORY_SIZE, AdviceHistories, Entry
+from gateway.explain.explainer import ExplainContext
+from gateway.normalize.pipeline import Pipeline, build_pipeline
+from gateway.tenant_settings import TenantSettings
+
+log = logging.getLogger(__name__)
+
+Submit = Callable[[RequestRecord], None]
+
+
+class AdviceSampler:
+    """Samples answered requests and estimates, off the request path, what each candidate rule would gain."""
+
+    def __init__(
+        self,
+        client: Callable[[], httpx.AsyncClient],
+        *,
+        concurrency: int = 2,
+        max_pending: int = 64,
+        history_size: int = DEFAULT_HISTORY_SIZE,
+        timeout_s: float = 10.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._client = client
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._max_pending = max_pending
+        self._timeout = httpx.Timeout(timeout_s)
+        self._random = rng or random.Random()
+        self.histories = AdviceHistories(history_size)
+        self._pipelines: dict[TenantSettings, Pipeline] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self.sampled = 0
+        self.failed = 0
+        self.skipped = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._tasks)
+
+    def observe(self, context: ExplainContext | None, record: RequestRecord, submit: Submit) -> bool:
+        """Remember an answered request; when it is sampled, start its estimate and return True (the task then
+        submits the record through `submit`). False: the caller submits the record itself. Never raises."""
+        try:
+            return self._observe(context, record, submit)
+        except Exception:  # advice is an extra: it must never cost a record
+            log.exception("the rule advisor could not take a request")
+            return False
+
+    def _observe(self, context: ExplainContext | None, record: RequestRecord, submit: Submit) -> bool:
+        if context is None or context.upstream_status is None or context.upstream_status >= 400:
+            return False
+        if record.status_code >= 400:
+            return False
+        settings = context.settings
+        history = self.histories.for_tenant(context.tenant)
+        rate = settings.advice_sample_rate
+        sampled = rate > 0 and self._random.random() < rate
+        earlier = history.snapshot() if sampled else ()  # the requests before this one
+        history.add(Entry(context.endpoint, context.raw_body, context.body))
+        if not sampled or record.prompt_tokens is None or record.cached_tokens is None:
+            return False
+        candidates = candidates_for(settings)
+        if not candidates:
+            return False
+        if self._stopping or len(self._tasks) >= self._max_pending:
+            self.skipped += 1
+            return False
+        job = AdviceJob(
+            endpoint=context.endpoint,
+            raw_body=context.raw_body,
+            body=context.body,
+            salt=context.salt,
+            route=context.route,
+            hash_block_size=settings.hash_block_size,
+            prompt_tokens=record.prompt_tokens,
+            cached_tokens=record.cached_tokens,
+            earlier=earlier,
+            candidates=tuple((candidate, self._pipeline(candidate.settings)) for candidate in candidates),
+        )
+        task = asyncio.get_running_loop().create_task(self._run(job, record, submit))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    def _pipeline(self, settings: TenantSettings) -> Pipeline:
+        pipeline = self._pipelines.get(settings)
+        if pipeline is None:
+            pipeline = self._pipelines[settings] = build_pipeline(settings)
+        return pipeline
+
+    async def _run(self, job: AdviceJob, record: RequestRecord, submit: Submit) -> None:
+        outcomes = ()
+        try:
+            async with self._semaphore:
+                outcomes = await Estimator(job, self._client(), self._timeout).outcomes()
+            self.sampled += 1
+        except Exception:  # an estimate must never lose the record
+            self.failed += 1
+            log.debug("rule advice estimate failed", exc_info=True)
+        finally:
+            submit(replace(record, advice=outcomes) if outcomes else record)
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) for the estimates in flight; cancel the rest (their records are still submitted)."""
+        self._stopping = True
+        if not self._tasks:
+            return
+        _, still_running = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        for task in still_running:
+            task.cancel()
+        if still_running:
+            await asyncio.gather(*still_running, return_exceptions=True)

@@ -1,0 +1,221 @@
+"""The rule advisor's parts without an engine: candidates, the estimate against a toy engine whose tokens are the
+characters of the rendered prompt, the approximate estimate for other upstreams, and the sampler's bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from db.records import RequestRecord
+from gateway.advisor.candidates import candidates_for
+from gateway.advisor.estimate import AdviceJob, Estimator, common_prefix
+from gateway.advisor.history import Entry
+from gateway.advisor.sampler import AdviceSampler
+from gateway.config import SEMANTIC_RULES, TenantSettings, UpstreamConfig
+from gateway.explain.chains import canonical_prompt_text
+from gateway.explain.explainer import ExplainContext
+from gateway.normalize.pipeline import build_pipeline
+from gateway.parsing import CHAT
+from gateway.routing import build_route
+
+STATIC = "You are a helpful assistant for a bicycle shop. Answer briefly and never invent order numbers. " * 3
+ENGINE = build_route(UpstreamConfig(name="engine", url="http://engine.test", kind="local_engine"))
+OTHER = build_route(UpstreamConfig(name="hosted", url="http://hosted.test", kind="openai"))
+
+
+def body(stamp: str, *turns: str) -> dict[str, Any]:
+    messages = [{"role": "system", "content": f"Current time: {stamp}\n{STATIC}"}]
+    messages += [{"role": ("user", "assistant")[i % 2], "content": text} for i, text in enumerate(turns)]
+    return {"model": "m", "messages": messages}
+
+
+def char_chain(text: str) -> list[int]:
+    """The toy engine's hash chain: one block per character."""
+    previous, chain = b"", []
+    for char in text:
+        previous = hashlib.blake2b(previous + char.encode(), digest_size=8).digest()
+        chain.append(int.from_bytes(previous, "big") >> 1)
+    return chain
+
+
+def toy_engine(requests: list[dict[str, Any]]) -> httpx.AsyncClient:
+    def handler(request: httpx.Request) -> httpx.Response:
+        payload = msgspec.json.decode(request.content)
+        requests.append(payload)
+        text = canonical_prompt_text(CHAT, payload)
+        return httpx.Response(200, json={"matched_tokens": 0, "hash_chain": {"hash_ids": char_chain(text)}})
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+
+
+def test_candidates_are_the_rules_and_settings_not_on() -> None:
+    assert [c.key for c in candidates_for(TenantSettings())] == ["hoist_volatile:after_system", "hoist_volatile:end"]
+    off = candidates_for(TenantSettings(rules=frozenset()))
+    hoisting_keys = ["hoist_volatile:after_system", "hoist_volatile:end"]
+    assert [c.key for c in off] == [*SEMANTIC_RULES, "default_rules", *hoisting_keys]
+    assert off[4].settings.rules == frozenset(SEMANTIC_RULES)
+    assert off[6].settings.rules == frozenset({"hoist_volatile"}) and off[6].settings.hoist_placement == "end"
+    hoisting = TenantSettings(rules=frozenset({*SEMANTIC_RULES, "hoist_volatile"}), hoist_placement="after_system")
+    (other,) = candidates_for(hoisting)
+    assert other.key == "hoist_placement:end" and other.settings.hoist_placement == "end"
+    one_off = TenantSettings(rules=frozenset(SEMANTIC_RULES) - {"newlines"})
+    assert [c.key for c in candidates_for(one_off)][0] == "newlines" and len(candidates_for(one_off)) == 3
+
+
+def _job(
+    route: Any, settings: TenantSettings, earlier: list[dict], current: dict, cached: int, prompt: int
+) -> AdviceJob:
+    pipeline = build_pipeline(settings)
+    entries = tuple(Entry(CHAT, raw, pipeline.apply(raw).request) for raw in earlier)
+    return AdviceJob(
+        endpoint=CHAT,
+        raw_body=current,
+        body=pipeline.apply(current).request,
+        salt="salt",
+        route=route,
+        hash_block_size=settings.hash_block_size,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        earlier=entries,
+        candidates=tuple((c, build_pipeline(c.settings)) for c in candidates_for(settings)),
+    )
+
+
+def test_estimate_with_the_engine_dry_run_is_actual_plus_the_shared_prefix_difference() -> None:
+    earlier = [body("2025-06-01T10:00:00Z", "Hi"), body("2025-06-01T10:01:00Z", "Hi", "Hello!", "Is it open?")]
+    current = body("2025-06-01T10:02:00Z", "Hi", "Hello!", "Is it open?", "Yes.", "When?")
+    text = canonical_prompt_text(CHAT, current)
+    settings = TenantSettings()
+    seen: list[dict] = []
+    client = toy_engine(seen)
+    job = _job(ENGINE, settings, earlier, current, cached=20, prompt=len(text))
+    outcomes = asyncio.run(Estimator(job, client, httpx.Timeout(5)).outcomes())
+
+    actual_shared = max(len(os.path.commonprefix([text, canonical_prompt_text(CHAT, e.body)])) for e in job.earlier)
+    expected = {}
+    for candidate, pipeline in job.candidates:
+        mine = canonical_prompt_text(CHAT, pipeline.apply(current).request)
+        shared = max(
+            len(os.path.commonprefix([mine, canonical_prompt_text(CHAT, pipeline.apply(e.raw_body).request)]))
+            for e in job.earlier
+        )
+        expected[candidate.key] = (len(mine), min(20 + shared - actual_shared, len(mine) - 1))
+    assert {o.candidate: (o.prompt_tokens, o.cached_tokens) for o in outcomes} == expected
+    assert all(o.changed for o in outcomes)
+    # Either placement keeps the system prompt (and here the earlier turns' text) cacheable.
+    assert min(expected["hoist_volatile:end"][1], expected["hoist_volatile:after_system"][1]) > 300
+    assert all(payload["cache_salt"] == "salt" and payload["hash_block_size"] == 1 for payload in seen)
+    assert len({msgspec.json.encode(p) for p in seen}) == len(seen)  # each prompt dry-run once
+
+
+def test_a_rule_that_changes_nothing_costs_no_dry_run_and_estimates_the_actual() -> None:
+    earlier = [{"model": "m", "messages": [{"role": "system", "content": STATIC}, {"role": "user", "content": "Hi"}]}]
+    current = {"model": "m", "messages": [{"role": "system", "content": STATIC}, {"role": "user", "content": "Hey"}]}
+    seen: list[dict] = []
+    job = _job(ENGINE, TenantSettings(), earlier, current, cached=30, prompt=60)
+    outcomes = asyncio.run(Estimator(job, toy_engine(seen), httpx.Timeout(5)).outcomes())
+    assert [(o.candidate, o.prompt_tokens, o.cached_tokens, o.changed) for o in outcomes] == [
+        ("hoist_volatile:after_system", 60, 30, False),
+        ("hoist_volatile:end", 60, 30, False),
+    ]
+    assert seen == []
+
+
+def test_approximate_estimate_for_upstreams_without_a_dry_run() -> None:
+    earlier = [body("2025-06-01T10:00:00Z", "Hi", "Hello!", "Is it open?")]
+    current = body("2025-06-01T10:02:00Z", "Hi", "Hello!", "Is it open?", "Yes.", "When?")
+    settings = TenantSettings(hash_block_size=4)
+    text = canonical_prompt_text(CHAT, current)
+    job = _job(OTHER, settings, earlier, current, cached=0, prompt=len(text) // 4)
+    outcomes = {o.candidate: o for o in asyncio.run(Estimator(job, httpx.AsyncClient(), httpx.Timeout(5)).outcomes())}
+    end = outcomes["hoist_volatile:end"]
+    hoist = build_pipeline(replace(settings, rules=settings.rules | {"hoist_volatile"}, hoist_placement="end"))
+    ratio = (len(text) // 4) / len(text)  # the request's own tokens per character
+
+    def tokens(a: str, b: str) -> int:  # shared whole blocks of 4 tokens x 4 characters, in tokens
+        return round(len(os.path.commonprefix([a, b])) // 16 * 16 * ratio)
+
+    rewritten = canonical_prompt_text(CHAT, hoist.apply(current).request)
+    assert end.prompt_tokens == round(len(rewritten) * ratio)
+    shared = tokens(rewritten, canonical_prompt_text(CHAT, hoist.apply(earlier[0]).request))
+    shared_as_sent = tokens(text, canonical_prompt_text(CHAT, job.earlier[0].body))
+    assert end.cached_tokens == shared - shared_as_sent > 50
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+
+
+def _context(tenant: str, settings: TenantSettings, raw: dict) -> ExplainContext:
+    normalized = build_pipeline(settings).apply(raw).request
+    context = ExplainContext(settings, CHAT, tenant, normalized, raw, "s", ENGINE, False)
+    context.upstream_status = 200
+    return context
+
+
+def _record(**changes: Any) -> RequestRecord:
+    values: dict[str, Any] = dict(
+        request_id="r1",
+        created_at=datetime(2025, 6, 1, tzinfo=UTC),
+        tenant="t",
+        key_id=None,
+        endpoint=CHAT,
+        model="m",
+        upstream="engine",
+        stream=False,
+        status_code=200,
+        error_type=None,
+        prompt_tokens=100,
+        cached_tokens=10,
+        completion_tokens=1,
+        ttft_ms=5.0,
+        latency_ms=6.0,
+    )
+    return RequestRecord(**(values | changes))
+
+
+def test_sampler_holds_sampled_records_until_their_estimate_is_done() -> None:
+    async def scenario() -> tuple[list[RequestRecord], AdviceSampler]:
+        submitted: list[RequestRecord] = []
+        seen: list[dict] = []
+        client = toy_engine(seen)
+        sampler = AdviceSampler(lambda: client, rng=random.Random(0), max_pending=1)
+        settings = TenantSettings(advice_sample_rate=1.0)
+        first = body("2025-06-01T10:00:00Z", "Hi")
+        assert sampler.observe(_context("t", settings, first), _record(request_id="a"), submitted.append)
+        second = body("2025-06-01T10:01:00Z", "Hi", "Hello!", "Open?")
+        # One estimate is already waiting: the next sampled request is skipped and submitted by the caller.
+        assert not sampler.observe(_context("t", settings, second), _record(request_id="b"), submitted.append)
+        assert sampler.skipped == 1
+        unsampled = replace(settings, advice_sample_rate=0.0)
+        assert not sampler.observe(_context("t", unsampled, second), _record(request_id="c"), submitted.append)
+        failed = _context("t", settings, second)
+        failed.upstream_status = 500
+        assert not sampler.observe(failed, _record(request_id="d", status_code=502), submitted.append)
+        await sampler.stop()
+        return submitted, sampler
+
+    submitted, sampler = asyncio.run(scenario())
+    (record,) = submitted
+    assert record.request_id == "a" and sampler.sampled == 1
+    # The first request of a tenant has nothing earlier to share: the estimate is the actual figure.
+    assert {(o.candidate, o.cached_tokens) for o in record.advice} == {
+        ("hoist_volatile:after_system", 10),
+        ("hoist_volatile:end", 10),
+    }
+    assert len(sampler.histories.for_tenant("t")) == 3  # a, b and c were answered; d was not
+
+
+def test_invalid_advice_sample_rate_is_a_config_error() -> None:
+    from gateway.config import parse_config
+    from gateway.errors import ConfigError
+
+    assert parse_config({"tenant_defaults": {"advice_sample_rate": 0.5}}).tenant_defaults.advice_sample_rate == 0.5
+    with pytest.raises(ConfigError, match="advice_sample_rate"):
+        parse_config({"tenant_defaults": {"advice_sample_rate": 2}})
