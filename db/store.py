@@ -62,6 +62,9 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "divergence_char_offset": record.divergence_char_offset,
         "recomputed_tokens": record.recomputed_tokens,
         "normalization_gain_tokens": record.normalization_gain_tokens,
+        "ttft_source": record.ttft_source,
+        "divergence_source": record.divergence_source,
+        "template_tokens": record.template_tokens,
     }
 
 
@@ -117,6 +120,9 @@ def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
         recomputed_tokens=row.recomputed_tokens,
         normalization_gain_tokens=row.normalization_gain_tokens,
         chain=chain,
+        ttft_source=row.ttft_source,
+        divergence_source=row.divergence_source,
+        template_tokens=row.template_tokens,
     )
 
 

@@ -20,6 +20,7 @@ from db.queries.totals import (
     Reader,
     Totals,
     rollup_filters,
+    bin_args,
     summed_bins,
     summed_rollups,
 )
@@ -101,7 +102,7 @@ def stats(
     ):
         groups[key_of(row)].add_sums(row)
     for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant, model=model), group_columns(BINS)):
-        groups[key_of(row)].add_bin(row["cache_state"], row["bin"], row["requests"])
+        groups[key_of(row)].add_bin(*bin_args(row))
     return [
         StatsRow(bucket_start=bucket_start, group=group, **totals.figures())
         for (bucket_start, group), totals in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1] or ""))
@@ -122,7 +123,7 @@ def overview(
     for row in summed_rollups(conn, rollup_filters(ROLLUPS, start, end, tenant=tenant, model=model), []):
         totals.add_sums(row)
     for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant, model=model), []):
-        totals.add_bin(row["cache_state"], row["bin"], row["requests"])
+        totals.add_bin(*bin_args(row))
     miss_kinds = label_counts(conn, DIMENSION_MISS_KIND, start, end, tenant=tenant, model=model)
     error_types = label_counts(conn, DIMENSION_ERROR_TYPE, start, end, tenant=tenant, model=model)
     return Overview(
@@ -157,7 +158,7 @@ def totals_by(
         groups[row["grp"]].add_sums(row)
     if quantiles:
         for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant), [BINS.c[group_by].label("grp")]):
-            groups[row["grp"]].add_bin(row["cache_state"], row["bin"], row["requests"])
+            groups[row["grp"]].add_bin(*bin_args(row))
     return [
         GroupTotals(group=name, **totals.figures())
         for name, totals in sorted(groups.items())

@@ -19,6 +19,7 @@ from db.chains import RequestChain
 from gateway.explain.chains import approximate_chain, canonical_prompt_text, engine_chain
 from gateway.explain.compare import compare
 from gateway.explain.history import HistoryIndex, Nearest
+from gateway.explain.located import engine_locates, explain_located
 from gateway.explain.reasons import EngineReport, Explanation, classify
 from gateway.explain.segments import PromptSegments, chat_segments, completion_segments
 from gateway.explain.uplift import UpliftChecker, UpliftJob
@@ -135,7 +136,10 @@ class Explainer:
         explanation = None
         if context.segments is not None:
             history = self.histories.for_tenant(context.tenant, context.settings.explain_history_size)
-            explanation = classify(engine, compare(context.segments, context.nearest, history.text))
+            if engine_locates(engine):
+                explanation = explain_located(engine, context.segments, context.nearest, history)
+            else:
+                explanation = classify(engine, compare(context.segments, context.nearest, history.text))
             if recorded_status < 400:
                 history.add(context.segments, engine.prompt_tokens)
         settings = context.settings
@@ -151,6 +155,7 @@ class Explainer:
                     match_url=context.route.match_url,
                     headers=context.route.headers,
                     normalized_matched_tokens=engine.matched_tokens,
+                    template_tokens=engine.template_tokens or 0,
                 )
         return Explained(explanation, self._chain(context, engine), gain, job)
 

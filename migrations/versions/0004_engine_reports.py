@@ -1,0 +1,48 @@
+"""What the engine reports with each match, kept with the request: where TTFT came from, how the divergence was
+located, the template's fixed opening (a hit reuses more than it); per TTFT histogram bin, the smallest and largest
+TTFT seen (quantiles are clamped to them).
+
+Existing rows keep NULL in every new column: their source is unknown, their opening counts as 0 and their bins fall
+back to the bin edges.
+
+Revision ID: 0004
+Revises: 0002
+Create Date: 2026-11-30
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0004"
+down_revision: str | None = "0002"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+_REQUEST_COLUMNS = (
+    ("ttft_source", sa.String(16)),
+    ("divergence_source", sa.String(16)),
+    ("template_tokens", sa.Integer()),
+)
+_BIN_COLUMNS = (("ttft_min_ms", sa.Float()), ("ttft_max_ms", sa.Float()))
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("requests") as batch:
+        for name, type_ in _REQUEST_COLUMNS:
+            batch.add_column(sa.Column(name, type_, nullable=True))
+    with op.batch_alter_table("hourly_ttft_bins") as batch:
+        for name, type_ in _BIN_COLUMNS:
+            batch.add_column(sa.Column(name, type_, nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("hourly_ttft_bins") as batch:
+        for name, _ in reversed(_BIN_COLUMNS):
+            batch.drop_column(name)
+    with op.batch_alter_table("requests") as batch:
+        for name, _ in reversed(_REQUEST_COLUMNS):
+            batch.drop_column(name)
