@@ -63,8 +63,10 @@ def recent_requests(
     model: str | None,
     hit: bool | None,
     miss_kind: str | None,
+    miss_reason: str | None = None,
 ) -> list[RequestRow]:
-    return _read(url, loaders.load_recent_requests, since, until, tenant, model, hit, miss_kind)
+    limit = loaders.RECENT_REQUESTS_LIMIT
+    return _read(url, loaders.load_recent_requests, since, until, tenant, model, hit, miss_kind, limit, miss_reason)
 
 
 @st.cache_data(ttl=CATALOG_TTL_S, show_spinner=False)

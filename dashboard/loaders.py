@@ -88,10 +88,19 @@ def load_recent_requests(
     hit: bool | None,
     miss_kind: str | None,
     limit: int = RECENT_REQUESTS_LIMIT,
+    miss_reason: str | None = None,
 ) -> list[RequestRow]:
     """The Requests page's table: newest requests in the range matching the filters."""
     return queries.recent_requests(
-        conn, limit=limit, tenant=tenant, model=model, hit=hit, miss_kind=miss_kind, since=since, until=until
+        conn,
+        limit=limit,
+        tenant=tenant,
+        model=model,
+        hit=hit,
+        miss_kind=miss_kind,
+        since=since,
+        until=until,
+        miss_reason=miss_reason,
     )
 
 

@@ -6,6 +6,7 @@ import streamlit as st
 
 from dashboard import charts, data, ui
 from dashboard.engine_client import EngineUnavailable
+from dashboard.explain import ttft_caption
 from dashboard.loaders import OverviewData
 
 settings = ui.load_settings()
@@ -34,6 +35,14 @@ def prefill_speed() -> tuple[float, str]:
     return speed, f"the configured default of {speed:,.0f} tokens/s, because {reason}"
 
 
+HIT_HELP = (
+    "Share of requests (among those whose upstream reported cached tokens) that reused more than the chat "
+    "template's fixed opening from cache. The opening is the leading tokens every prompt of its shape starts with "
+    "(such as `<|im_start|>system` and a newline, or a default system prompt the template inserts); the engine "
+    "reports how many there are, and a request that matched only those counts as a miss."
+)
+
+
 def render_totals(result: OverviewData) -> None:
     totals = result.totals
     speed, speed_source = prefill_speed()
@@ -41,7 +50,7 @@ def render_totals(result: OverviewData) -> None:
     columns = st.columns(5)
     columns[0].metric("Requests", f"{totals.requests:,}")
     columns[1].metric("Token hit rate", ui.format_share(totals.token_hit_rate), help="cached / prompt tokens")
-    columns[2].metric("Requests with any hit", ui.format_share(totals.request_hit_share))
+    columns[2].metric("Requests with any hit", ui.format_share(totals.request_hit_share), help=HIT_HELP)
     columns[3].metric("Tokens served from cache", ui.format_tokens(totals.cached_tokens))
     columns[4].metric("Prefill time saved", ui.format_seconds(saved_s), help="cached tokens / prefill speed")
     st.caption(f"Prefill time saved uses {speed_source}.")
@@ -59,7 +68,7 @@ def render_totals(result: OverviewData) -> None:
             f"{unknown:,} requests have no cached-token count (failed, or sent to an upstream that does not report "
             "it); the hit rates leave them out."
         )
-    st.caption("TTFT percentiles are estimated from the hourly histograms (within about 15%).")
+    st.caption(ttft_caption(totals.ttft_ranges_ms))
 
 
 @st.fragment(run_every=settings.refresh_s)

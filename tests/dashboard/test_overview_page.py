@@ -112,3 +112,19 @@ def test_misconfigured_environment_shows_an_error(run_page, seeded_url) -> None:
 
     app = run_page("overview", seeded_url, **{ENV_REFRESH_S: "often"})
     assert any("misconfigured" in error.value and ENV_REFRESH_S in error.value for error in app.error)
+
+
+def test_percentiles_stay_within_what_was_seen_and_the_caption_states_the_bound(run_page, seeded_url) -> None:
+    app = run_page("overview", seeded_url)
+    shown = metrics(app)
+    # The slowest miss took 320 ms: interpolating to its bin's upper edge (about 422 ms) would overshoot it.
+    assert float(shown["TTFT p95, misses"].removesuffix(" ms")) == 320
+    assert "p95 misses 320.0-320.0 ms" in captions(app)
+    assert "clamped to the values observed" in captions(app)
+
+
+def test_the_help_text_says_exactly_what_counts_as_a_hit(run_page, seeded_url) -> None:
+    app = run_page("overview", seeded_url)
+    [hit_share] = [metric for metric in app.metric if metric.label == "Requests with any hit"]
+    assert "reused more than the chat template's fixed opening" in hit_share.proto.help
+    assert "matched only those counts as a miss" in hit_share.proto.help
