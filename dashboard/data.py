@@ -49,6 +49,11 @@ def catalog(url: str) -> loaders.Catalog:
     return _read(url, loaders.load_catalog)
 
 
+@st.cache_data(ttl=CATALOG_TTL_S, show_spinner=False)
+def namespace_tenants(url: str) -> dict[str, str]:
+    return _read(url, loaders.load_namespace_tenants)
+
+
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def overview(url: str, since: datetime, until: datetime, tenant: str | None, model: str | None) -> loaders.OverviewData:
     return _read(url, loaders.load_overview, since, until, tenant, model)

@@ -67,6 +67,11 @@ def load_catalog(conn: Connection) -> Catalog:
     return Catalog(tenants=list(queries.tenants(conn)), models=list(queries.models(conn)))
 
 
+def load_namespace_tenants(conn: Connection) -> dict[str, str]:
+    """Engine namespace label -> tenant, from the database (the engine never knows tenant names)."""
+    return queries.namespace_tenants(conn)
+
+
 def load_overview(
     conn: Connection, since: datetime, until: datetime, tenant: str | None, model: str | None
 ) -> OverviewData:

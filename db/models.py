@@ -290,6 +290,17 @@ class HourlyDivergence(Base):
     recomputed_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
+class NamespaceTenant(Base):
+    """Which tenant a cache namespace label belongs to (`gateway.tenancy.namespace_label` of its salt), as recorded
+    with its requests; `last_seen` is the latest such request."""
+
+    __tablename__ = "namespace_tenants"
+
+    namespace_label: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX))
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 def table_of(model: type[Base]) -> Table:
     """The Core `Table` of a model, typed as such (for insert/update/upsert statements)."""
     return cast(Table, model.__table__)

@@ -104,6 +104,9 @@ class RequestRecord:
     # Leading prompt tokens of the chat template's fixed opening, when the engine reports them: matching only these
     # reused nothing of the request, so it is not a hit.
     template_tokens: int | None = None
+    # The engine's label of the tenant's cache namespace (`gateway.tenancy.namespace_label`), when a salt was sent:
+    # kept in `namespace_tenants` so the dashboard can name the tenant of each namespace in the engine's cache.
+    namespace_label: str | None = None
 
     @property
     def cache_hit(self) -> bool | None:

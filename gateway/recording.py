@@ -89,6 +89,7 @@ class RequestTracker:
         "outcome",
         "finished",
         "explain",
+        "namespace_label",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -113,6 +114,7 @@ class RequestTracker:
         self.outcome: Outcome | None = None
         self.finished = False
         self.explain: ExplainContext | None = None
+        self.namespace_label: str | None = None  # the engine's label of the tenant's cache namespace
 
     def sending_upstream(self) -> None:
         """The request is about to go upstream: look up its nearest earlier request while the upstream works."""
@@ -177,6 +179,7 @@ class RequestTracker:
             divergence_source=None if explanation is None or explanation.segment is None else explanation.source,
             diverged_at_token=report.matched_tokens if engine_located else None,
             template_tokens=report.template_tokens,
+            namespace_label=self.namespace_label,
             normalization_gain_tokens=explained.normalization_gain_tokens,
             chain=explained.chain,
         )

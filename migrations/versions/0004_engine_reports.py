@@ -1,6 +1,6 @@
 """What the engine reports with each match, kept with the request: where TTFT came from, how the divergence was
 located, the template's fixed opening (a hit reuses more than it); per TTFT histogram bin, the smallest and largest
-TTFT seen (quantiles are clamped to them).
+TTFT seen (quantiles are clamped to them); `namespace_tenants`, the tenant of each engine cache namespace label.
 
 Existing rows keep NULL in every new column: their source is unknown, their opening counts as 0 and their bins fall
 back to the bin edges.
@@ -31,6 +31,13 @@ _BIN_COLUMNS = (("ttft_min_ms", sa.Float()), ("ttft_max_ms", sa.Float()))
 
 
 def upgrade() -> None:
+    op.create_table(
+        "namespace_tenants",
+        sa.Column("namespace_label", sa.String(64), nullable=False),
+        sa.Column("tenant", sa.String(200), nullable=False),
+        sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("namespace_label", name="pk_namespace_tenants"),
+    )
     with op.batch_alter_table("requests") as batch:
         for name, type_ in _REQUEST_COLUMNS:
             batch.add_column(sa.Column(name, type_, nullable=True))
@@ -46,3 +53,4 @@ def downgrade() -> None:
     with op.batch_alter_table("requests") as batch:
         for name, _ in reversed(_REQUEST_COLUMNS):
             batch.drop_column(name)
+    op.drop_table("namespace_tenants")

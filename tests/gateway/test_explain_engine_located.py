@@ -41,6 +41,7 @@ class Deployment:
     url: str
     keys: dict[str, str]
     database_url: str
+    engine_url: str
 
     def chat(self, tenant: str, **body: Any) -> httpx.Response:
         request = {"model": MODEL, "max_tokens": 1, "temperature": 0, **body}
@@ -66,7 +67,7 @@ def deployment(engine_url: str, tmp_path_factory) -> Iterator[Deployment]:
         tenants=dict.fromkeys(TENANTS, PLAIN),
     )
     with running_gateway(config, db_storage(database_url, tmp_path)) as gw:
-        yield Deployment(gw.url, keys, database_url)
+        yield Deployment(gw.url, keys, database_url, engine_url)
 
 
 def messages(system: str = SYSTEM, history: str = HISTORY, question: str = "What can I do?") -> list[dict]:
@@ -163,3 +164,11 @@ def test_non_streamed_requests_record_the_engine_s_ttft(deployment: Deployment):
     assert plain_row["ttft_source"] == "engine"
     assert plain_row["ttft_ms"] == pytest.approx(float(plain.headers["x-prefix-cache-ttft-ms"]), abs=0.001)
     assert streamed_row["ttft_source"] == "gateway" and streamed_row["ttft_ms"] > 0
+
+
+def test_each_tenant_s_namespace_label_is_recorded_with_its_tenant(deployment: Deployment):
+    response = deployment.chat("ttft", messages=messages())
+    deployment.row(response)
+    [row] = stored(deployment.database_url, "namespace_tenants", "tenant", ["ttft"]).values()
+    tree = httpx.get(f"{deployment.engine_url}/v1/cache/tree", timeout=30).json()
+    assert row["namespace_label"] in {entry["namespace"] for entry in tree["namespaces"]}

@@ -116,3 +116,14 @@ def test_uplift_counts_only_what_matched_beyond_the_template_opening():
     no_opening = UpliftJob("chat.completions", {}, "salt", "http://x/v1/cache/match", httpx.Headers(), 3,
                            template_tokens=3)
     assert uplift_gain(no_opening, 0) == 0
+
+
+def test_the_gateway_labels_a_tenant_s_namespace_as_the_engine_does():
+    from local_engine.cache.tree_views import namespace_label as engine_label
+
+    from gateway.tenancy import SaltDeriver, namespace_label
+
+    salts = SaltDeriver("server-secret")
+    salt = salts.salt_for("acme")
+    assert salts.label_for("acme") == namespace_label(salt) == engine_label(salt)
+    assert namespace_label("") == engine_label("") == "default"
