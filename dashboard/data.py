@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from dashboard import loaders
 from dashboard.engine_client import CacheStats, CacheTreeSnapshot, fetch_cache_stats, fetch_cache_tree
 from dashboard.prices import ModelUsage
+from db.engine_context import EngineContext
 from db.config import sqlite_path
 from db.engine import create_sync_engine_for
 from db.errors import DatabaseConfigError
@@ -47,6 +48,11 @@ def _read(url: str, fn: Callable[..., T], *args: Any) -> T:
 @st.cache_data(ttl=CATALOG_TTL_S, show_spinner=False)
 def catalog(url: str) -> loaders.Catalog:
     return _read(url, loaders.load_catalog)
+
+
+@st.cache_data(ttl=CATALOG_TTL_S, show_spinner=False)
+def engine_context(url: str) -> EngineContext | None:
+    return _read(url, loaders.load_engine_context)
 
 
 @st.cache_data(ttl=CATALOG_TTL_S, show_spinner=False)

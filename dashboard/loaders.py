@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from dashboard.prices import ModelUsage
+from db.engine_context import EngineContext, latest_engine_context
 from db import queries
 from db.queries import GroupTotals, LabelCount, Overview, PrefixRow, RequestRow, StatsRow
 from db.records import RequestRecord
@@ -65,6 +66,11 @@ class PrefixesData:
 
 def load_catalog(conn: Connection) -> Catalog:
     return Catalog(tenants=list(queries.tenants(conn)), models=list(queries.models(conn)))
+
+
+def load_engine_context(conn: Connection) -> EngineContext | None:
+    """The engine context recorded with this database's history (its prefill speed and cache settings), if any."""
+    return latest_engine_context(conn)
 
 
 def load_namespace_tenants(conn: Connection) -> dict[str, str]:

@@ -301,6 +301,21 @@ class NamespaceTenant(Base):
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class EngineContextRow(Base):
+    """The last recorded context of one upstream engine (`db.engine_context`): its measured prefill speed and cache
+    settings, which the history's figures use."""
+
+    __tablename__ = "engine_contexts"
+
+    upstream: Mapped[str] = mapped_column(String(200), primary_key=True)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    prefill_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    capacity_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    page_size: Mapped[int | None] = mapped_column(Integer)
+    eviction: Mapped[str | None] = mapped_column(String(32))
+    ttl_s: Mapped[float | None] = mapped_column(Float)
+
+
 def table_of(model: type[Base]) -> Table:
     """The Core `Table` of a model, typed as such (for insert/update/upsert statements)."""
     return cast(Table, model.__table__)

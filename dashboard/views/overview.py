@@ -22,7 +22,15 @@ filters = ui.sidebar_filters(catalog.tenants, catalog.models)
 
 
 def prefill_speed() -> tuple[float, str]:
-    """Tokens/s used to turn cached tokens into time saved, and a sentence saying where the figure comes from."""
+    """Tokens/s used to turn cached tokens into time saved, and a sentence saying where the figure comes from: the
+    prefill speed recorded with this database's history first; the live engine's only when none was recorded."""
+    context = ui.read_database(data.engine_context, settings.database_url)
+    if context is not None and context.prefill_tokens_per_s:
+        speed = context.prefill_tokens_per_s
+        return speed, (
+            f"the prefill speed recorded with this database, {speed:,.0f} tokens/s (engine `{context.upstream}`, "
+            f"{context.recorded_at:%Y-%m-%d %H:%M} UTC)"
+        )
     try:
         measured = data.engine_stats(settings.engine_url, settings.engine_timeout_s).prefill_tokens_per_s
     except EngineUnavailable:
@@ -30,7 +38,10 @@ def prefill_speed() -> tuple[float, str]:
     else:
         reason = "the engine has not measured its prefill speed yet"
     if measured is not None:
-        return measured, f"the engine's measured prefill speed, {measured:,.0f} tokens/s ({settings.engine_url})"
+        return measured, (
+            f"the engine's measured prefill speed, {measured:,.0f} tokens/s ({settings.engine_url}), because this "
+            "database recorded none: the live engine may not be the one this history ran on"
+        )
     speed = settings.default_prefill_tokens_per_s
     return speed, f"the configured default of {speed:,.0f} tokens/s, because {reason}"
 

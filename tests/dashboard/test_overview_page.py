@@ -128,3 +128,24 @@ def test_the_help_text_says_exactly_what_counts_as_a_hit(run_page, seeded_url) -
     [hit_share] = [metric for metric in app.metric if metric.label == "Requests with any hit"]
     assert "reused more than the chat template's fixed opening" in hit_share.proto.help
     assert "matched only those counts as a miss" in hit_share.proto.help
+
+
+def test_prefill_time_saved_uses_the_speed_recorded_with_the_database(run_page, records, engine, tmp_path) -> None:
+    from datetime import UTC, datetime
+
+    from dashboard_testkit import create_database
+
+    from db.engine import create_sync_engine_for
+    from db.engine_context import context_from_stats, record_engine_context
+
+    url = create_database(tmp_path / "context.db", records)
+    engine_db = create_sync_engine_for(url)
+    with engine_db.begin() as conn:
+        recorded_at = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+        record_engine_context(conn, context_from_stats("local", {"prefill_tokens_per_s": 250.0}, recorded_at))
+    engine_db.dispose()
+    engine_url, state = engine
+    state.stats = engine_stats_payload(prefill_tokens_per_s=500.0)  # the live engine is another one: not borrowed
+    app = run_page("overview", url, engine_url=engine_url)
+    assert metrics(app)["Prefill time saved"] == ui.format_seconds(expected_figures(records).cached_tokens / 250.0)
+    assert "the prefill speed recorded with this database, 250 tokens/s (engine `local`" in captions(app)
