@@ -21,8 +21,13 @@ RECENT_REQUESTS_LIMIT = 500
 TOP_PREFIXES_LIMIT = 25
 
 
-def bucket_for_span(span: timedelta) -> str:
-    """A chart bucket that keeps a series between roughly 24 and 200 points."""
+def bucket_for_span(span: timedelta, minutes: bool = False) -> str:
+    """A chart bucket that keeps a series between roughly 24 and 200 points; with `minutes` (series that can be read
+    from the request rows), minute buckets for ranges up to six hours."""
+    if minutes and span <= timedelta(hours=1):
+        return "1m"
+    if minutes and span <= timedelta(hours=6):
+        return "5m"
     if span <= timedelta(days=3):
         return "1h"
     if span <= timedelta(days=14):
@@ -38,6 +43,8 @@ class Catalog:
 
     tenants: list[str]
     models: list[str]
+    # When the oldest recorded request happened (its hour), for a default time range that fits the data.
+    first_seen: datetime | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -65,7 +72,9 @@ class PrefixesData:
 
 
 def load_catalog(conn: Connection) -> Catalog:
-    return Catalog(tenants=list(queries.tenants(conn)), models=list(queries.models(conn)))
+    return Catalog(
+        tenants=list(queries.tenants(conn)), models=list(queries.models(conn)), first_seen=queries.first_seen(conn)
+    )
 
 
 def load_engine_context(conn: Connection) -> EngineContext | None:
@@ -82,7 +91,7 @@ def load_overview(
     conn: Connection, since: datetime, until: datetime, tenant: str | None, model: str | None
 ) -> OverviewData:
     """Totals and the time series for the Overview page."""
-    bucket = bucket_for_span(until - since)
+    bucket = bucket_for_span(until - since, minutes=True)
     totals = queries.overview(conn, since, until, tenant=tenant, model=model)
     series = queries.stats(conn, since, until, bucket=bucket, tenant=tenant, model=model)
     return OverviewData(

@@ -8,7 +8,7 @@ writers because every column is additive (or, for a prefix's first and last requ
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -81,7 +81,9 @@ def _zero_sums() -> dict[str, float]:
 class RollupAccumulator:
     """In-memory sums of request records per rollup key, ready to be added to the tables."""
 
-    def __init__(self) -> None:
+    def __init__(self, floor: Callable[[datetime], datetime] = floor_hour) -> None:
+        # The time bucket a record is counted in: the UTC hour for the rollup tables (minutes for `db.queries.minutes`).
+        self._floor = floor
         self.sums: dict[RollupKey, dict[str, float]] = defaultdict(_zero_sums)
         self.ttft_bins: dict[tuple[RollupKey, str, int], int] = defaultdict(int)
         # The smallest and largest TTFT seen in each bin: quantiles are clamped to them (`db.histogram`).
@@ -97,7 +99,7 @@ class RollupAccumulator:
 
     def add(self, record: RequestRecord) -> None:
         """Count one request."""
-        key: RollupKey = (floor_hour(record.created_at), record.tenant, record.model, record.upstream)
+        key: RollupKey = (self._floor(record.created_at), record.tenant, record.model, record.upstream)
         sums = self.sums[key]
         sums["requests"] += 1
         if record.status_code >= 400:

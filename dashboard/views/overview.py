@@ -18,7 +18,7 @@ if catalog.is_empty:
         "No requests recorded yet. Send traffic through the gateway, or write demo history with "
         "`prefixscope demo-data --rows 10000`."
     )
-filters = ui.sidebar_filters(catalog.tenants, catalog.models)
+filters = ui.sidebar_filters(catalog.tenants, catalog.models, first_seen=catalog.first_seen)
 
 
 def prefill_speed() -> tuple[float, str]:

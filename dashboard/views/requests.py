@@ -14,7 +14,7 @@ st.title("Requests")
 catalog = ui.read_database(data.catalog, settings.database_url)
 if catalog.is_empty:
     ui.stop_with_info("No requests recorded yet. Send traffic through the gateway to see it here.")
-filters = ui.sidebar_filters(catalog.tenants, catalog.models).refreshed()
+filters = ui.sidebar_filters(catalog.tenants, catalog.models, first_seen=catalog.first_seen).refreshed()
 
 outcome_choices = {"All": None, "Hits": True, "Misses": False}
 left, middle, right = st.columns(3)

@@ -24,13 +24,16 @@ from db.queries.totals import (
     summed_bins,
     summed_rollups,
 )
+from db.queries.minutes import MINUTE_BUCKETS, minute_stats
 from db.rollups import DIMENSION_ERROR_TYPE, DIMENSION_MISS_KIND
 from db.timeutil import as_utc, floor_hour, utc_now
 
 GroupBy = Literal["tenant", "model", "upstream"]
 GROUP_BY_CHOICES: Final = ("tenant", "model", "upstream")
 # Bucket sizes `stats` accepts. Sub-day buckets divide the day evenly; weeks start on Monday (ISO 8601).
+# Minute buckets (up to a day's range) are summed from the request rows (`db.queries.minutes`).
 BUCKETS: Final[dict[str, timedelta]] = {
+    **MINUTE_BUCKETS,
     "1h": timedelta(hours=1),
     "2h": timedelta(hours=2),
     "3h": timedelta(hours=3),
@@ -84,6 +87,8 @@ def stats(
         raise ValueError(f"group_by must be one of {GROUP_BY_CHOICES} or None, got {group_by!r}")
     size_s, offset_s = bucket_geometry(bucket)
     start, end = query_range(since, until)
+    if bucket in MINUTE_BUCKETS:
+        return minute_stats(conn, as_utc(since), as_utc(until or utc_now()), bucket, group_by, tenant, model)
     groups: dict[tuple[datetime, str | None], Totals] = defaultdict(Totals)
 
     def group_columns(table: Any) -> list[Any]:

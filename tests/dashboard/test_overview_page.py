@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from pathlib import Path
 
@@ -149,3 +150,37 @@ def test_prefill_time_saved_uses_the_speed_recorded_with_the_database(run_page, 
     app = run_page("overview", url, engine_url=engine_url)
     assert metrics(app)["Prefill time saved"] == ui.format_seconds(expected_figures(records).cached_tokens / 250.0)
     assert "the prefill speed recorded with this database, 250 tokens/s (engine `local`" in captions(app)
+
+
+def test_a_fresh_install_opens_on_a_short_range_with_minute_points(run_page, tmp_path) -> None:
+    from dataclasses import replace
+    from datetime import UTC, datetime, timedelta
+
+    from dashboard_testkit import create_database, seeded_records
+
+    from dashboard.loaders import bucket_for_span
+
+    now = datetime.now(UTC)
+    fresh = [
+        replace(record, created_at=now - timedelta(minutes=5 + index))
+        for index, record in enumerate(seeded_records()[:4])
+    ]
+    app = run_page("overview", create_database(tmp_path / "fresh.db", fresh))
+    assert app.sidebar.selectbox[0].value in ("Last hour", "Last 6 hours")  # the oldest row's hour is covered
+    assert bucket_for_span(timedelta(hours=1), minutes=True) == "1m"
+    assert bucket_for_span(timedelta(hours=6), minutes=True) == "5m"
+    assert bucket_for_span(timedelta(days=7), minutes=True) == "4h"
+    hit_rate = json.loads(app.get("plotly_chart")[0].proto.spec)
+    points = [x for trace in hit_rate["data"] for x in trace.get("x", [])]
+    assert len(set(points)) >= 2  # minutes apart, not one dot at the edge of a week
+
+
+def test_the_default_range_fits_the_data() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime(2026, 11, 30, 12, 30, tzinfo=UTC)
+    assert ui.default_range(None, now) == "Last 7 days"
+    assert ui.default_range(now - timedelta(minutes=40), now) == "Last hour"
+    assert ui.default_range(now - timedelta(hours=3), now) == "Last 6 hours"
+    assert ui.default_range(now - timedelta(days=3), now) == "Last 7 days"
+    assert ui.default_range(now - timedelta(days=400), now) == "Last 30 days"
