@@ -118,7 +118,9 @@ def _check_model(body: dict, loaded: LoadedModel) -> str:
     return model
 
 
-def parse_prompt(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[str, tuple[list[int], PromptLayout | None], str]:
+def parse_prompt(
+    body: dict, endpoint: str, loaded: LoadedModel
+) -> tuple[str, tuple[list[int], PromptLayout | None], str]:
     """(model, (prompt token ids, layout), cache namespace): what a dry-run match needs."""
     model = _check_model(body, loaded)
     salt = body.get("cache_salt")

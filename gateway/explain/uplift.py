@@ -2,8 +2,9 @@
 
 For a sample of answered requests that normalization changed, a background task asks the engine's dry-run match
 (`POST /v1/cache/match`, nothing is locked or changed) how much of the request as the client sent it would have
-matched, under the tenant's salt. The gain is the normalized request's matched tokens minus that, never below 0, both counted beyond the template's
-fixed opening that the engine reports with its match (the same report the miss explanation reads).
+matched, under the tenant's salt. The gain is the normalized request's matched tokens minus that, never below 0,
+both counted beyond the template's fixed opening that the engine reports with its match (the same report the miss
+explanation reads).
 
 The dry run comes after the request, when the cache also holds the normalized prompt itself. That can only make the
 un-normalized prompt match more, and only up to where the two versions part; so when normalization did not help (the

@@ -91,8 +91,8 @@ def _header_float(headers: Mapping[str, str], name: str) -> float | None:
 
 class LocalEngineAdapter(UpstreamAdapter):
     """prefixscope's own engine: salt in `cache_salt`; cached tokens in `usage.prompt_tokens_details`; the match
-    report (matched/prompt tokens, the miss kind, the template's opening tokens and where the match ended in the request)
-    in `x-prefix-cache-*` headers, known before the first byte (and its TTFT on non-streamed responses); the
+    report (matched/prompt tokens, the miss kind, the template's opening tokens and where the match ended in the
+    request) in `x-prefix-cache-*` headers, known before the first byte (and its TTFT on non-streamed responses); the
     prompt's block hash chain in `prefix_cache.hash_chain` when asked (`return_hash_chain`); a dry-run match."""
 
     kind = "local_engine"

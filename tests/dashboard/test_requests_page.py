@@ -71,8 +71,10 @@ def test_detail_of_a_partial_hit(run_page, seeded_url) -> None:
     assert shown["Computed tokens"] == "552"
     text = markdown(app)
     assert "partial hit" in text
-    assert "**Why:** `system_changed`; the prompt first differed from the cached prefix in `system` at character 1,830 " \
-        "(token 448), as the engine located it; 552 prompt tokens were computed again" in text
+    assert (
+        "**Why:** `system_changed`; the prompt first differed from the cached prefix in `system` at character "
+        "1,830 (token 448), as the engine located it; 552 prompt tokens were computed again"
+    ) in text
     assert "`canonical_tool_order`" in text
     bar = app.get("plotly_chart")[0].proto.spec
     assert "cached: 448 tokens" in bar and "computed: 552 tokens" in bar
