@@ -60,6 +60,19 @@ def namespace_tenants(url: str) -> dict[str, str]:
     return _read(url, loaders.load_namespace_tenants)
 
 
+def namespace_tenants_if_readable(url: str) -> dict[str, str]:
+    """`namespace_tenants`, or empty (namespaces are then shown by label) when the database cannot answer: the
+    Engine cache page works without a database."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from db.errors import DatabaseError
+
+    try:
+        return namespace_tenants(url)
+    except (SQLAlchemyError, DatabaseError, OSError):
+        return {}
+
+
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def overview(url: str, since: datetime, until: datetime, tenant: str | None, model: str | None) -> loaders.OverviewData:
     return _read(url, loaders.load_overview, since, until, tenant, model)

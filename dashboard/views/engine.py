@@ -19,18 +19,6 @@ max_nodes = right.select_slider(
 )
 
 
-def known_tenants() -> dict[str, str]:
-    """Namespace label -> tenant from the database; empty (namespaces shown by label) when it cannot answer."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from db.errors import DatabaseError
-
-    try:
-        return data.namespace_tenants(settings.database_url)
-    except (SQLAlchemyError, DatabaseError, OSError):
-        return {}
-
-
 @st.fragment(run_every=settings.refresh_s)
 def live_engine() -> None:
     try:
@@ -71,7 +59,7 @@ def live_engine() -> None:
     if details:
         st.caption(" · ".join(details))
 
-    tenants = known_tenants()
+    tenants = data.namespace_tenants_if_readable(settings.database_url)
     flat, summaries = flatten_tree(tree.namespaces, tenants)
     if not summaries or all(summary.num_tokens == 0 for summary in summaries):
         st.info("The engine's cache is empty: no prompt has been cached yet.")
