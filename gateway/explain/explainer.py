@@ -1,5 +1,6 @@
 """Per request: segments and the nearest earlier request when it is sent; the reason, the divergence, the hash chain
-and (for a sample) a normalization uplift check once it has been answered.
+and (for a sample) a normalization uplift check once it has been answered. When the engine reports where its match
+ended, the divergence is the engine's (`located`); otherwise it is approximated from the history (`reasons`).
 
 The lookup happens when the request goes upstream (scheduled to run while the upstream works), so that it sees the
 tenant's history as the engine's cache saw it: requests still in flight are not yet in either. The request joins the
