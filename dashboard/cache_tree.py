@@ -6,6 +6,7 @@ its own tokens plus its descendants'. A synthetic top node holds all namespaces 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ class FlatTree:
 @dataclass(frozen=True)
 class NamespaceSummary:
     namespace: str
+    tenant: str | None
     num_nodes: int
     num_tokens: int
     hit_count: int
@@ -46,8 +48,13 @@ def _as_int(value: Any) -> int:
         return 0
 
 
-def flatten_tree(namespaces: list[dict[str, Any]]) -> tuple[FlatTree, list[NamespaceSummary]]:
-    """Walk every namespace's tree (iteratively: trees can be deep) into a `FlatTree` and per-namespace totals."""
+def flatten_tree(
+    namespaces: list[dict[str, Any]], tenants: Mapping[str, str] | None = None
+) -> tuple[FlatTree, list[NamespaceSummary]]:
+    """Walk every namespace's tree (iteratively: trees can be deep) into a `FlatTree` and per-namespace totals.
+    `tenants` maps namespace labels to tenant names (from the database); a namespace found there is labelled with
+    its tenant."""
+    tenants = tenants or {}
     flat = FlatTree()
     summaries: list[NamespaceSummary] = []
     flat.ids.append(ROOT_ID)
@@ -78,7 +85,8 @@ def flatten_tree(namespaces: list[dict[str, Any]]) -> tuple[FlatTree, list[Names
             hits = _as_int(node.get("hit_count"))
             flat.ids.append(node_id)
             flat.parents.append(parent_id)
-            flat.labels.append(f"ns {namespace}" if is_root else f"{tokens} tok · {hits} hits")
+            root_label = f"tenant {tenants[namespace]}" if namespace in tenants else f"ns {namespace}"
+            flat.labels.append(root_label if is_root else f"{tokens} tok · {hits} hits")
             flat.num_tokens.append(tokens)
             flat.subtree_tokens.append(tokens)
             flat.hit_counts.append(hits)
@@ -95,6 +103,7 @@ def flatten_tree(namespaces: list[dict[str, Any]]) -> tuple[FlatTree, list[Names
         summaries.append(
             NamespaceSummary(
                 namespace=namespace,
+                tenant=tenants.get(namespace),
                 num_nodes=len(flat) - ns_start,
                 num_tokens=sum(flat.num_tokens[ns_start:]),
                 hit_count=sum(flat.hit_counts[ns_start:]),

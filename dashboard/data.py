@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from dashboard import loaders
 from dashboard.engine_client import CacheStats, CacheTreeSnapshot, fetch_cache_stats, fetch_cache_tree
 from dashboard.prices import ModelUsage
+from db.engine_context import EngineContext
 from db.config import sqlite_path
 from db.engine import create_sync_engine_for
 from db.errors import DatabaseConfigError
@@ -49,6 +50,29 @@ def catalog(url: str) -> loaders.Catalog:
     return _read(url, loaders.load_catalog)
 
 
+@st.cache_data(ttl=CATALOG_TTL_S, show_spinner=False)
+def engine_context(url: str) -> EngineContext | None:
+    return _read(url, loaders.load_engine_context)
+
+
+@st.cache_data(ttl=CATALOG_TTL_S, show_spinner=False)
+def namespace_tenants(url: str) -> dict[str, str]:
+    return _read(url, loaders.load_namespace_tenants)
+
+
+def namespace_tenants_if_readable(url: str) -> dict[str, str]:
+    """`namespace_tenants`, or empty (namespaces are then shown by label) when the database cannot answer: the
+    Engine cache page works without a database."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from db.errors import DatabaseError
+
+    try:
+        return namespace_tenants(url)
+    except (SQLAlchemyError, DatabaseError, OSError):
+        return {}
+
+
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def overview(url: str, since: datetime, until: datetime, tenant: str | None, model: str | None) -> loaders.OverviewData:
     return _read(url, loaders.load_overview, since, until, tenant, model)
@@ -63,8 +87,10 @@ def recent_requests(
     model: str | None,
     hit: bool | None,
     miss_kind: str | None,
+    miss_reason: str | None = None,
 ) -> list[RequestRow]:
-    return _read(url, loaders.load_recent_requests, since, until, tenant, model, hit, miss_kind)
+    limit = loaders.RECENT_REQUESTS_LIMIT
+    return _read(url, loaders.load_recent_requests, since, until, tenant, model, hit, miss_kind, limit, miss_reason)
 
 
 @st.cache_data(ttl=CATALOG_TTL_S, show_spinner=False)

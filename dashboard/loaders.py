@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from dashboard.prices import ModelUsage
+from db.engine_context import EngineContext, latest_engine_context
 from db import queries
 from db.queries import GroupTotals, LabelCount, Overview, PrefixRow, RequestRow, StatsRow
 from db.records import RequestRecord
@@ -20,8 +21,13 @@ RECENT_REQUESTS_LIMIT = 500
 TOP_PREFIXES_LIMIT = 25
 
 
-def bucket_for_span(span: timedelta) -> str:
-    """A chart bucket that keeps a series between roughly 24 and 200 points."""
+def bucket_for_span(span: timedelta, minutes: bool = False) -> str:
+    """A chart bucket that keeps a series between roughly 24 and 200 points; with `minutes` (series that can be read
+    from the request rows), minute buckets for ranges up to six hours."""
+    if minutes and span <= timedelta(hours=1):
+        return "1m"
+    if minutes and span <= timedelta(hours=6):
+        return "5m"
     if span <= timedelta(days=3):
         return "1h"
     if span <= timedelta(days=14):
@@ -37,6 +43,8 @@ class Catalog:
 
     tenants: list[str]
     models: list[str]
+    # When the oldest recorded request happened (its hour), for a default time range that fits the data.
+    first_seen: datetime | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -64,14 +72,26 @@ class PrefixesData:
 
 
 def load_catalog(conn: Connection) -> Catalog:
-    return Catalog(tenants=list(queries.tenants(conn)), models=list(queries.models(conn)))
+    return Catalog(
+        tenants=list(queries.tenants(conn)), models=list(queries.models(conn)), first_seen=queries.first_seen(conn)
+    )
+
+
+def load_engine_context(conn: Connection) -> EngineContext | None:
+    """The engine context recorded with this database's history (its prefill speed and cache settings), if any."""
+    return latest_engine_context(conn)
+
+
+def load_namespace_tenants(conn: Connection) -> dict[str, str]:
+    """Engine namespace label -> tenant, from the database (the engine never knows tenant names)."""
+    return queries.namespace_tenants(conn)
 
 
 def load_overview(
     conn: Connection, since: datetime, until: datetime, tenant: str | None, model: str | None
 ) -> OverviewData:
     """Totals and the time series for the Overview page."""
-    bucket = bucket_for_span(until - since)
+    bucket = bucket_for_span(until - since, minutes=True)
     totals = queries.overview(conn, since, until, tenant=tenant, model=model)
     series = queries.stats(conn, since, until, bucket=bucket, tenant=tenant, model=model)
     return OverviewData(
@@ -88,10 +108,19 @@ def load_recent_requests(
     hit: bool | None,
     miss_kind: str | None,
     limit: int = RECENT_REQUESTS_LIMIT,
+    miss_reason: str | None = None,
 ) -> list[RequestRow]:
     """The Requests page's table: newest requests in the range matching the filters."""
     return queries.recent_requests(
-        conn, limit=limit, tenant=tenant, model=model, hit=hit, miss_kind=miss_kind, since=since, until=until
+        conn,
+        limit=limit,
+        tenant=tenant,
+        model=model,
+        hit=hit,
+        miss_kind=miss_kind,
+        since=since,
+        until=until,
+        miss_reason=miss_reason,
     )
 
 

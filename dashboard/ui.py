@@ -100,10 +100,22 @@ def _select(label: str, name: str, options: Sequence[str], default: str) -> str:
     return value
 
 
-def time_range_picker(now: datetime | None = None) -> tuple[datetime, datetime, str]:
+def default_range(first_seen: datetime | None, now: datetime) -> str:
+    """The shortest listed range that covers the data since `first_seen` (at most the last 30 days), so a fresh
+    install opens on its own minutes rather than a nearly empty week; `DEFAULT_RANGE` without data."""
+    if first_seen is None:
+        return DEFAULT_RANGE
+    span = now - first_seen
+    for label, window in RANGE_CHOICES.items():
+        if span <= window or window >= timedelta(days=30):
+            return label
+    return DEFAULT_RANGE
+
+
+def time_range_picker(now: datetime | None = None, default: str = DEFAULT_RANGE) -> tuple[datetime, datetime, str]:
     """Sidebar time-range choice as `(since, until, label)` in UTC."""
     current = now or datetime.now(UTC)
-    choice = _select("Time range", "range", [*RANGE_CHOICES, CUSTOM_RANGE], DEFAULT_RANGE)
+    choice = _select("Time range", "range", [*RANGE_CHOICES, CUSTOM_RANGE], default)
     if choice != CUSTOM_RANGE:
         until = ceil_minute(current)
         return until - RANGE_CHOICES[choice], until, choice
@@ -126,11 +138,17 @@ def time_range_picker(now: datetime | None = None) -> tuple[datetime, datetime, 
 
 
 def sidebar_filters(
-    tenants: Sequence[str], models: Sequence[str], *, with_model: bool = True, now: datetime | None = None
+    tenants: Sequence[str],
+    models: Sequence[str],
+    *,
+    with_model: bool = True,
+    now: datetime | None = None,
+    first_seen: datetime | None = None,
 ) -> Filters:
-    """Render the time-range, tenant and (optionally) model pickers in the sidebar."""
+    """Render the time-range, tenant and (optionally) model pickers in the sidebar; the range defaults to one that
+    fits the data since `first_seen`."""
     st.sidebar.header("Filters")
-    since, until, label = time_range_picker(now)
+    since, until, label = time_range_picker(now, default_range(first_seen, now or datetime.now(UTC)))
     tenant = _select("Tenant", "tenant", [ALL_TENANTS, *tenants], ALL_TENANTS)
     model = _select("Model", "model", [ALL_MODELS, *models], ALL_MODELS) if with_model else ALL_MODELS
     return Filters(

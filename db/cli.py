@@ -98,7 +98,11 @@ def _register_stats(commands: Any) -> None:
     stats = _with_url(commands.add_parser("stats", help="prompt-cache figures over time, from the rollups"))
     stats.add_argument("--since", default="7d", help="start: a duration before now (7d, 12h) or ISO time")
     stats.add_argument("--until", default=None, help="end (exclusive): a duration before now or ISO time")
-    stats.add_argument("--bucket", default="1h", help="bucket size: 1h, 2h, 3h, 4h, 6h, 8h, 12h, 1d or 1w")
+    stats.add_argument(
+        "--bucket",
+        default="1h",
+        help="bucket size: 1m, 5m or 15m (from request rows, ranges up to a day), 1h, 2h, 3h, 4h, 6h, 8h, 12h, 1d or 1w",
+    )
     stats.add_argument("--by", choices=("tenant", "model", "upstream"), default=None, help="one row per group")
     stats.add_argument("--tenant", default=None, help="only this tenant")
     stats.add_argument("--model", default=None, help="only this model")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -36,8 +35,9 @@ from db.tenants import ensure_tenant
 from db.timeutil import as_utc, utc_now
 from prefixscope.progress import progress
 
-_RULES = ("canonical_tool_order", "canonical_json_keys", "newline_normalization", "strip_bom")
-_HOIST = "hoist_volatile_values"
+# The gateway's rule names (`gateway.tenant_settings.SEMANTIC_RULES` / `OPT_IN_RULES`; a test keeps them equal).
+_RULES = ("newlines", "tool_schema_key_order", "tool_order", "tool_call_arguments_key_order")
+_HOIST = "hoist_volatile"
 _ERRORS = ((429, "rate_limited"), (500, "upstream_error"), (502, "bad_gateway"), (504, "upstream_timeout"))
 # Share of requests whose normalization gain is measured by a dry-run match of the un-normalized request.
 _GAIN_SAMPLE_RATE = 0.1
@@ -55,6 +55,9 @@ _UPSTREAMS = {
     "gpt-4o-mini": ("hosted-openai",),
 }
 _UNREPORTED_UPSTREAMS = {"hosted-openai"}
+# The leading tokens SmolLM2's chat template always produces (`<|im_start|>system` and a newline), as the local engine
+# reports them.
+TEMPLATE_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class _Generator:
         if profile.name == "umbrella-timestamps" and rng.random() < 0.1:
             rules += (_HOIST,)
         common: dict[str, Any] = {
-            "request_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+            "request_id": f"req_{rng.getrandbits(96):024x}",  # the gateway's request-id format
             "created_at": created_at,
             "tenant": profile.name,
             "key_id": f"{hashlib.sha256(profile.name.encode()).hexdigest()[:10]}{request_index % 2:02d}",
@@ -137,6 +140,11 @@ class _Generator:
         explained: dict[str, Any] = {}
         if upstream not in _UNREPORTED_UPSTREAMS:
             explained = outcome.record_fields()
+            if outcome.reason != "hit":
+                # As the gateway counts it: every prompt token the engine did not serve from cache.
+                explained["recomputed_tokens"] = prompt_tokens - outcome.cached_tokens
+            if upstream in _EXACT_CHAIN_UPSTREAMS:
+                explained["template_tokens"] = TEMPLATE_TOKENS
             if rng.random() < _GAIN_SAMPLE_RATE:
                 explained["normalization_gain_tokens"] = normalization_gain(rng, profile, outcome, rules)
         # Prefill dominates TTFT and is roughly linear in uncached tokens; log-normal noise for queueing.

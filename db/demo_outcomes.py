@@ -189,12 +189,12 @@ def normalization_gain(rng: random.Random, profile: TenantProfile, outcome: Outc
     """Tokens a dry run of the un-normalized request would have missed that the normalized one hit."""
     if outcome.reason != "hit" or not rules:
         return 0
-    if "hoist_volatile_values" in rules:
+    if "hoist_volatile" in rules:
         return max(0, outcome.cached_tokens - PAGE_TOKENS)  # the raw prompt differs at its top
-    if profile.tools_share and ("canonical_tool_order" in rules or "canonical_json_keys" in rules):
+    if profile.tools_share and ("tool_order" in rules or "tool_schema_key_order" in rules):
         tools_start = int(outcome.cached_tokens * profile.system_share)
         return (outcome.cached_tokens - tools_start) // PAGE_TOKENS * PAGE_TOKENS if rng.random() < 0.6 else 0
-    if rng.random() < 0.1:  # newline or BOM normalization now and then saves a tail
+    if rng.random() < 0.1:  # newline normalization now and then saves a tail
         return rng.randint(1, max(1, outcome.cached_tokens // PAGE_TOKENS)) * PAGE_TOKENS
     return 0
 

@@ -119,6 +119,9 @@ class RequestRecordRow(Base):
     divergence_char_offset: Mapped[int | None] = mapped_column(Integer)
     recomputed_tokens: Mapped[int | None] = mapped_column(Integer)
     normalization_gain_tokens: Mapped[int | None] = mapped_column(Integer)
+    ttft_source: Mapped[str | None] = mapped_column(String(16))
+    divergence_source: Mapped[str | None] = mapped_column(String(16))
+    template_tokens: Mapped[int | None] = mapped_column(Integer)
 
     # The explorer filters by one of these and pages newest first.
     __table_args__ = (
@@ -160,7 +163,8 @@ class HourlyRollup(Base):
     """Sums over the requests of one UTC hour for one (tenant, model, upstream).
 
     Token sums skip unknown (NULL) values. The `cache_known_*` sums cover only requests that reported both prompt and
-    cached tokens, which is what the token hit rate divides. A hit is `cached_tokens > 0`.
+    cached tokens, which is what the token hit rate divides. A hit reused more than the chat template's fixed opening:
+    `cached_tokens > template_tokens` (`db.records.is_hit`; 0 when the upstream does not report the opening).
     """
 
     __tablename__ = "hourly_rollups"
@@ -213,6 +217,9 @@ class HourlyTtftBin(Base):
     cache_state: Mapped[str] = mapped_column(String(8), primary_key=True)
     bin: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
     requests: Mapped[int] = mapped_column(Integer, default=0)
+    # The smallest and largest TTFT that fell into the bin (NULL for rows written before they were kept).
+    ttft_min_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_max_ms: Mapped[float | None] = mapped_column(Float)
 
 
 class HourlyLabelCount(Base):
@@ -301,6 +308,32 @@ class HourlyAdvice(Base):
     candidate_cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     ttft_ms_sum: Mapped[float] = mapped_column(Float, default=0.0)
     ttft_prefilled_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class NamespaceTenant(Base):
+    """Which tenant a cache namespace label belongs to (`gateway.tenancy.namespace_label` of its salt), as recorded
+    with its requests; `last_seen` is the latest such request."""
+
+    __tablename__ = "namespace_tenants"
+
+    namespace_label: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX))
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class EngineContextRow(Base):
+    """The last recorded context of one upstream engine (`db.engine_context`): its measured prefill speed and cache
+    settings, which the history's figures use."""
+
+    __tablename__ = "engine_contexts"
+
+    upstream: Mapped[str] = mapped_column(String(200), primary_key=True)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    prefill_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    capacity_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    page_size: Mapped[int | None] = mapped_column(Integer)
+    eviction: Mapped[str | None] = mapped_column(String(32))
+    ttl_s: Mapped[float | None] = mapped_column(Float)
 
 
 def table_of(model: type[Base]) -> Table:

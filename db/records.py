@@ -44,12 +44,23 @@ MISS_REASONS: Final = (
 )
 
 
+TTFT_SOURCES: Final = ("gateway", "engine")
+DIVERGENCE_SOURCES: Final = ("engine", "history")
+
+
+def is_hit(cached_tokens: int | None, template_tokens: int | None) -> bool | None:
+    """A hit reused more than the template's fixed opening (`template_tokens`, 0 when unknown); None when unknown."""
+    if cached_tokens is None:
+        return None
+    return cached_tokens > (template_tokens or 0)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """One request as seen by the gateway.
 
     Token counts are None when unknown (an upstream that does not report them, or a request that failed before
-    usage was known); 0 means a known zero. `cached_tokens == 0` is a miss, `> 0` a hit.
+    usage was known); 0 means a known zero. A hit reused more than the template's fixed opening (`is_hit`).
     """
 
     request_id: str
@@ -71,7 +82,8 @@ class RequestRecord:
     miss_kind: str | None = None
     prefix_hash: str | None = None
     prompt_text: str | None = None
-    # Token index at which the prompt first differed from the longest cached prefix, when the engine reports it.
+    # Token index at which the prompt first differed from the longest cached prefix (the first uncached token), when
+    # the engine located the divergence itself.
     diverged_at_token: int | None = None
     # Why the rest missed (one of `MISS_REASONS`), and where the prompt first differed from the cached one: a segment
     # (`tools`, `system`, `messages[3]`) and a character offset inside it.
@@ -86,11 +98,24 @@ class RequestRecord:
     chain: RequestChain | None = None
     # Sampled by the rule advisor: per candidate rule, the tokens this request would have hit (`db.advice`).
     advice: tuple[AdviceOutcome, ...] = ()
+    # Where `ttft_ms` comes from: `gateway` (first streamed content byte, measured by the gateway) or `engine` (the
+    # engine's own queue + prefill time, for non-streamed responses); None when there is no TTFT.
+    ttft_source: str | None = None
+    # How the divergence was located: `engine` (its own report) or `history` (approximated by the gateway from the
+    # nearest earlier request, for upstreams that do not report it); None when nothing diverged.
+    divergence_source: str | None = None
+    # Leading prompt tokens of the chat template's fixed opening, when the engine reports them: matching only these
+    # reused nothing of the request, so it is not a hit.
+    template_tokens: int | None = None
+    # The engine's label of the tenant's cache namespace (`gateway.tenancy.namespace_label`), when a salt was sent:
+    # kept in `namespace_tenants` so the dashboard can name the tenant of each namespace in the engine's cache.
+    namespace_label: str | None = None
 
     @property
     def cache_hit(self) -> bool | None:
-        """True when some prompt tokens came from cache, False on a known miss, None when unknown."""
-        return None if self.cached_tokens is None else self.cached_tokens > 0
+        """True when cached tokens reach beyond the template's fixed opening, False on a known miss, None when
+        unknown."""
+        return is_hit(self.cached_tokens, self.template_tokens)
 
     def to_json(self) -> str:
         """One line of JSON (no newlines inside), as written to the spill file."""

@@ -8,11 +8,11 @@ writers because every column is additive (or, for a prefix's first and last requ
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection, Table, func
 
 from db.dialect import greatest, least, upsert_insert
 from db.histogram import bin_of
@@ -27,7 +27,7 @@ from db.models import (
     HourlyTtftBin,
     table_of,
 )
-from db.records import RequestRecord
+from db.records import RequestRecord, is_hit
 from db.timeutil import as_utc, floor_hour
 
 RollupKey = tuple[datetime, str, str, str]  # (bucket_start, tenant, model, upstream)
@@ -65,11 +65,13 @@ DIMENSION_ERROR_TYPE: Final = "error_type"
 DIMENSION_STATUS: Final = "status"
 
 
-def cache_state(cached_tokens: int | None) -> str:
-    """`hit`, `miss` or `unknown`: the TTFT histogram each request belongs to."""
-    if cached_tokens is None:
+def cache_state(cached_tokens: int | None, template_tokens: int | None = None) -> str:
+    """`hit`, `miss` or `unknown`: the TTFT histogram each request belongs to (a hit reused more than the template's
+    fixed opening, `db.records.is_hit`)."""
+    hit = is_hit(cached_tokens, template_tokens)
+    if hit is None:
         return "unknown"
-    return "hit" if cached_tokens > 0 else "miss"
+    return "hit" if hit else "miss"
 
 
 def _zero_sums() -> dict[str, float]:
@@ -79,9 +81,13 @@ def _zero_sums() -> dict[str, float]:
 class RollupAccumulator:
     """In-memory sums of request records per rollup key, ready to be added to the tables."""
 
-    def __init__(self) -> None:
+    def __init__(self, floor: Callable[[datetime], datetime] = floor_hour) -> None:
+        # The time bucket a record is counted in: the UTC hour for the rollup tables (minutes for `db.queries.minutes`).
+        self._floor = floor
         self.sums: dict[RollupKey, dict[str, float]] = defaultdict(_zero_sums)
         self.ttft_bins: dict[tuple[RollupKey, str, int], int] = defaultdict(int)
+        # The smallest and largest TTFT seen in each bin: quantiles are clamped to them (`db.histogram`).
+        self.ttft_bin_ranges: dict[tuple[RollupKey, str, int], tuple[float, float]] = {}
         self.labels: dict[tuple[RollupKey, str, str], int] = defaultdict(int)
         self.prefixes: dict[PrefixKey, dict[str, Any]] = {}
         # (bucket_start, tenant, reason) and (bucket_start, tenant, segment, offset_bucket) -> [requests, tokens]
@@ -93,7 +99,7 @@ class RollupAccumulator:
 
     def add(self, record: RequestRecord) -> None:
         """Count one request."""
-        key: RollupKey = (floor_hour(record.created_at), record.tenant, record.model, record.upstream)
+        key: RollupKey = (self._floor(record.created_at), record.tenant, record.model, record.upstream)
         sums = self.sums[key]
         sums["requests"] += 1
         if record.status_code >= 400:
@@ -105,18 +111,24 @@ class RollupAccumulator:
         if record.cached_tokens is not None:
             sums["cached_tokens"] += record.cached_tokens
             sums["requests_with_known_cache"] += 1
-            if record.cached_tokens > 0:
+            if record.cache_hit:
                 sums["requests_with_hit"] += 1
             if record.prompt_tokens is not None:
                 sums["cache_known_prompt_tokens"] += record.prompt_tokens
                 sums["cache_known_cached_tokens"] += record.cached_tokens
         sums["latency_ms_sum"] += record.latency_ms
-        state = cache_state(record.cached_tokens)
+        state = cache_state(record.cached_tokens, record.template_tokens)
         if record.ttft_ms is not None:
             if state != "unknown":
                 sums[f"ttft_{state}_ms_sum"] += record.ttft_ms
                 sums[f"ttft_{state}_count"] += 1
-            self.ttft_bins[(key, state, bin_of(record.ttft_ms))] += 1
+            bin_key = (key, state, bin_of(record.ttft_ms))
+            self.ttft_bins[bin_key] += 1
+            seen = self.ttft_bin_ranges.get(bin_key)
+            self.ttft_bin_ranges[bin_key] = (
+                (record.ttft_ms, record.ttft_ms) if seen is None
+                else (min(seen[0], record.ttft_ms), max(seen[1], record.ttft_ms))
+            )
         for rule in dict.fromkeys(record.applied_rules):  # a rule listed twice still changed one request
             self.labels[(key, DIMENSION_RULE, rule[:LABEL_MAX_CHARS])] += 1
         if record.miss_kind is not None:
@@ -142,7 +154,7 @@ class RollupAccumulator:
                 prefix |= {"first_seen": moment, "last_seen": moment}
                 self.prefixes[(bucket_start, record.tenant, record.prefix_hash)] = prefix
             prefix["requests"] += 1
-            prefix["requests_with_hit"] += 1 if (record.cached_tokens or 0) > 0 else 0
+            prefix["requests_with_hit"] += 1 if record.cache_hit else 0
             prefix["prompt_tokens"] += record.prompt_tokens or 0
             prefix["cached_tokens"] += record.cached_tokens or 0
             prefix["first_seen"] = min(prefix["first_seen"], moment)
@@ -192,7 +204,9 @@ class RollupAccumulator:
     def ttft_bin_rows(self) -> list[dict[str, Any]]:
         """Parameter rows for `hourly_ttft_bins`, in key order."""
         return [
-            dict(zip(ROLLUP_KEY_COLUMNS, key, strict=True)) | {"cache_state": state, "bin": index, "requests": count}
+            dict(zip(ROLLUP_KEY_COLUMNS, key, strict=True))
+            | {"cache_state": state, "bin": index, "requests": count}
+            | dict(zip(("ttft_min_ms", "ttft_max_ms"), self.ttft_bin_ranges[(key, state, index)], strict=True))
             for (key, state, index), count in sorted(self.ttft_bins.items())
         ]
 
@@ -226,9 +240,10 @@ def _upsert_add(
         if name in key_columns:
             continue
         if name in earliest:
-            set_[name] = least(conn, table.c[name], stmt.excluded[name])
+            # COALESCE: a row written before the column existed holds NULL, which would stick on SQLite.
+            set_[name] = least(conn, func.coalesce(table.c[name], stmt.excluded[name]), stmt.excluded[name])
         elif name in latest:
-            set_[name] = greatest(conn, table.c[name], stmt.excluded[name])
+            set_[name] = greatest(conn, func.coalesce(table.c[name], stmt.excluded[name]), stmt.excluded[name])
         else:
             set_[name] = table.c[name] + stmt.excluded[name]
     conn.execute(stmt.on_conflict_do_update(index_elements=list(key_columns), set_=set_), rows)
@@ -237,7 +252,14 @@ def _upsert_add(
 def apply_rollups(conn: Connection, accumulator: RollupAccumulator) -> None:
     """Add the accumulated sums to every rollup table (inside the caller's transaction)."""
     _upsert_add(conn, table_of(HourlyRollup), ROLLUP_KEY_COLUMNS, accumulator.rollup_rows())
-    _upsert_add(conn, table_of(HourlyTtftBin), (*ROLLUP_KEY_COLUMNS, "cache_state", "bin"), accumulator.ttft_bin_rows())
+    _upsert_add(
+        conn,
+        table_of(HourlyTtftBin),
+        (*ROLLUP_KEY_COLUMNS, "cache_state", "bin"),
+        accumulator.ttft_bin_rows(),
+        earliest=("ttft_min_ms",),
+        latest=("ttft_max_ms",),
+    )
     _upsert_add(conn, table_of(HourlyLabelCount), (*ROLLUP_KEY_COLUMNS, "dimension", "value"), accumulator.label_rows())
     _upsert_add(
         conn,

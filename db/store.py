@@ -16,14 +16,15 @@ from sqlalchemy import Connection, delete, select
 
 from db.advice_store import store_advice
 from db.chains import RequestChain, unpack_hash_ids
-from db.dialect import upsert_insert
-from db.models import MISS_REASON_MAX, SEGMENT_MAX, RequestChainRow, RequestRecordRow, table_of
+from db.dialect import greatest, upsert_insert
+from db.models import MISS_REASON_MAX, SEGMENT_MAX, NamespaceTenant, RequestChainRow, RequestRecordRow, table_of
 from db.records import RequestRecord
 from db.rollups import ROLLUP_MODELS, RollupAccumulator, apply_rollups
 from db.timeutil import as_utc
 
 REQUESTS = table_of(RequestRecordRow)
 CHAINS = table_of(RequestChainRow)
+NAMESPACES = table_of(NamespaceTenant)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "divergence_char_offset": record.divergence_char_offset,
         "recomputed_tokens": record.recomputed_tokens,
         "normalization_gain_tokens": record.normalization_gain_tokens,
+        "ttft_source": record.ttft_source,
+        "divergence_source": record.divergence_source,
+        "template_tokens": record.template_tokens,
     }
 
 
@@ -118,6 +122,9 @@ def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
         recomputed_tokens=row.recomputed_tokens,
         normalization_gain_tokens=row.normalization_gain_tokens,
         chain=chain,
+        ttft_source=row.ttft_source,
+        divergence_source=row.divergence_source,
+        template_tokens=row.template_tokens,
     )
 
 
@@ -144,7 +151,29 @@ def store_records(conn: Connection, records: Sequence[RequestRecord]) -> StoreRe
     if fresh:
         apply_rollups(conn, RollupAccumulator().add_all(fresh))
         store_advice(conn, fresh)
+        _record_namespaces(conn, fresh)
     return StoreResult(inserted=len(fresh), duplicates=len(records) - len(fresh))
+
+
+def _record_namespaces(conn: Connection, records: Sequence[RequestRecord]) -> None:
+    """Upsert namespace label -> tenant (the latest request wins; labels are derived from the tenant, so they agree)."""
+    latest: dict[str, RequestRecord] = {}
+    for record in records:
+        label = record.namespace_label
+        if label is not None and (label not in latest or record.created_at > latest[label].created_at):
+            latest[label] = record
+    if not latest:
+        return
+    rows = [
+        {"namespace_label": label[:64], "tenant": record.tenant, "last_seen": record.created_at}
+        for label, record in sorted(latest.items())
+    ]
+    stmt = upsert_insert(conn, NAMESPACES)
+    update = {
+        "tenant": stmt.excluded.tenant,
+        "last_seen": greatest(conn, NAMESPACES.c.last_seen, stmt.excluded.last_seen),
+    }
+    conn.execute(stmt.on_conflict_do_update(index_elements=["namespace_label"], set_=update), rows)
 
 
 def prune_requests(conn: Connection, before: datetime) -> int:

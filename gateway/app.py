@@ -20,6 +20,7 @@ from gateway.auth import KeySnapshot, KeyStore
 from gateway.config import GatewayConfig
 from gateway.edge_errors import exception_handlers
 from gateway.explain.explainer import Explainer
+from gateway.engine_context import EngineContextPoller
 from gateway.explain.uplift import UpliftChecker
 from gateway.http_client import make_http_client
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -83,6 +84,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     )
     explainer = recorder.explainer = Explainer(UpliftChecker(lambda: runtime.client, recorder.record))
     advisor = recorder.advisor = AdviceSampler(lambda: runtime.client)
+    engine_context = EngineContextPoller(lambda: runtime.client, storage, config.upstreams)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -90,12 +92,14 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         await storage.start()
         try:
             await keys.start()
+            engine_context.start()
             if freeze_gc_after_start:
                 gc.collect()
                 gc.freeze()
             try:
                 yield
             finally:
+                await engine_context.stop()
                 await keys.stop()
         finally:
             try:

@@ -41,7 +41,9 @@ def register(commands: Any, bench_commands: Any) -> None:
         description="Start a stub upstream and the gateway (recording into a temporary SQLite database), then "
         "measure added latency at a fixed rate, the highest sustained rate, and that no record is lost.",
     )
-    bench.add_argument("--rate", type=float, default=200.0, help="fixed request rate for the latency run (req/s)")
+    bench.add_argument(
+        "--rate", type=float, default=200.0, help="pairs per second for the paired latency run (one direct, one proxied)"
+    )
     bench.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
     bench.add_argument("--connections", type=int, default=64, help="client connections for the throughput run")
     bench.add_argument("--stream", action="store_true", help="use streamed requests")

@@ -123,6 +123,7 @@ class GatewayMetrics:
             self._child(self.prompt_tokens, record.upstream).inc(record.prompt_tokens)
         if record.cached_tokens:
             self._child(self.cached_tokens, record.upstream).inc(record.cached_tokens)
+        if record.cache_hit:  # more than the template's fixed opening came from cache
             self._child(self.cache_hits, record.upstream).inc()
         for rule in record.applied_rules:
             self._child(self.rules, rule).inc()

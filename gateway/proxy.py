@@ -116,6 +116,8 @@ class CompletionProxy:
         settings = runtime.config.tenant_settings(principal.tenant)
         salt = runtime.salts.salt_for(principal.tenant)
         body = route.adapter.apply_salt(normalized.request, salt)
+        if route.adapter.salt_field is not None:
+            tracker.namespace_label = runtime.salts.label_for(principal.tenant)
         if parsed.stream:
             # Ask for usage on the client's behalf; the relay drops that chunk again if the client did not ask.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}

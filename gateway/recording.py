@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UNAUTHENTICATED_TENANT = "unauthenticated"
+# Where a recorded TTFT comes from: the gateway's clock (first streamed content byte) or the engine's report.
+TTFT_GATEWAY = "gateway"
+TTFT_ENGINE = "engine"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,7 @@ class RequestTracker:
         "outcome",
         "finished",
         "explain",
+        "namespace_label",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -114,6 +118,7 @@ class RequestTracker:
         self.outcome: Outcome | None = None
         self.finished = False
         self.explain: ExplainContext | None = None
+        self.namespace_label: str | None = None  # the engine's label of the tenant's cache namespace
 
     def sending_upstream(self) -> None:
         """The request is about to go upstream: look up its nearest earlier request while the upstream works."""
@@ -138,11 +143,18 @@ class RequestTracker:
                 report.miss_kind,
                 report.matched_tokens if report.matched_tokens is not None else cached_tokens,
                 report.prompt_tokens if report.prompt_tokens is not None else prompt_tokens,
+                report.template_tokens,
+                report.divergence_segment,
+                report.divergence_char_offset,
             )
             explained = explainer.explain(
                 self.explain, recorded_status=status_code, engine=engine, applied_rules=self.applied_rules
             )
         explanation = explained.explanation
+        ttft_ms, ttft_source = self.ttft_ms, TTFT_GATEWAY if self.ttft_ms is not None else None
+        if ttft_ms is None and not self.stream and report.ttft_ms is not None and status_code < 400:
+            ttft_ms, ttft_source = report.ttft_ms, TTFT_ENGINE  # the engine's own queue + prefill time
+        engine_located = explanation is not None and explanation.source == "engine" and explanation.segment is not None
         record = RequestRecord(
             request_id=self.request_id,
             created_at=self.created_at,
@@ -157,7 +169,8 @@ class RequestTracker:
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens,
             completion_tokens=usage.completion_tokens,
-            ttft_ms=self.ttft_ms,
+            ttft_ms=ttft_ms,
+            ttft_source=ttft_source,
             latency_ms=latency_ms,
             applied_rules=self.applied_rules,
             miss_kind=report.miss_kind,
@@ -167,6 +180,10 @@ class RequestTracker:
             divergence_segment=None if explanation is None else explanation.segment,
             divergence_char_offset=None if explanation is None else explanation.char_offset,
             recomputed_tokens=None if explanation is None else explanation.recomputed_tokens,
+            divergence_source=None if explanation is None or explanation.segment is None else explanation.source,
+            diverged_at_token=report.matched_tokens if engine_located else None,
+            template_tokens=report.template_tokens,
+            namespace_label=self.namespace_label,
             normalization_gain_tokens=explained.normalization_gain_tokens,
             chain=explained.chain,
         )

@@ -92,3 +92,13 @@ class DatabaseStorage:
         return await run_query(
             self._engine, stats, since=since, until=until, bucket=bucket, group_by=group_by, tenant=tenant
         )
+
+    async def record_engine_context(self, upstream: str, stats: dict[str, Any]) -> None:
+        """Record an engine's `/v1/cache` answer as the database's context for `upstream` (`db.engine_context`)."""
+        from datetime import UTC
+
+        from db.engine import run_write
+        from db.engine_context import context_from_stats, record_engine_context
+
+        context = context_from_stats(upstream, stats, datetime.now(UTC))
+        await run_write(self._engine, record_engine_context, context)

@@ -26,6 +26,13 @@ def derive_salt(server_secret: str, tenant: str) -> str:
     return hmac.new(server_secret.encode("utf-8"), tenant.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
+def namespace_label(salt: str) -> str:
+    """The label an engine shows for the cache namespace of `salt` (the local engine's `/v1/cache/tree`): the first
+    12 hex digits of SHA-256(salt). Recorded with each request so the dashboard can name a namespace's tenant from the
+    database, without ever asking the engine (which never sees tenant names)."""
+    return hashlib.sha256(salt.encode()).hexdigest()[:12] if salt else "default"
+
+
 class SaltDeriver:
     """Derives and memoizes tenants' salts (one HMAC per tenant per process, not per request)."""
 
@@ -34,6 +41,7 @@ class SaltDeriver:
             raise ConfigError("the server secret must not be empty")
         self._secret = server_secret
         self._cache: dict[str, str] = {}
+        self._labels: dict[str, str] = {}
 
     def salt_for(self, tenant: str) -> str:
         salt = self._cache.get(tenant)
@@ -42,6 +50,15 @@ class SaltDeriver:
             if len(self._cache) < 100_000:
                 self._cache[tenant] = salt
         return salt
+
+    def label_for(self, tenant: str) -> str:
+        """`namespace_label` of the tenant's salt (memoized like the salt)."""
+        label = self._labels.get(tenant)
+        if label is None:
+            label = namespace_label(self.salt_for(tenant))
+            if len(self._labels) < 100_000:
+                self._labels[tenant] = label
+        return label
 
 
 def load_or_create_secret(path: Path) -> str:

@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 
 from local_engine.errors import InvalidRequest
+from local_engine.prompt_layout import PROMPT, TOOLS, PromptLayout, Span, find_spans, message_segment
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
+# Marks a part of the request in a second rendering (a private-use character no template adds).
+_MARK = "\U000f0000"
 
 
 def message_text(message: dict, index: int) -> str:
@@ -44,11 +47,12 @@ def _render_tool_calls(tool_calls: list) -> str:
     return "\n".join(lines)
 
 
-def template_messages(messages: list, tools: list | None) -> list[dict]:
-    """OpenAI-style messages to the plain `{role, content}` list a chat template expects."""
+def _message_pieces(messages: list, tools: list | None) -> list[tuple[str, list]]:
+    """OpenAI-style messages to `(role, pieces)`: each piece is template text (a str) or a `(segment, text)` part of
+    the request, so that the content's characters can be traced back to the request."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list", param="messages")
-    rendered = []
+    rendered: list[tuple[str, list]] = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequest(f"messages[{index}] must be an object", param="messages")
@@ -58,20 +62,77 @@ def template_messages(messages: list, tools: list | None) -> list[dict]:
         text = message_text(message, index)
         if role == "assistant" and message.get("tool_calls"):
             text = (text + "\n" if text else "") + _render_tool_calls(message["tool_calls"])
-        rendered.append({"role": "system" if role == "developer" else role, "content": text})
+        rendered.append(("system" if role == "developer" else role, [(message_segment(index, role), text)]))
     if tools:
-        tool_block = "# Tools\n" + "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-        if rendered[0]["role"] == "system":
-            rendered[0] = {"role": "system", "content": tool_block + "\n\n" + rendered[0]["content"]}
+        tool_part = (TOOLS, "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools))
+        if rendered[0][0] == "system":
+            rendered[0] = ("system", ["# Tools\n", tool_part, "\n\n", *rendered[0][1]])
         else:
-            rendered.insert(0, {"role": "system", "content": tool_block})
+            rendered.insert(0, ("system", ["# Tools\n", tool_part]))
     return rendered
+
+
+def _content(pieces: list, marker=None) -> str:
+    return "".join(piece if isinstance(piece, str) else (marker(piece) if marker else piece[1]) for piece in pieces)
+
+
+def template_messages(messages: list, tools: list | None) -> list[dict]:
+    """OpenAI-style messages to the plain `{role, content}` list a chat template expects."""
+    return [{"role": role, "content": _content(pieces)} for role, pieces in _message_pieces(messages, tools)]
+
+
+def _render(tokenizer, plain: list[dict]) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    return "".join(f"{m['role']}: {m['content']}\n" for m in plain) + "assistant: "
+
+
+def _spans(tokenizer, structured: list[tuple[str, list]], text: str) -> tuple[Span, ...]:
+    """The parts' spans in `text`: rendered once more with a marker in place of each part, which shows exactly where
+    the template put it; when the template does not copy content verbatim, found by searching in order."""
+    parts = [piece for _, pieces in structured for piece in pieces if not isinstance(piece, str)]
+    numbered = {id(part): number for number, part in enumerate(parts)}
+    marked = _render(
+        tokenizer,
+        [{"role": role, "content": _content(pieces, lambda p: f"{_MARK}{numbered[id(p)]}{_MARK}")}
+         for role, pieces in structured],
+    )
+    pieces_of_marked = marked.split(_MARK)
+    if len(pieces_of_marked) == 2 * len(parts) + 1:
+        spans, position, rebuilt = [], 0, []
+        for number, literal in enumerate(pieces_of_marked[0::2]):
+            rebuilt.append(literal)
+            position += len(literal)
+            if number < len(parts):
+                segment, part_text = parts[number]
+                spans.append(Span(segment, position, position + len(part_text)))
+                rebuilt.append(part_text)
+                position += len(part_text)
+        if "".join(rebuilt) == text:
+            return tuple(span for span in spans if span.end > span.start)
+    return find_spans(text, [(segment, part_text, 0) for segment, part_text in parts])
+
+
+def chat_prompt(tokenizer, messages: list, tools: list | None) -> tuple[list[int], PromptLayout | None]:
+    """Prompt token ids of a chat request and its layout (None when the tokenizer gives no character offsets)."""
+    structured = _message_pieces(messages, tools)
+    text = _render(tokenizer, [{"role": role, "content": _content(pieces)} for role, pieces in structured])
+    return tokenize_with_layout(tokenizer, text, lambda: _spans(tokenizer, structured, text))
+
+
+def text_prompt(tokenizer, text: str) -> tuple[list[int], PromptLayout | None]:
+    """Prompt token ids of a completions prompt and its layout (the whole text is the `prompt` part)."""
+    return tokenize_with_layout(tokenizer, text, lambda: (Span(PROMPT, 0, len(text)),) if text else ())
+
+
+def tokenize_with_layout(tokenizer, text: str, spans) -> tuple[list[int], PromptLayout | None]:
+    if getattr(tokenizer, "is_fast", False):
+        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = tuple((int(start), int(end)) for start, end in encoding["offset_mapping"])
+        return list(encoding["input_ids"]), PromptLayout(spans(), offsets)
+    return tokenizer.encode(text, add_special_tokens=False), None
 
 
 def chat_prompt_token_ids(tokenizer, messages: list, tools: list | None) -> list[int]:
     plain = template_messages(messages, tools)
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-    else:
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in plain) + "assistant: "
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(_render(tokenizer, plain), add_special_tokens=False)

@@ -6,9 +6,10 @@ import json
 from dataclasses import dataclass
 
 from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
-from local_engine.chat_prompt import chat_prompt_token_ids
+from local_engine.chat_prompt import chat_prompt, text_prompt
 from local_engine.errors import InvalidRequest
 from local_engine.model_loader import LoadedModel
+from local_engine.prompt_layout import PromptLayout
 from local_engine.sampling import SamplingParams
 
 CHAT = "chat.completions"
@@ -42,6 +43,7 @@ class ParsedRequest:
     include_usage: bool
     namespace: str
     hash_chain_block_size: int | None = None  # set when the client asked for the prompt's block hash chain
+    layout: PromptLayout | None = None  # where each prompt token came from in the request (None for token ids)
 
 
 def parse_json_body(raw: bytes) -> dict:
@@ -74,33 +76,33 @@ def _stop_strings(body: dict) -> tuple[str, ...]:
     raise InvalidRequest("stop must be a string or a list of at most 4 strings", param="stop")
 
 
-def _prompt_token_ids(body: dict, endpoint: str, loaded: LoadedModel) -> list[int]:
+def _prompt_token_ids(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[list[int], PromptLayout | None]:
     if endpoint == CHAT:
         if "messages" not in body:
             raise InvalidRequest("missing required field: messages", param="messages")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise InvalidRequest("tools must be a list", param="tools")
-        return chat_prompt_token_ids(loaded.tokenizer, body["messages"], tools)
+        return chat_prompt(loaded.tokenizer, body["messages"], tools)
     if "prompt" not in body:
         raise InvalidRequest("missing required field: prompt", param="prompt")
     prompt = body["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        token_ids = loaded.tokenizer.encode(prompt, add_special_tokens=False)
+        token_ids, layout = text_prompt(loaded.tokenizer, prompt)
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         vocab_size = len(loaded.tokenizer)
         if any(not 0 <= t < vocab_size for t in prompt):
             raise InvalidRequest(f"token ids must be in [0, {vocab_size})", param="prompt")
-        token_ids = list(prompt)
+        token_ids, layout = list(prompt), None
     elif isinstance(prompt, list):
         raise InvalidRequest("batched prompts are not supported: send one prompt per request", param="prompt")
     else:
         raise InvalidRequest("prompt must be a string or a list of token ids", param="prompt")
     if not token_ids:
         raise InvalidRequest("the prompt is empty", param="prompt")
-    return token_ids
+    return token_ids, layout
 
 
 def _check_model(body: dict, loaded: LoadedModel) -> str:
@@ -116,8 +118,10 @@ def _check_model(body: dict, loaded: LoadedModel) -> str:
     return model
 
 
-def parse_prompt(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[str, list[int], str]:
-    """(model, prompt token ids, cache namespace): what a dry-run match needs."""
+def parse_prompt(
+    body: dict, endpoint: str, loaded: LoadedModel
+) -> tuple[str, tuple[list[int], PromptLayout | None], str]:
+    """(model, (prompt token ids, layout), cache namespace): what a dry-run match needs."""
     model = _check_model(body, loaded)
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
@@ -141,7 +145,7 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
     for name, is_set in _UNSUPPORTED_WHEN_SET.items():
         if name in body and is_set(body[name]):
             raise InvalidRequest(f"{name}={body[name]!r} is not supported by this engine", param=name)
-    model, token_ids, namespace = parse_prompt(body, endpoint, loaded)
+    model, (token_ids, layout), namespace = parse_prompt(body, endpoint, loaded)
     window = loaded.context_window_tokens
     if len(token_ids) >= window:
         raise InvalidRequest(
@@ -189,4 +193,5 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         include_usage=bool(stream_options.get("include_usage", False)),
         namespace=namespace,
         hash_chain_block_size=parse_hash_chain_request(body),
+        layout=layout,
     )

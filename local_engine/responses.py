@@ -7,7 +7,8 @@ import time
 import uuid
 
 from local_engine.cache.hash_chain import page_hash_chain
-from local_engine.engine_types import Finished, MatchReport
+from local_engine.engine_types import Finished
+from local_engine.match_details import MatchDetails
 from local_engine.protocol import CHAT, ParsedRequest
 
 
@@ -15,18 +16,14 @@ def new_response_id(endpoint: str) -> str:
     return ("chatcmpl-" if endpoint == CHAT else "cmpl-") + uuid.uuid4().hex
 
 
-def match_headers(report: MatchReport) -> dict[str, str]:
+def match_headers(report: MatchDetails) -> dict[str, str]:
     """Sent on every response, streamed or not: the match is known before the first token."""
-    return {
-        "x-prefix-cache-matched-tokens": str(report.matched_tokens),
-        "x-prefix-cache-prompt-tokens": str(report.prompt_tokens),
-        "x-prefix-cache-miss": report.miss_kind.value,
-    }
+    return report.headers()
 
 
-def prefix_cache_object(parsed: ParsedRequest, report: MatchReport) -> dict:
-    """The match report, plus the prompt's block hash chain when the client asked for it."""
-    body = report.as_dict()
+def prefix_cache_object(parsed: ParsedRequest, report: MatchDetails, finished: Finished | None = None) -> dict:
+    """The match report with the engine's time to first token, plus the prompt's block hash chain when asked."""
+    body = report.as_dict(None if finished is None else finished.timings.ttft_ms)
     if parsed.hash_chain_block_size:
         body["hash_chain"] = hash_chain_object(parsed.namespace, parsed.prompt_token_ids, parsed.hash_chain_block_size)
     return body
@@ -51,7 +48,7 @@ def usage(finished: Finished) -> dict:
 
 
 def completion_body(
-    parsed: ParsedRequest, response_id: str, text: str, finished: Finished, report: MatchReport
+    parsed: ParsedRequest, response_id: str, text: str, finished: Finished, report: MatchDetails
 ) -> dict:
     if parsed.endpoint == CHAT:
         choice = {
@@ -71,7 +68,7 @@ def completion_body(
         "model": parsed.model,
         "choices": [choice],
         "usage": usage(finished),
-        "prefix_cache": prefix_cache_object(parsed, report),
+        "prefix_cache": prefix_cache_object(parsed, report, finished),
         "system_fingerprint": None,
     }
 
@@ -115,9 +112,9 @@ class ChunkWriter:
     def final(self, finished: Finished) -> bytes:
         return self._chunk([self._choice(None if self.is_chat else "", finished.finish_reason)])
 
-    def usage(self, finished: Finished, report: MatchReport) -> bytes:
+    def usage(self, finished: Finished, report: MatchDetails) -> bytes:
         """The closing usage chunk also carries the `prefix_cache` object a non-streamed body would have."""
-        return self._chunk([], usage=usage(finished), prefix_cache=prefix_cache_object(self.parsed, report))
+        return self._chunk([], usage=usage(finished), prefix_cache=prefix_cache_object(self.parsed, report, finished))
 
     def error(self, body: dict) -> bytes:
         return b"data: " + json.dumps(body).encode() + b"\n\n"

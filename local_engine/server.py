@@ -16,6 +16,7 @@ from local_engine.config import ServerConfig
 from local_engine.engine import Engine
 from local_engine.engine_types import Finished, GenerationRequest, TokenDelta
 from local_engine.errors import EngineError, Forbidden, InvalidRequest, Unauthorized
+from local_engine.match_details import HEADER_TTFT_MS, describe_match
 from local_engine.metrics import render_metrics
 from local_engine.protocol import (
     CHAT,
@@ -35,7 +36,7 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
     engine: Engine = state.engine
     parsed = parse_request(parse_json_body(await request.body()), endpoint, engine.loaded)
     handle = await engine.submit(GenerationRequest(parsed.prompt_token_ids, parsed.sampling, parsed.namespace))
-    report = handle.report.result()
+    report = describe_match(handle.report.result(), parsed.layout)
     headers = match_headers(report)
     response_id = new_response_id(endpoint)
     if not parsed.stream:
@@ -48,6 +49,7 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
                     finished = event
         finally:
             handle.cancel()  # a no-op once finished; releases everything if the client went away
+        headers[HEADER_TTFT_MS] = f"{finished.timings.ttft_ms:.3f}"
         return Response(completion_body(parsed, response_id, "".join(texts), finished, report), headers=headers)
 
     writer = ChunkWriter(parsed, response_id)
@@ -136,9 +138,9 @@ async def cache_match(request: Request, state: State) -> dict:
     engine: Engine = state.engine
     body = parse_json_body(await request.body())
     endpoint = CHAT if "messages" in body else COMPLETIONS
-    _, token_ids, namespace = parse_prompt(body, endpoint, engine.loaded)
+    _, (token_ids, layout), namespace = parse_prompt(body, endpoint, engine.loaded)
     block_size = parse_hash_chain_request(body)
-    result = engine.dry_run_match(namespace, token_ids).as_dict()
+    result = describe_match(engine.dry_run_match(namespace, token_ids), layout).as_dict()
     if block_size:
         result["hash_chain"] = hash_chain_object(namespace, token_ids, block_size)
     return result

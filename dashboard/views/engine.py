@@ -59,7 +59,8 @@ def live_engine() -> None:
     if details:
         st.caption(" · ".join(details))
 
-    flat, summaries = flatten_tree(tree.namespaces)
+    tenants = data.namespace_tenants_if_readable(settings.database_url)
+    flat, summaries = flatten_tree(tree.namespaces, tenants)
     if not summaries or all(summary.num_tokens == 0 for summary in summaries):
         st.info("The engine's cache is empty: no prompt has been cached yet.")
         return
@@ -69,6 +70,7 @@ def live_engine() -> None:
     st.dataframe(
         [
             {
+                "tenant": summary.tenant or "unknown (no request recorded under it)",
                 "namespace": summary.namespace,
                 "nodes": summary.num_nodes,
                 "tokens": summary.num_tokens,
@@ -80,7 +82,8 @@ def live_engine() -> None:
         hide_index=True,
     )
     st.caption(
-        "Each namespace is one tenant's cache salt; namespaces never share nodes. Refreshes every "
+        "Each namespace is one tenant's cache salt; namespaces never share nodes. Tenants are named from the "
+        "database (the gateway records the label of each tenant's namespace), never by the engine. Refreshes every "
         f"{settings.refresh_s:g} s."
     )
 

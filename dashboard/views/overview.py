@@ -6,6 +6,7 @@ import streamlit as st
 
 from dashboard import charts, data, ui
 from dashboard.engine_client import EngineUnavailable
+from dashboard.explain import ttft_caption
 from dashboard.loaders import OverviewData
 
 settings = ui.load_settings()
@@ -17,11 +18,19 @@ if catalog.is_empty:
         "No requests recorded yet. Send traffic through the gateway, or write demo history with "
         "`prefixscope demo-data --rows 10000`."
     )
-filters = ui.sidebar_filters(catalog.tenants, catalog.models)
+filters = ui.sidebar_filters(catalog.tenants, catalog.models, first_seen=catalog.first_seen)
 
 
 def prefill_speed() -> tuple[float, str]:
-    """Tokens/s used to turn cached tokens into time saved, and a sentence saying where the figure comes from."""
+    """Tokens/s used to turn cached tokens into time saved, and a sentence saying where the figure comes from: the
+    prefill speed recorded with this database's history first; the live engine's only when none was recorded."""
+    context = ui.read_database(data.engine_context, settings.database_url)
+    if context is not None and context.prefill_tokens_per_s:
+        speed = context.prefill_tokens_per_s
+        return speed, (
+            f"the prefill speed recorded with this database, {speed:,.0f} tokens/s (engine `{context.upstream}`, "
+            f"{context.recorded_at:%Y-%m-%d %H:%M} UTC)"
+        )
     try:
         measured = data.engine_stats(settings.engine_url, settings.engine_timeout_s).prefill_tokens_per_s
     except EngineUnavailable:
@@ -29,9 +38,20 @@ def prefill_speed() -> tuple[float, str]:
     else:
         reason = "the engine has not measured its prefill speed yet"
     if measured is not None:
-        return measured, f"the engine's measured prefill speed, {measured:,.0f} tokens/s ({settings.engine_url})"
+        return measured, (
+            f"the engine's measured prefill speed, {measured:,.0f} tokens/s ({settings.engine_url}), because this "
+            "database recorded none: the live engine may not be the one this history ran on"
+        )
     speed = settings.default_prefill_tokens_per_s
     return speed, f"the configured default of {speed:,.0f} tokens/s, because {reason}"
+
+
+HIT_HELP = (
+    "Share of requests (among those whose upstream reported cached tokens) that reused more than the chat "
+    "template's fixed opening from cache. The opening is the leading tokens every prompt of its shape starts with "
+    "(such as `<|im_start|>system` and a newline, or a default system prompt the template inserts); the engine "
+    "reports how many there are, and a request that matched only those counts as a miss."
+)
 
 
 def render_totals(result: OverviewData) -> None:
@@ -41,7 +61,7 @@ def render_totals(result: OverviewData) -> None:
     columns = st.columns(5)
     columns[0].metric("Requests", f"{totals.requests:,}")
     columns[1].metric("Token hit rate", ui.format_share(totals.token_hit_rate), help="cached / prompt tokens")
-    columns[2].metric("Requests with any hit", ui.format_share(totals.request_hit_share))
+    columns[2].metric("Requests with any hit", ui.format_share(totals.request_hit_share), help=HIT_HELP)
     columns[3].metric("Tokens served from cache", ui.format_tokens(totals.cached_tokens))
     columns[4].metric("Prefill time saved", ui.format_seconds(saved_s), help="cached tokens / prefill speed")
     st.caption(f"Prefill time saved uses {speed_source}.")
@@ -59,7 +79,7 @@ def render_totals(result: OverviewData) -> None:
             f"{unknown:,} requests have no cached-token count (failed, or sent to an upstream that does not report "
             "it); the hit rates leave them out."
         )
-    st.caption("TTFT percentiles are estimated from the hourly histograms (within about 15%).")
+    st.caption(ttft_caption(totals.ttft_ranges_ms))
 
 
 @st.fragment(run_every=settings.refresh_s)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, data, ui
-from dashboard.explain import describe_miss_kind, request_table_rows
-from db.records import MISS_KINDS
+from dashboard.explain import describe_divergence, describe_miss_kind, request_table_rows
+from db.records import MISS_KINDS, MISS_REASONS
 
 settings = ui.load_settings()
 st.title("Requests")
@@ -14,12 +14,20 @@ st.title("Requests")
 catalog = ui.read_database(data.catalog, settings.database_url)
 if catalog.is_empty:
     ui.stop_with_info("No requests recorded yet. Send traffic through the gateway to see it here.")
-filters = ui.sidebar_filters(catalog.tenants, catalog.models).refreshed()
+filters = ui.sidebar_filters(catalog.tenants, catalog.models, first_seen=catalog.first_seen).refreshed()
 
 outcome_choices = {"All": None, "Hits": True, "Misses": False}
-left, right = st.columns(2)
-outcome = left.segmented_control("Cache outcome", list(outcome_choices), default="All", key="requests_outcome")
-miss_kind = right.selectbox("Miss kind", ["All", *MISS_KINDS], key="requests_miss_kind")
+left, middle, right = st.columns(3)
+outcome = left.segmented_control(
+    "Cache outcome",
+    list(outcome_choices),
+    default="All",
+    key="requests_outcome",
+    help="A hit reused more than the chat template's fixed opening (the leading tokens every prompt of its shape "
+    "starts with); a request that matched only those is a miss.",
+)
+miss_kind = middle.selectbox("Miss kind", ["All", *MISS_KINDS], key="requests_miss_kind")
+miss_reason = right.selectbox("Reason", ["All", *MISS_REASONS], key="requests_miss_reason")
 
 rows = ui.read_database(
     data.recent_requests,
@@ -30,6 +38,7 @@ rows = ui.read_database(
     filters.model,
     outcome_choices.get(outcome or "All"),
     None if miss_kind == "All" else miss_kind,
+    None if miss_reason == "All" else miss_reason,
 )
 if not rows:
     ui.stop_with_info("No requests match these filters in this time range.")
@@ -46,6 +55,8 @@ table = st.dataframe(
         "cached share": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
         "prompt tokens": st.column_config.NumberColumn(format="localized"),
         "cached tokens": st.column_config.NumberColumn(format="localized"),
+        "tokens lost": st.column_config.NumberColumn(format="localized", help="prompt tokens computed again"),
+        "offset": st.column_config.NumberColumn(help="character offset of the divergence inside the segment"),
     },
 )
 selected_rows = table.selection.rows if table is not None and hasattr(table, "selection") else []
@@ -69,7 +80,12 @@ computed = None
 if detail.prompt_tokens is not None and detail.cached_tokens is not None:
     computed = max(detail.prompt_tokens - detail.cached_tokens, 0)
 columns[2].metric("Computed tokens", "unknown" if computed is None else f"{computed:,}")
-columns[3].metric("TTFT", ui.format_ms(detail.ttft_ms))
+columns[3].metric(
+    "TTFT",
+    ui.format_ms(detail.ttft_ms),
+    help={"engine": "the engine's own queue + prefill time (a non-streamed request)",
+          "gateway": "measured by the gateway up to the first streamed content"}.get(detail.ttft_source or ""),
+)
 columns[4].metric("Latency", ui.format_ms(detail.latency_ms))
 
 if computed is not None and detail.cached_tokens is not None:
@@ -77,7 +93,19 @@ if computed is not None and detail.cached_tokens is not None:
 else:
     st.info("The upstream did not report token counts for this request, so the cached/computed split is unknown.")
 
-st.markdown(f"**Cache outcome:** {describe_miss_kind(detail.miss_kind, detail.diverged_at_token)}")
+st.markdown(
+    f"**Cache outcome:** "
+    f"{describe_miss_kind(detail.miss_kind, None if detail.divergence_segment else detail.diverged_at_token)}"
+)
+why = describe_divergence(
+    detail.miss_reason,
+    detail.divergence_segment,
+    detail.divergence_char_offset,
+    detail.diverged_at_token,
+    detail.recomputed_tokens,
+    detail.divergence_source,
+)
+st.markdown(f"**Why:** {why}" if why else "**Why:** not explained (the upstream did not answer it)")
 rules = ", ".join(f"`{rule}`" for rule in detail.applied_rules) or "none (the request was already canonical)"
 st.markdown(f"**Normalization rules applied:** {rules}")
 st.markdown(

@@ -52,6 +52,9 @@ except EngineUnavailable as exc:
     engine_problem = str(exc)
 raw = stats.raw if stats is not None else {}
 engine_page = raw.get("page_size") if isinstance(raw.get("page_size"), int) else None
+recorded = ui.read_database(data.engine_context, settings.database_url)
+if recorded is not None and recorded.page_size:
+    engine_page = recorded.page_size
 
 capacities = [
     size
@@ -81,7 +84,18 @@ page_size = st.sidebar.selectbox(
     key="what_if_page_size",
 )
 
-if stats is not None:
+context = ui.read_database(data.engine_context, settings.database_url)
+if context is not None and context.capacity_tokens:
+    recorded_policy = context.eviction or "lru"
+    today = model.CurrentSetting(
+        capacity_tokens=context.capacity_tokens,
+        policy=recorded_policy if recorded_policy in POLICIES else "lru",
+        ttl_s=context.ttl_s,
+    )
+    today_source = (
+        f"recorded with this database (engine `{context.upstream}`, {context.recorded_at:%Y-%m-%d %H:%M} UTC)"
+    )
+elif stats is not None:
     ttl_value = raw.get("ttl_s")
     engine_policy = str(raw.get("eviction") or "lru")
     today = model.CurrentSetting(
@@ -89,7 +103,7 @@ if stats is not None:
         policy=engine_policy if engine_policy in POLICIES else "lru",
         ttl_s=float(ttl_value) if isinstance(ttl_value, int | float) and ttl_value > 0 else None,
     )
-    today_source = f"from the engine at {settings.engine_url}"
+    today_source = f"from the engine at {settings.engine_url}, because this database recorded no engine settings"
     if engine_policy not in POLICIES:
         today_source += f" (its policy {engine_policy!r} is replayed as lru)"
 else:

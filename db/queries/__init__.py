@@ -8,7 +8,7 @@ History (`stats`, `overview`, `totals_by`, `rule_counts`, `label_counts`, `top_p
 `iter_chains` streams stored hash chains.
 """
 
-from db.queries.catalog import models, tenants, upstreams
+from db.queries.catalog import first_seen, models, namespace_tenants, tenants, upstreams
 from db.queries.chains import ChainEntry, iter_chains
 from db.queries.history import (
     BUCKETS,
@@ -66,7 +66,9 @@ __all__ = [
     "miss_examples",
     "miss_reason_totals",
     "miss_reasons_over_time",
+    "first_seen",
     "models",
+    "namespace_tenants",
     "normalization_gains",
     "overview",
     "prefix_labels",

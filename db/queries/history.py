@@ -20,9 +20,11 @@ from db.queries.totals import (
     Reader,
     Totals,
     rollup_filters,
+    bin_args,
     summed_bins,
     summed_rollups,
 )
+from db.queries.minutes import MINUTE_BUCKETS, minute_stats
 from db.rollups import DIMENSION_ERROR_TYPE, DIMENSION_MISS_KIND
 from db.timeutil import as_utc, floor_hour, utc_now
 
@@ -39,7 +41,9 @@ def group_label(name: str | None) -> str | None:
 
 
 # Bucket sizes `stats` accepts. Sub-day buckets divide the day evenly; weeks start on Monday (ISO 8601).
+# Minute buckets (up to a day's range) are summed from the request rows (`db.queries.minutes`).
 BUCKETS: Final[dict[str, timedelta]] = {
+    **MINUTE_BUCKETS,
     "1h": timedelta(hours=1),
     "2h": timedelta(hours=2),
     "3h": timedelta(hours=3),
@@ -93,6 +97,8 @@ def stats(
         raise ValueError(f"group_by must be one of {GROUP_BY_CHOICES} or None, got {group_by!r}")
     size_s, offset_s = bucket_geometry(bucket)
     start, end = query_range(since, until)
+    if bucket in MINUTE_BUCKETS:
+        return minute_stats(conn, as_utc(since), as_utc(until or utc_now()), bucket, group_by, tenant, model)
     groups: dict[tuple[datetime, str | None], Totals] = defaultdict(Totals)
 
     def group_columns(table: Any) -> list[Any]:
@@ -111,7 +117,7 @@ def stats(
     ):
         groups[key_of(row)].add_sums(row)
     for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant, model=model), group_columns(BINS)):
-        groups[key_of(row)].add_bin(row["cache_state"], row["bin"], row["requests"])
+        groups[key_of(row)].add_bin(*bin_args(row))
     return [
         StatsRow(bucket_start=bucket_start, group=group, **totals.figures())
         for (bucket_start, group), totals in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1] or ""))
@@ -132,7 +138,7 @@ def overview(
     for row in summed_rollups(conn, rollup_filters(ROLLUPS, start, end, tenant=tenant, model=model), []):
         totals.add_sums(row)
     for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant, model=model), []):
-        totals.add_bin(row["cache_state"], row["bin"], row["requests"])
+        totals.add_bin(*bin_args(row))
     miss_kinds = label_counts(conn, DIMENSION_MISS_KIND, start, end, tenant=tenant, model=model)
     error_types = label_counts(conn, DIMENSION_ERROR_TYPE, start, end, tenant=tenant, model=model)
     return Overview(
@@ -167,7 +173,7 @@ def totals_by(
         groups[group_label(row["grp"]) or ""].add_sums(row)
     if quantiles:
         for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant), [BINS.c[group_by].label("grp")]):
-            groups[group_label(row["grp"]) or ""].add_bin(row["cache_state"], row["bin"], row["requests"])
+            groups[group_label(row["grp"]) or ""].add_bin(*bin_args(row))
     return [
         GroupTotals(group=name, **totals.figures())
         for name, totals in sorted(groups.items())

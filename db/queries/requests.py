@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, select
+from sqlalchemy import ColumnElement, Row, func, select
 
 from db.models import RequestRecordRow, table_of
 from db.queries.results import RequestRow
@@ -45,7 +45,8 @@ def recent_requests(
 ) -> list[RequestRow]:
     """The newest requests matching every given filter, newest first.
 
-    `hit=True` keeps requests with cached tokens, `hit=False` known misses (0 cached tokens); `until` is exclusive,
+    `hit=True` keeps requests that reused more than the template's fixed opening, `hit=False` known misses (nothing
+    beyond it); `until` is exclusive,
     so passing the last row's `created_at` pages further back.
     """
     clauses: list[ColumnElement[bool]] = []
@@ -59,10 +60,11 @@ def recent_requests(
     ):
         if value is not None:
             clauses.append(REQUESTS.c[column] == value)
+    opening = func.coalesce(REQUESTS.c.template_tokens, 0)
     if hit is True:
-        clauses.append(REQUESTS.c.cached_tokens > 0)
+        clauses.append(REQUESTS.c.cached_tokens > opening)
     elif hit is False:
-        clauses.append(REQUESTS.c.cached_tokens == 0)
+        clauses.append(REQUESTS.c.cached_tokens <= opening)
     if since is not None:
         clauses.append(REQUESTS.c.created_at >= as_utc(since))
     if until is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from db.records import is_hit
+
 
 @dataclass(frozen=True)
 class CacheFigures:
@@ -12,7 +14,9 @@ class CacheFigures:
 
     `token_hit_rate` is cached / prompt tokens over requests that reported both; `request_hit_share` the share of
     requests with any cached token among those that reported cached tokens. Both are None when nothing was known.
-    TTFT quantiles come from the rollups' histograms (within about 15% of the exact value); None without samples.
+    TTFT quantiles come from the rollups' histograms, interpolated within the smallest and largest value observed in
+    the bin that holds them (`ttft_ranges_ms` states that bound); None without samples. A request counts as a hit when
+    it reused more than the chat template's fixed opening (`db.records.is_hit`).
     """
 
     requests: int = 0
@@ -33,6 +37,9 @@ class CacheFigures:
     ttft_miss_p50_ms: float | None = None
     ttft_miss_p95_ms: float | None = None
     ttft_miss_mean_ms: float | None = None
+    # Where each quantile lies for sure (`p50`, `p95`, `hit_p50`, ...): the smallest and largest TTFT observed in the
+    # histogram bin that holds it (`db.histogram.quantile_range`); the estimate lies inside.
+    ttft_ranges_ms: dict[str, tuple[float, float | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,11 +88,15 @@ class RequestRow:
     divergence_char_offset: int | None = None
     recomputed_tokens: int | None = None
     normalization_gain_tokens: int | None = None
+    ttft_source: str | None = None
+    divergence_source: str | None = None
+    template_tokens: int | None = None
 
     @property
     def cache_hit(self) -> bool | None:
-        """True when some prompt tokens came from cache, False on a known miss, None when unknown."""
-        return None if self.cached_tokens is None else self.cached_tokens > 0
+        """True when cached tokens reach beyond the template's fixed opening, False on a known miss, None when
+        unknown (`db.records.is_hit`)."""
+        return is_hit(self.cached_tokens, self.template_tokens)
 
     @property
     def uncached_tokens(self) -> int | None:

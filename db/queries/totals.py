@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from sqlalchemy import ColumnElement, Connection, cast, func, select
+from sqlalchemy import ColumnElement, Connection, case, cast, func, select
 from sqlalchemy.orm import Session
 
-from db.histogram import merge, quantile
+from db.histogram import Range, merge, quantile, quantile_range
 from db.models import HourlyRollup, HourlyTtftBin, table_of
 
 # Rollup columns summed by the history queries.
@@ -44,21 +44,34 @@ class Totals:
     def __init__(self) -> None:
         self.sums: dict[str, float] = dict.fromkeys(SUMMED, 0)
         self.bins: dict[str, dict[int, int]] = {"hit": {}, "miss": {}, "unknown": {}}
+        # Per state and bin, the smallest and largest TTFT observed (None when not kept).
+        self.ranges: dict[str, dict[int, Range]] = {"hit": {}, "miss": {}, "unknown": {}}
 
     def add_sums(self, row: Mapping[str, Any]) -> None:
         """Add a row holding (at least) the `SUMMED` columns; NULL sums (no rows) count as zero."""
         for name in SUMMED:
             self.sums[name] += row[name] or 0
 
-    def add_bin(self, cache_state: str, index: int, count: int) -> None:
-        """Add `count` requests to a TTFT bin."""
+    def add_bin(
+        self, cache_state: str, index: int, count: int, low_ms: float | None = None, high_ms: float | None = None
+    ) -> None:
+        """Add `count` requests to a TTFT bin, whose samples lay within [low_ms, high_ms] when known."""
         states = self.bins.setdefault(cache_state, {})
         states[index] = states.get(index, 0) + int(count)
+        ranges = self.ranges.setdefault(cache_state, {})
+        ranges[index] = _widen(ranges.get(index), low_ms, high_ms)
 
     def figures(self) -> dict[str, Any]:
         """Keyword arguments for a `CacheFigures` (or subclass)."""
         s = self.sums
         everything = merge(self.bins.values())
+        everything_ranges: dict[int, Range] = {}
+        for state in self.ranges.values():
+            for index, (low, high) in state.items():
+                everything_ranges[index] = _widen(everything_ranges.get(index), low, high)
+        sources = {"": (everything, everything_ranges)} | {
+            f"{state}_": (self.bins[state], self.ranges.get(state, {})) for state in ("hit", "miss")
+        }
         return {
             "requests": int(s["requests"]),
             "error_requests": int(s["error_requests"]),
@@ -70,15 +83,29 @@ class Totals:
             "token_hit_rate": _ratio(s["cache_known_cached_tokens"], s["cache_known_prompt_tokens"]),
             "request_hit_share": _ratio(s["requests_with_hit"], s["requests_with_known_cache"]),
             "latency_mean_ms": _ratio(s["latency_ms_sum"], s["requests"]),
-            "ttft_p50_ms": quantile(everything, 0.5),
-            "ttft_p95_ms": quantile(everything, 0.95),
-            "ttft_hit_p50_ms": quantile(self.bins["hit"], 0.5),
-            "ttft_hit_p95_ms": quantile(self.bins["hit"], 0.95),
+            **{
+                f"ttft_{prefix}{name}_ms": quantile(counts, q, ranges)
+                for prefix, (counts, ranges) in sources.items()
+                for name, q in (("p50", 0.5), ("p95", 0.95))
+            },
             "ttft_hit_mean_ms": _ratio(s["ttft_hit_ms_sum"], s["ttft_hit_count"]),
-            "ttft_miss_p50_ms": quantile(self.bins["miss"], 0.5),
-            "ttft_miss_p95_ms": quantile(self.bins["miss"], 0.95),
             "ttft_miss_mean_ms": _ratio(s["ttft_miss_ms_sum"], s["ttft_miss_count"]),
+            "ttft_ranges_ms": {
+                f"{prefix}{name}": bound
+                for prefix, (counts, ranges) in sources.items()
+                for name, q in (("p50", 0.5), ("p95", 0.95))
+                if (bound := quantile_range(counts, q, ranges)) is not None
+            },
         }
+
+
+def _widen(seen: Range | None, low: float | None, high: float | None) -> Range:
+    """The union of two observed ranges; unknown (None) as soon as either side is unknown."""
+    if seen is None:
+        return (low, high)
+    merged_low = None if seen[0] is None or low is None else min(seen[0], low)
+    merged_high = None if seen[1] is None or high is None else max(seen[1], high)
+    return (merged_low, merged_high)
 
 
 def rollup_filters(table: Any, since: Any, until: Any, **equal: str | None) -> list[ColumnElement[bool]]:
@@ -104,5 +131,24 @@ def summed_rollups(conn: Reader, where: list[ColumnElement[bool]], group_columns
 def summed_bins(conn: Reader, where: list[ColumnElement[bool]], group_columns: list[Any]) -> list[Any]:
     """Rows of `group_columns`, cache_state, bin and the summed request count."""
     columns = [*group_columns, BINS.c.cache_state, BINS.c.bin]
-    stmt = select(*columns, func.sum(BINS.c.requests).label("requests")).where(*where).group_by(*columns)
+    # A bin's range is unknown when any of its rows predates the range columns: count those rows.
+    unknown = func.sum(case((BINS.c.ttft_min_ms.is_(None), 1), else_=0)).label("unknown_ranges")
+    stmt = (
+        select(
+            *columns,
+            func.sum(BINS.c.requests).label("requests"),
+            func.min(BINS.c.ttft_min_ms).label("ttft_min_ms"),
+            func.max(BINS.c.ttft_max_ms).label("ttft_max_ms"),
+            unknown,
+        )
+        .where(*where)
+        .group_by(*columns)
+    )
     return list(conn.execute(stmt).mappings())
+
+
+def bin_args(row: Mapping[str, Any]) -> tuple[str, int, int, float | None, float | None]:
+    """`Totals.add_bin` arguments from a `summed_bins` row (no range when some of its rows did not keep one)."""
+    known = not row["unknown_ranges"]
+    low, high = (row["ttft_min_ms"], row["ttft_max_ms"]) if known else (None, None)
+    return row["cache_state"], row["bin"], row["requests"], low, high

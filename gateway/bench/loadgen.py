@@ -2,7 +2,8 @@
 
 Two modes, each printing one JSON object:
 - `fixed`: open loop at `--rate` requests per second for `--duration` seconds (latency at a fixed load);
-- `max`: closed loop, `--connections` connections each sending back to back (the highest sustained rate).
+- `max`: closed loop, `--connections` connections each sending back to back (the highest sustained rate);
+- `paired`: open loop of pairs, one request to `--direct-url` and one to `--url` each (`gateway.bench.paired`).
 
 It runs in its own process so that it does not take the CPU of the server it measures.
 """
@@ -179,7 +180,8 @@ def run_fast(coro: object) -> object:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=("fixed", "max"))
+    parser.add_argument("mode", choices=("fixed", "max", "paired"))
+    parser.add_argument("--direct-url", default=None, help="paired mode: the upstream, sent to straight")
     parser.add_argument("--url", required=True)
     parser.add_argument("--body-file", required=True)
     parser.add_argument("--rate", type=float, default=200.0)
@@ -190,6 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.body_file, "rb") as handle:
         body = handle.read()
     begin = time.perf_counter()
+    if args.mode == "paired":
+        from gateway.bench.paired import run_paired, summarize_pairs
+
+        pairs = run_fast(
+            run_paired(args.direct_url, args.url, body, args.rate, args.duration, args.connections, args.api_key)
+        )
+        json.dump(summarize_pairs(pairs), sys.stdout)  # type: ignore[arg-type]
+        return 0
     if args.mode == "fixed":
         tally = run_fast(run_fixed(args.url, body, args.rate, args.duration, args.connections, args.api_key))
     else:

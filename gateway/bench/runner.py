@@ -3,12 +3,13 @@
 Processes: a stub upstream (answers at once), the gateway under uvicorn (recording into a temporary SQLite
 database), and the load generator, each its own process so the client does not take the gateway's CPU. Steps:
 
-1. latency at a fixed rate straight to the stub, then through the gateway: the difference is the added latency;
+1. latency at a fixed rate of pairs, each one request straight to the stub and one through the gateway back to back
+   (alternating which goes first): the distribution of the paired differences is the added latency;
 2. a closed-loop run through the gateway: the highest sustained request rate of one gateway process;
 3. stop the gateway (its writer flushes) and check that every request sent has exactly one row, and how many rows
    carry a miss explanation, a (sampled) normalization gain and a hash chain (the stub answers like the engine).
 
-Prints one JSON object.
+Prints one JSON object, with a `verdict` against the stated `TARGETS`, then one PASS/FAIL line per target and overall.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from gateway.bench.paired import verdict
 from prefixscope.progress import timed
 
 SYSTEM_PROMPT = (
@@ -51,6 +53,11 @@ TOOLS = [
         },
     },
 ]
+
+
+# What the gateway must achieve on the bench's stub: added latency per paired request (gateway - direct), the
+# closed-loop request rate of one gateway process, and no lost records.
+TARGETS = {"added_p50_ms_max": 1.0, "added_p99_ms_max": 5.0, "requests_per_s_min": 1000.0, "records_lost_max": 0}
 
 
 @dataclass(frozen=True)
@@ -82,8 +89,16 @@ def _wait_http(url: str, timeout_s: float = 60.0) -> None:
 
 
 def _loadgen(
-    mode: str, url: str, body_file: Path, config: BenchConfig, *, duration_s: float, connections: int
+    mode: str,
+    url: str,
+    body_file: Path,
+    config: BenchConfig,
+    *,
+    duration_s: float,
+    connections: int,
+    direct_url: str | None = None,
 ) -> dict[str, Any]:
+    extra = [] if direct_url is None else ["--direct-url", direct_url]
     command = [
         sys.executable,
         "-m",
@@ -99,6 +114,7 @@ def _loadgen(
         str(duration_s),
         "--connections",
         str(connections),
+        *extra,
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout)
@@ -200,11 +216,18 @@ def run(config: BenchConfig) -> int:
         clock.start()
         warm = _loadgen("fixed", gateway_url + chat, body_file, config, duration_s=config.warmup_s, connections=16)
         sent_to_gateway += warm["sent"]
-        direct = _loadgen("fixed", stub_url + chat, body_file, config, duration_s=config.duration_s, connections=16)
         cpu_before_fixed = _cpu_seconds(gateway.pid)
-        through = _loadgen("fixed", gateway_url + chat, body_file, config, duration_s=config.duration_s, connections=16)
+        paired = _loadgen(
+            "paired",
+            gateway_url + chat,
+            body_file,
+            config,
+            duration_s=config.duration_s,
+            connections=16,
+            direct_url=stub_url + chat,
+        )
         cpu_after_fixed = _cpu_seconds(gateway.pid)
-        sent_to_gateway += through["sent"]
+        sent_to_gateway += paired["pairs_sent"]
         before = _records(gateway_url)
         started = time.perf_counter()
         cpu_before_peak = _cpu_seconds(gateway.pid)
@@ -234,25 +257,22 @@ def run(config: BenchConfig) -> int:
                 process.terminate()
                 process.wait(timeout=30)
 
-    def added(q: str) -> float | None:
-        a, b = through["latency_ms"][q], direct["latency_ms"][q]
-        return None if a is None or b is None else round(a - b, 3)
-
     report = {
         "benchmark": "gateway",
         "request": {"bytes": body_file.stat().st_size, "stream": config.stream, "tools": len(TOOLS)},
         "cpu_count": os.cpu_count(),
         # Other processes on the machine compete for the same cores; latency tails are sensitive to it.
         "load_avg_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
-        "fixed_rate": {
-            "rate_per_s": config.rate_per_s,
+        # Pairs at a fixed rate: each request through the gateway is paired with one straight to the stub, sent back
+        # to back in alternating order; `added_latency_ms` is the distribution of the per-pair differences.
+        "paired": {
+            "pairs_per_s": config.rate_per_s,
             "duration_s": config.duration_s,
-            "direct_latency_ms": direct["latency_ms"],
-            "gateway_latency_ms": through["latency_ms"],
-            "added_latency_ms": {"p50": added("p50"), "p99": added("p99")},
-            "gateway_statuses": through["statuses"],
+            **paired,
             # CPU the gateway process (event loop and database writer together) spent per request.
-            "gateway_cpu_us_per_request": _cpu_us_per_request(cpu_before_fixed, cpu_after_fixed, through["completed"]),
+            "gateway_cpu_us_per_request": _cpu_us_per_request(
+                cpu_before_fixed, cpu_after_fixed, paired["pairs_completed"]
+            ),
         },
         "max_rate": {
             "connections": config.num_connections,
@@ -273,11 +293,19 @@ def run(config: BenchConfig) -> int:
             "shutdown_drain_s": round(drain_s, 3),
             "explained": explained,
         },
-        "targets": {
-            "added_p50_ms_max": 1.0,
-            "added_p99_ms_max": 5.0,
-            "requests_per_s_min": 1000,
-        },
     }
+    added = paired["added_latency_ms"]
+    report["verdict"] = verdict(
+        {
+            "added_p50_ms_max": added["p50"],
+            "added_p99_ms_max": added["p99"],
+            "requests_per_s_min": peak["rate_per_s"],
+            "records_lost_max": sent_to_gateway - stored,
+        },
+        TARGETS,
+    )
     print(json.dumps(report, indent=2))
+    for name, result in report["verdict"]["targets"].items():
+        print(f"{'PASS' if result['pass'] else 'FAIL'} {name}: {result['measured']} (target {result['target']})")
+    print("PASS" if report["verdict"]["pass"] else "FAIL")
     return 0 if stored == sent_to_gateway else 1

@@ -4,7 +4,10 @@
 - `history`: per tenant, the segment hashes of recent requests, to find the nearest earlier request in O(segments);
 - `compare`: how a request differs from that one (the first differing segment, the character offset in it, and
   whether it is a reorder, a volatile value or an unrelated prompt);
-- `reasons`: the pure classification, engine report + divergence -> one of `db.records.MISS_REASONS`;
+- `reasons`: the pure classification, engine report + divergence -> one of `db.records.MISS_REASONS` (the
+  approximate method, for upstreams that do not say where their match ended);
+- `located`: the explanation when the engine reports where its match ended (segment and character offset): the
+  location is the engine's, the history only says why;
 - `chains`: the prompt's block hash chain (the engine's, or an approximate one hashed from text);
 - `uplift`: background dry-run matches of the un-normalized request (a sample, bounded, after the response);
 - `explainer`: the glue the recorder calls when a request is sent and when it is answered.

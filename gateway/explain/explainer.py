@@ -1,5 +1,6 @@
 """Per request: segments and the nearest earlier request when it is sent; the reason, the divergence, the hash chain
-and (for a sample) a normalization uplift check once it has been answered.
+and (for a sample) a normalization uplift check once it has been answered. When the engine reports where its match
+ended, the divergence is the engine's (`located`); otherwise it is approximated from the history (`reasons`).
 
 The lookup happens when the request goes upstream (scheduled to run while the upstream works), so that it sees the
 tenant's history as the engine's cache saw it: requests still in flight are not yet in either. The request joins the
@@ -19,6 +20,7 @@ from db.chains import RequestChain
 from gateway.explain.chains import approximate_chain, canonical_prompt_text, engine_chain
 from gateway.explain.compare import compare
 from gateway.explain.history import HistoryIndex, Nearest
+from gateway.explain.located import engine_locates, explain_located
 from gateway.explain.reasons import EngineReport, Explanation, classify
 from gateway.explain.segments import PromptSegments, chat_segments, completion_segments
 from gateway.explain.uplift import UpliftChecker, UpliftJob
@@ -135,7 +137,10 @@ class Explainer:
         explanation = None
         if context.segments is not None:
             history = self.histories.for_tenant(context.tenant, context.settings.explain_history_size)
-            explanation = classify(engine, compare(context.segments, context.nearest, history.text))
+            if engine_locates(engine):
+                explanation = explain_located(engine, context.segments, context.nearest, history)
+            else:
+                explanation = classify(engine, compare(context.segments, context.nearest, history.text))
             if recorded_status < 400:
                 history.add(context.segments, engine.prompt_tokens)
         settings = context.settings
@@ -151,6 +156,7 @@ class Explainer:
                     match_url=context.route.match_url,
                     headers=context.route.headers,
                     normalized_matched_tokens=engine.matched_tokens,
+                    template_tokens=engine.template_tokens or 0,
                 )
         return Explained(explanation, self._chain(context, engine), gain, job)
 

@@ -14,7 +14,7 @@ unknown.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from gateway.explain.segments import PromptSegments
@@ -104,6 +104,15 @@ class TenantHistory:
                 break
             found, run = entry, position + 1
         return found, run
+
+    def sharing(self, prompt: PromptSegments, num_segments: int) -> Iterator[Entry]:
+        """Remembered requests (newest first) whose first `num_segments` segments equal `prompt`'s (model first)."""
+        if num_segments < 1:
+            return
+        key = _chain(prompt.digests[:num_segments], 0)[-1]
+        for entry in reversed(self._entries):
+            if len(entry.prefix_keys) >= num_segments and entry.prefix_keys[num_segments - 1] == key:
+                yield entry
 
     def add(self, prompt: PromptSegments, prompt_tokens: int | None = None) -> Entry:
         """Remember a request (the most recent one for each of its prefixes), forgetting the oldest if full."""

@@ -67,6 +67,11 @@ class EngineReport:
     miss_kind: str | None = None
     matched_tokens: int | None = None
     prompt_tokens: int | None = None
+    # Leading tokens of the template's fixed opening; a match within them reused nothing of the request.
+    template_tokens: int | None = None
+    # Where the engine's match ended in the request (segment name and character offset), when it says.
+    divergence_segment: str | None = None
+    divergence_char_offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,9 @@ class Explanation:
     segment: str | None = None
     char_offset: int | None = None
     recomputed_tokens: int | None = None
+    # How the divergence was located: `engine` (the engine's own report of where its match ended) or `history` (an
+    # approximation from the nearest earlier request, for upstreams that do not report it).
+    source: str = "history"
 
 
 def _uncached(engine: EngineReport) -> int | None:
@@ -105,7 +113,7 @@ def _uncached(engine: EngineReport) -> int | None:
     return max(0, engine.prompt_tokens - engine.matched_tokens)
 
 
-def _engine_hit(engine: EngineReport) -> bool:
+def engine_hit(engine: EngineReport) -> bool:
     if engine.miss_kind is not None:
         return engine.miss_kind == HIT
     uncached = _uncached(engine)
@@ -115,7 +123,7 @@ def _engine_hit(engine: EngineReport) -> bool:
 def classify(engine: EngineReport, divergence: Divergence) -> Explanation:
     """The reason for one answered request (see the module docstring for the rules)."""
     uncached = _uncached(engine)
-    if _engine_hit(engine):
+    if engine_hit(engine):
         if uncached is not None and uncached > 1:
             return Explanation(BELOW_PAGE, recomputed_tokens=uncached)
         return Explanation(HIT, recomputed_tokens=0)

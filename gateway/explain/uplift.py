@@ -2,7 +2,9 @@
 
 For a sample of answered requests that normalization changed, a background task asks the engine's dry-run match
 (`POST /v1/cache/match`, nothing is locked or changed) how much of the request as the client sent it would have
-matched, under the tenant's salt. The gain is the normalized request's matched tokens minus that, never below 0.
+matched, under the tenant's salt. The gain is the normalized request's matched tokens minus that, never below 0,
+both counted beyond the template's fixed opening that the engine reports with its match (the same report the miss
+explanation reads).
 
 The dry run comes after the request, when the cache also holds the normalized prompt itself. That can only make the
 un-normalized prompt match more, and only up to where the two versions part; so when normalization did not help (the
@@ -45,6 +47,8 @@ class UpliftJob:
     match_url: str
     headers: httpx.Headers
     normalized_matched_tokens: int
+    # The template's fixed opening, from the same engine report: matching within it gains nothing.
+    template_tokens: int = 0
 
 
 def dry_run_payload(job: UpliftJob) -> bytes:
@@ -52,6 +56,12 @@ def dry_run_payload(job: UpliftJob) -> bytes:
     body = {name: job.raw_body[name] for name in _PROMPT_FIELDS[job.endpoint] if name in job.raw_body}
     body["cache_salt"] = job.salt
     return _ENCODER.encode(body)
+
+
+def uplift_gain(job: UpliftJob, unnormalized_matched_tokens: int) -> int:
+    """Tokens matched beyond the template's opening by the normalized request and not by the raw one (never < 0)."""
+    floor = job.template_tokens
+    return max(0, max(job.normalized_matched_tokens, floor) - max(unnormalized_matched_tokens, floor))
 
 
 class UpliftChecker:
@@ -101,7 +111,7 @@ class UpliftChecker:
                 self.failed += 1
             else:
                 self.checked += 1
-                gain = max(0, job.normalized_matched_tokens - unnormalized)
+                gain = uplift_gain(job, unnormalized)
         except Exception:  # a failed check must never lose the record
             self.failed += 1
             log.debug("normalization uplift check failed", exc_info=True)

@@ -33,6 +33,14 @@ class CacheReport:
     miss_kind: str | None = None
     matched_tokens: int | None = None
     prompt_tokens: int | None = None
+    # Leading tokens of template text alone (a match within them reused nothing of the request).
+    template_tokens: int | None = None
+    # Where the first uncached token lies in the request: segment (`tools`, `system`, `messages[i]`, `prompt`) and
+    # character offset inside it, as the engine located it.
+    divergence_segment: str | None = None
+    divergence_char_offset: int | None = None
+    # The engine's own queue + prefill time to the first token (non-streamed responses).
+    ttft_ms: float | None = None
 
 
 def _int_or_none(value: Any) -> int | None:

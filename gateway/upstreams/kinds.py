@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -62,6 +64,11 @@ class SGLangAdapter(UpstreamAdapter):
 HEADER_MATCHED = "x-prefix-cache-matched-tokens"
 HEADER_PROMPT = "x-prefix-cache-prompt-tokens"
 HEADER_MISS = "x-prefix-cache-miss"
+HEADER_TEMPLATE = "x-prefix-cache-template-tokens"
+HEADER_SEGMENT = "x-prefix-cache-divergence-segment"
+HEADER_OFFSET = "x-prefix-cache-divergence-offset"
+HEADER_TTFT = "x-prefix-cache-ttft-ms"
+_SEGMENT = re.compile(r"tools|system|prompt|messages\[\d{1,6}\]")
 
 
 def _header_int(headers: Mapping[str, str], name: str) -> int | None:
@@ -74,14 +81,24 @@ def _header_int(headers: Mapping[str, str], name: str) -> int | None:
         return None
 
 
+def _header_float(headers: Mapping[str, str], name: str) -> float | None:
+    try:
+        value = float(headers.get(name, ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
 class LocalEngineAdapter(UpstreamAdapter):
     """prefixscope's own engine: salt in `cache_salt`; cached tokens in `usage.prompt_tokens_details`; the match
-    report (matched/prompt tokens and the miss kind) in `x-prefix-cache-*` headers, known before the first byte; the
+    report (matched/prompt tokens, the miss kind, the template's opening tokens and where the match ended in the
+    request) in `x-prefix-cache-*` headers, known before the first byte (and its TTFT on non-streamed responses); the
     prompt's block hash chain in `prefix_cache.hash_chain` when asked (`return_hash_chain`); a dry-run match."""
 
     kind = "local_engine"
     salt_field = "cache_salt"
-    passthrough_headers = (HEADER_MATCHED, HEADER_PROMPT, HEADER_MISS)
+    passthrough_headers = (HEADER_MATCHED, HEADER_PROMPT, HEADER_MISS, HEADER_TEMPLATE, HEADER_SEGMENT, HEADER_OFFSET,
+                           HEADER_TTFT)
     returns_hash_chain = True
     supports_dry_run_match = True
 
@@ -93,10 +110,15 @@ class LocalEngineAdapter(UpstreamAdapter):
 
     def cache_report(self, headers: Mapping[str, str]) -> CacheReport:
         miss = headers.get(HEADER_MISS)
+        segment = headers.get(HEADER_SEGMENT)
         return CacheReport(
             miss_kind=miss if miss in MISS_KINDS else None,
             matched_tokens=_header_int(headers, HEADER_MATCHED),
             prompt_tokens=_header_int(headers, HEADER_PROMPT),
+            template_tokens=_header_int(headers, HEADER_TEMPLATE),
+            divergence_segment=segment if segment is not None and _SEGMENT.fullmatch(segment) else None,
+            divergence_char_offset=_header_int(headers, HEADER_OFFSET),
+            ttft_ms=_header_float(headers, HEADER_TTFT),
         )
 
     def usage(self, payload: Mapping[str, Any]) -> UsageReport:

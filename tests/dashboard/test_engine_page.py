@@ -69,3 +69,19 @@ def test_unreachable_engine_shows_a_warning(run_page, empty_url) -> None:
     app = run_page("engine", empty_url)
     assert any("engine is not reachable" in warning.value for warning in app.warning)
     assert not app.get("plotly_chart")
+
+
+def test_namespaces_are_named_by_tenant_from_the_database(run_page, engine, tmp_path) -> None:
+    from dataclasses import replace
+
+    from dashboard_testkit import create_database, seeded_records
+
+    named = [replace(seeded_records()[0], request_id="ns-1", tenant="acme", namespace_label="5a1t0001")]
+    url = create_database(tmp_path / "named.db", named)
+    app = run_page("engine", url, engine_url=engine[0])
+    namespaces = app.dataframe[0].value.set_index("namespace")
+    assert namespaces.loc["5a1t0001", "tenant"] == "acme"
+    assert namespaces.loc["5a1t0002", "tenant"] == "unknown (no request recorded under it)"
+    labels = chart_specs(app)[1]["data"][0]["labels"]
+    assert "tenant acme" in labels and "ns 5a1t0002" in labels
+    assert not any("/v1/cache/tenants" in query for query in engine[1].tree_queries)

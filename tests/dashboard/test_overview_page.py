@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from pathlib import Path
 
@@ -112,3 +113,74 @@ def test_misconfigured_environment_shows_an_error(run_page, seeded_url) -> None:
 
     app = run_page("overview", seeded_url, **{ENV_REFRESH_S: "often"})
     assert any("misconfigured" in error.value and ENV_REFRESH_S in error.value for error in app.error)
+
+
+def test_percentiles_stay_within_what_was_seen_and_the_caption_states_the_bound(run_page, seeded_url) -> None:
+    app = run_page("overview", seeded_url)
+    shown = metrics(app)
+    # The slowest miss took 320 ms: interpolating to its bin's upper edge (about 422 ms) would overshoot it.
+    assert float(shown["TTFT p95, misses"].removesuffix(" ms")) == 320
+    assert "p95 misses 320.0-320.0 ms" in captions(app)
+    assert "clamped to the values observed" in captions(app)
+
+
+def test_the_help_text_says_exactly_what_counts_as_a_hit(run_page, seeded_url) -> None:
+    app = run_page("overview", seeded_url)
+    [hit_share] = [metric for metric in app.metric if metric.label == "Requests with any hit"]
+    assert "reused more than the chat template's fixed opening" in hit_share.proto.help
+    assert "matched only those counts as a miss" in hit_share.proto.help
+
+
+def test_prefill_time_saved_uses_the_speed_recorded_with_the_database(run_page, records, engine, tmp_path) -> None:
+    from datetime import UTC, datetime
+
+    from dashboard_testkit import create_database
+
+    from db.engine import create_sync_engine_for
+    from db.engine_context import context_from_stats, record_engine_context
+
+    url = create_database(tmp_path / "context.db", records)
+    engine_db = create_sync_engine_for(url)
+    with engine_db.begin() as conn:
+        recorded_at = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+        record_engine_context(conn, context_from_stats("local", {"prefill_tokens_per_s": 250.0}, recorded_at))
+    engine_db.dispose()
+    engine_url, state = engine
+    state.stats = engine_stats_payload(prefill_tokens_per_s=500.0)  # the live engine is another one: not borrowed
+    app = run_page("overview", url, engine_url=engine_url)
+    assert metrics(app)["Prefill time saved"] == ui.format_seconds(expected_figures(records).cached_tokens / 250.0)
+    assert "the prefill speed recorded with this database, 250 tokens/s (engine `local`" in captions(app)
+
+
+def test_a_fresh_install_opens_on_a_short_range_with_minute_points(run_page, tmp_path) -> None:
+    from dataclasses import replace
+    from datetime import UTC, datetime, timedelta
+
+    from dashboard_testkit import create_database, seeded_records
+
+    from dashboard.loaders import bucket_for_span
+
+    now = datetime.now(UTC)
+    fresh = [
+        replace(record, created_at=now - timedelta(minutes=5 + index))
+        for index, record in enumerate(seeded_records()[:4])
+    ]
+    app = run_page("overview", create_database(tmp_path / "fresh.db", fresh))
+    assert app.sidebar.selectbox[0].value in ("Last hour", "Last 6 hours")  # the oldest row's hour is covered
+    assert bucket_for_span(timedelta(hours=1), minutes=True) == "1m"
+    assert bucket_for_span(timedelta(hours=6), minutes=True) == "5m"
+    assert bucket_for_span(timedelta(days=7), minutes=True) == "4h"
+    hit_rate = json.loads(app.get("plotly_chart")[0].proto.spec)
+    points = [x for trace in hit_rate["data"] for x in trace.get("x", [])]
+    assert len(set(points)) >= 2  # minutes apart, not one dot at the edge of a week
+
+
+def test_the_default_range_fits_the_data() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime(2026, 11, 30, 12, 30, tzinfo=UTC)
+    assert ui.default_range(None, now) == "Last 7 days"
+    assert ui.default_range(now - timedelta(minutes=40), now) == "Last hour"
+    assert ui.default_range(now - timedelta(hours=3), now) == "Last 6 hours"
+    assert ui.default_range(now - timedelta(days=3), now) == "Last 7 days"
+    assert ui.default_range(now - timedelta(days=400), now) == "Last 30 days"

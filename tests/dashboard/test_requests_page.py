@@ -45,6 +45,15 @@ def test_tenant_and_model_filters(run_page, seeded_url) -> None:
     assert set(table(app)["model"]) == {"m-large"}
 
 
+def test_the_table_says_why_and_filters_by_reason(run_page, seeded_url) -> None:
+    app = run_page("requests", seeded_url)
+    row = table(app).set_index("request id").loc["req-004"]
+    assert (row["reason"], row["segment"], row["offset"], row["tokens lost"], row["rules"]) == (
+        "system_changed", "system", 1830, 552, "canonical_tool_order")
+    app.selectbox[1].set_value("system_changed").run()
+    assert list(table(app)["request id"]) == ["req-004"]
+
+
 def test_filters_without_matches_say_so(run_page, seeded_url) -> None:
     app = run_page("requests", seeded_url)
     app.segmented_control[0].set_value("Hits").run()
@@ -62,7 +71,10 @@ def test_detail_of_a_partial_hit(run_page, seeded_url) -> None:
     assert shown["Computed tokens"] == "552"
     text = markdown(app)
     assert "partial hit" in text
-    assert "differed from the cached prefix at token 455" in text
+    assert (
+        "**Why:** `system_changed`; the prompt first differed from the cached prefix in `system` at character "
+        "1,830 (token 448), as the engine located it; 552 prompt tokens were computed again"
+    ) in text
     assert "`canonical_tool_order`" in text
     bar = app.get("plotly_chart")[0].proto.spec
     assert "cached: 448 tokens" in bar and "computed: 552 tokens" in bar

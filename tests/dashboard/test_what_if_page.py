@@ -99,3 +99,21 @@ def test_history_without_chains_says_so(run_page, seeded_url) -> None:
 def test_empty_database_shows_a_message(run_page, empty_url) -> None:
     app = run_page("what_if", empty_url)
     assert any("No requests recorded yet" in info.value for info in app.info)
+
+
+def test_todays_setting_comes_from_the_database_s_own_context(run_page, engine, tmp_path) -> None:
+    from datetime import UTC, datetime
+
+    from db.engine import create_sync_engine_for
+    from db.engine_context import context_from_stats, record_engine_context
+
+    url = create_database(tmp_path / "context.db", explained_records())
+    engine_db = create_sync_engine_for(url)
+    with engine_db.begin() as conn:
+        stats = {"capacity_tokens": 2048, "eviction": "fifo", "ttl_s": 300, "page_size": 8}
+        record_engine_context(conn, context_from_stats("local", stats, datetime(2026, 11, 30, 9, tzinfo=UTC)))
+    engine_db.dispose()
+    app = run_page("what_if", url, engine_url=engine[0])  # the live engine says 4,096 tokens and lru
+    text = markdown(app)
+    assert "recorded with this database (engine `local`" in text
+    assert "2,048 tokens, fifo, TTL 5m, page size 8" in text

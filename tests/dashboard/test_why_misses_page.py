@@ -106,8 +106,13 @@ def test_tenant_filter(run_page, explained_url) -> None:
     assert set(frame(app, "why_misses_reasons")["reason"]) == {"volatile_value", "evicted", "new_prefix"}
 
 
-def test_history_without_reasons_says_so(run_page, seeded_url) -> None:
-    app = run_page("why_misses", seeded_url)
+def test_history_without_reasons_says_so(run_page, tmp_path) -> None:
+    from dataclasses import replace
+
+    from dashboard_testkit import create_database, seeded_records
+
+    unexplained = [replace(record, miss_reason=None, divergence_segment=None) for record in seeded_records()]
+    app = run_page("why_misses", create_database(tmp_path / "unexplained.db", unexplained))
     assert any("has a recorded miss reason" in info.value for info in app.info)
 
 

@@ -84,3 +84,31 @@ def test_demo_data_explains_misses_and_records_replayable_chains(empty_db_url: s
 def test_demo_data_refuses_a_bad_chain_share(empty_db_url: str) -> None:
     with pytest.raises(ValueError):
         write_demo_data(empty_db_url, rows=10, chain_share=1.5)
+
+
+def test_demo_names_are_the_gateway_s(empty_db_url: str) -> None:
+    """Rule names, reasons, miss kinds and request ids as the gateway writes them; reasons that lost tokens say so."""
+    import re
+
+    from sqlalchemy import text
+
+    from gateway.explain.reasons import REASONS
+    from gateway.tenant_settings import ALL_RULES
+    from gateway.upstreams.base import MISS_KINDS as GATEWAY_MISS_KINDS
+
+    write_demo_data(empty_db_url, rows=2000, seed=7, days=1, now=NOW)
+    engine = create_sync_engine_for(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            rules = {rule for row in queries.recent_requests(conn, limit=2000) for rule in row.applied_rules}
+            rows = conn.execute(text("SELECT id, miss_reason, miss_kind, recomputed_tokens, prompt_tokens, "
+                                     "cached_tokens FROM requests")).all()
+    finally:
+        engine.dispose()
+    assert rules and rules <= set(ALL_RULES)
+    assert {row.miss_reason for row in rows if row.miss_reason} <= set(REASONS)
+    assert {row.miss_kind for row in rows if row.miss_kind} <= set(GATEWAY_MISS_KINDS)
+    assert all(re.fullmatch(r"req_[0-9a-f]{24}", row.id) for row in rows)
+    for row in rows:
+        if row.miss_reason not in (None, "hit"):
+            assert row.recomputed_tokens == row.prompt_tokens - row.cached_tokens > 0

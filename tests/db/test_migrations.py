@@ -18,7 +18,10 @@ from db.store import rebuild_rollups
 from db.types import UTCDateTime
 
 TABLES_0001 = {"tenants", "api_keys", "requests", "hourly_rollups", "hourly_ttft_bins", "hourly_label_counts"}
-TABLES = TABLES_0001 | {"request_chains", "hourly_prefix_rollups", "hourly_miss_reasons", "hourly_divergences"}
+TABLES = TABLES_0001 | {"request_chains", "hourly_prefix_rollups", "hourly_miss_reasons", "hourly_divergences"} | {
+    "namespace_tenants",
+    "engine_contexts",
+}
 TABLES |= {"hourly_advice"}  # 0007
 
 

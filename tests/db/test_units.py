@@ -90,8 +90,9 @@ def test_bucket_floor_aligns_days_at_midnight_and_weeks_on_monday() -> None:
     assert bucket_floor(moment, "1d") == datetime(2025, 3, 13, tzinfo=UTC)
     assert bucket_floor(moment, "1w") == datetime(2025, 3, 10, tzinfo=UTC)
     assert bucket_floor(moment, "1w").weekday() == 0
+    assert bucket_floor(moment, "5m") == datetime(2025, 3, 13, 15, 45, tzinfo=UTC)
     with pytest.raises(ValueError):
-        bucket_floor(moment, "5m")
+        bucket_floor(moment, "7m")
 
 
 def test_histogram_bins_cover_all_values_in_order() -> None:

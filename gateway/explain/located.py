@@ -1,0 +1,147 @@
+"""Explaining a request from where the engine says its match ended; the tenant's history only says why.
+
+An engine that reports the divergence (`EngineReport.divergence_segment` / `divergence_char_offset`, and the count of
+leading tokens its template always produces) has located the first uncached token exactly. The recorded segment and
+offset are the engine's. The reason comes from the earlier requests that shared everything before that segment:
+
+1. The engine matched everything it could: `hit`, or `below_page` when a tail shorter than a page was left.
+2. `evicted` / `expired` when the engine's ghost index says so.
+3. The match reused part of the request (beyond the template's fixed opening):
+   - it ended in the final turn (the trailing user and tool messages), or after every segment of an earlier request
+     that this one extends: the prompt only adds to what was cached, `hit`;
+   - else, compared with the remembered request that shares the segments before the divergence and most of the
+     diverging segment's text: `reordered` (same content in another key, tool or segment order), `volatile_value`
+     (only dates, ids or numbers differ), else `tools_changed` / `system_changed` / `messages_changed` by segment.
+     The same segment text sent before but not matched: `evicted` (dropped without a trace in the ghost index).
+     Never `new_prefix`: part of the prompt was cached.
+4. Nothing beyond the template's opening matched: the history method (`reasons.classify` on `compare`) decides, with a
+   zero match: `new_prefix` (no location) when nothing earlier is like it, `model_changed` (located at the model, by
+   history: the engine cannot see another model's cache), else the reason with the engine's location.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gateway.explain.compare import compare
+from gateway.explain.history import Entry, Nearest, TenantHistory
+from gateway.explain.reasons import (
+    BELOW_PAGE,
+    EVICTED,
+    EXPIRED,
+    HIT,
+    MESSAGES_CHANGED,
+    MODEL_CHANGED,
+    NEW_PREFIX,
+    REORDERED,
+    SYSTEM_CHANGED,
+    TOOLS_CHANGED,
+    VOLATILE_VALUE,
+    EngineReport,
+    Explanation,
+    classify,
+    engine_hit,
+)
+from gateway.explain.segments import SYSTEM, TOOLS, PromptSegments, first_difference, shape_digest, unordered_digest
+
+ENGINE = "engine"
+HISTORY = "history"
+# How many remembered requests sharing the leading segments are compared at most (newest first).
+MAX_CANDIDATES = 64
+
+
+def engine_locates(engine: EngineReport) -> bool:
+    """Whether the engine reported its template opening, i.e. it locates divergences itself."""
+    return engine.template_tokens is not None
+
+
+def _uncached(engine: EngineReport) -> int | None:
+    if engine.matched_tokens is None or engine.prompt_tokens is None:
+        return None
+    return max(0, engine.prompt_tokens - engine.matched_tokens)
+
+
+def _reason_by_kind(segment_name: str) -> str:
+    if segment_name == TOOLS:
+        return TOOLS_CHANGED
+    if segment_name == SYSTEM:
+        return SYSTEM_CHANGED
+    return MESSAGES_CHANGED
+
+
+def _closest_earlier(current: PromptSegments, index: int, history: TenantHistory) -> tuple[Entry, str] | None:
+    """The remembered request sharing segments `[0, index)` whose segment `index` shares the longest start with the
+    current one, with that segment's text."""
+    text = current.segments[index].text
+    best, best_shared, seen = None, -1, set()
+    for count, entry in enumerate(history.sharing(current, index)):
+        if count >= MAX_CANDIDATES:
+            break
+        if len(entry.digests) <= index or entry.kinds[index] != current.segments[index].kind:
+            continue
+        digest = entry.digests[index]
+        earlier = history.text(digest) if digest not in seen else None
+        seen.add(digest)
+        if earlier is None:
+            continue
+        shared = first_difference(text, earlier)
+        if shared > best_shared:
+            best, best_shared = (entry, earlier), shared
+    return best
+
+
+def _why(current: PromptSegments, index: int, history: TenantHistory) -> str:
+    segment = current.segments[index]
+    found = _closest_earlier(current, index, history)
+    if found is None:
+        return _reason_by_kind(segment.name)
+    entry, earlier_text = found
+    earlier_digest = entry.digests[index]
+    if earlier_digest == segment.digest:
+        return EVICTED  # the same text was sent before, yet the engine no longer had it: dropped without a trace
+    ordered = unordered_digest(segment.kind, segment.text)
+    swapped = segment.digest in entry.digests and earlier_digest in current.digests
+    if swapped or (ordered is not None and ordered == unordered_digest(segment.kind, earlier_text)):
+        return REORDERED
+    if shape_digest(segment.text) == shape_digest(earlier_text):
+        return VOLATILE_VALUE
+    return _reason_by_kind(segment.name)
+
+
+def explain_located(
+    engine: EngineReport, current: PromptSegments, nearest: Nearest | None, history: TenantHistory
+) -> Explanation:
+    """The explanation of a request whose engine reported where its match ended (see the module docstring)."""
+    uncached = _uncached(engine)
+    location = (engine.divergence_segment, engine.divergence_char_offset)
+    if engine_hit(engine):
+        if uncached is not None and uncached > 1:
+            return Explanation(BELOW_PAGE, recomputed_tokens=uncached, source=ENGINE)
+        return Explanation(HIT, recomputed_tokens=0, source=ENGINE)
+    if engine.miss_kind in (EVICTED, EXPIRED):
+        return Explanation(engine.miss_kind, recomputed_tokens=uncached, source=ENGINE)
+    names = [segment.name for segment in current.segments]
+    index = names.index(engine.divergence_segment) if engine.divergence_segment in names else None
+    reused = (engine.matched_tokens or 0) > (engine.template_tokens or 0)
+    if reused:
+        if index is None:
+            reason = _reason_by_kind(engine.divergence_segment or "")
+        elif index >= current.turn_start or _only_adds(nearest, index):
+            return Explanation(HIT, recomputed_tokens=0, source=ENGINE)
+        else:
+            reason = _why(current, index, history)
+        return Explanation(reason, *location, recomputed_tokens=uncached, source=ENGINE)
+    approximate = classify(replace(engine, matched_tokens=0), compare(current, nearest, history.text))
+    if approximate.reason == NEW_PREFIX:
+        return Explanation(NEW_PREFIX, recomputed_tokens=uncached, source=ENGINE)
+    if approximate.reason == MODEL_CHANGED or engine.divergence_segment is None:
+        # Another model's cache: what differs first is the model, which the engine cannot see.
+        return replace(approximate, recomputed_tokens=uncached, source=HISTORY)
+    return Explanation(approximate.reason, *location, recomputed_tokens=uncached, source=ENGINE)
+
+
+def _only_adds(nearest: Nearest | None, index: int) -> bool:
+    """Whether an earlier request's segments all lie before the divergence: this prompt only adds to it."""
+    if nearest is None or nearest.other_model:
+        return False
+    return nearest.shared >= len(nearest.entry.digests) and index >= nearest.shared

@@ -1,0 +1,129 @@
+"""Explanations from the engine's own report of where its match ended (pure, fast): the location is the engine's,
+the tenant's history only says why, and partial reuse is never `new_prefix`."""
+
+from __future__ import annotations
+
+import httpx
+
+from gateway.explain.history import TenantHistory
+from gateway.explain.located import engine_locates, explain_located
+from gateway.explain.reasons import EngineReport, Explanation, classify
+from gateway.explain.compare import compare
+from gateway.explain.segments import chat_segments
+from gateway.explain.uplift import UpliftJob, uplift_gain
+from gateway.upstreams import adapter_for
+
+SYSTEM = "Rule one: be polite. Rule two: cite the policy. Today is 2026-11-29. Rule three: never guess prices. " * 4
+
+
+def chat(system: str = SYSTEM, *turns: str, tools: list | None = None) -> dict:
+    roles = ("user", "assistant")
+    body = {"model": "m", "messages": [{"role": "system", "content": system}]
+            + [{"role": roles[i % 2], "content": t} for i, t in enumerate(turns)]}
+    if tools:
+        body["tools"] = tools
+    return body
+
+
+def explain(history: TenantHistory, body: dict, engine: EngineReport) -> Explanation:
+    segments = chat_segments(body)
+    explanation = explain_located(engine, segments, history.nearest(segments), history)
+    history.add(segments, engine.prompt_tokens)
+    return explanation
+
+
+def located(matched: int, segment: str, offset: int, miss: str = "partial", template: int = 3) -> EngineReport:
+    return EngineReport(miss, matched, 500, template, segment, offset)
+
+
+def test_the_location_is_the_engine_s_even_when_the_latest_request_differs_earlier():
+    history = TenantHistory()
+    base = chat(SYSTEM, "My order is late.", "Sorry.", "What now?")
+    history.add(chat_segments(base), 500)
+    history.add(chat_segments(chat("Today is Monday.\n" + SYSTEM, "My order is late.", "Sorry.", "What now?")), 500)
+    edited = chat(SYSTEM[:300] + "Q" + SYSTEM[301:], "My order is late.", "Sorry.", "What now?")
+    # By history alone the nearest (latest) request differs at character 0 of the system prompt.
+    segments = chat_segments(edited)
+    approximate = classify(EngineReport("partial", 80, 500), compare(segments, history.nearest(segments), history.text))
+    assert (approximate.segment, approximate.char_offset) == ("system", 0)
+    explanation = explain(history, edited, located(80, "system", 298))
+    assert explanation == Explanation("system_changed", "system", 298, 420, source="engine")
+
+
+def test_partial_reuse_is_never_new_prefix():
+    history = TenantHistory()
+    history.add(chat_segments(chat(SYSTEM, "Hi")), 500)
+    unlike = chat(SYSTEM[:40] + "Something else entirely, unrelated to the shop and its rules.", "Hello")
+    explanation = explain(history, unlike, located(12, "system", 40))
+    assert explanation.reason == "system_changed" and explanation.source == "engine"
+    # With an empty history the engine's partial match still rules out new_prefix.
+    assert explain(TenantHistory(), unlike, located(12, "system", 40)).reason == "system_changed"
+
+
+def test_why_comes_from_the_request_that_shared_the_prefix():
+    history = TenantHistory()
+    history.add(chat_segments(chat(SYSTEM, "Hi")), 500)
+    dated = chat(SYSTEM.replace("2026-11-29", "2026-11-30"), "Hi")
+    offset = SYSTEM.index("2026-11-29") + 9
+    assert explain(history, dated, located(40, "system", offset)).reason == "volatile_value"
+    tools = [{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "b"}}]
+    history.add(chat_segments(chat(SYSTEM, "Hi", tools=tools)), 500)
+    reordered = explain(history, chat(SYSTEM, "Hi", tools=tools[::-1]), located(20, "tools", 40))
+    assert (reordered.reason, reordered.segment) == ("reordered", "tools")
+
+
+def test_the_same_text_not_matched_was_dropped_and_a_new_turn_is_a_hit():
+    history = TenantHistory()
+    body = chat(SYSTEM, "My order is late.", "Sorry.", "What now?")
+    history.add(chat_segments(body), 500)
+    assert explain(history, body, located(50, "system", 120)).reason == "evicted"
+    follow_up = chat(SYSTEM, "My order is late.", "Sorry.", "Can I cancel it?")
+    assert explain(history, follow_up, located(450, "messages[3]", 0)) == Explanation("hit", recomputed_tokens=0,
+                                                                                       source="engine")
+
+
+def test_matching_only_the_template_opening_uses_the_history_to_say_why():
+    history = TenantHistory()
+    first = explain(history, chat(SYSTEM, "Hi"), EngineReport("cold", 0, 500, 3, "system", 0))
+    assert (first.reason, first.segment) == ("new_prefix", None)
+    unrelated = explain(history, chat("Translate into French.", "Good day"), located(3, "system", 0, miss="cold"))
+    assert (unrelated.reason, unrelated.segment) == ("new_prefix", None)
+    again = explain(history, chat(SYSTEM, "Hi"), located(3, "system", 0, miss="cold"))
+    assert (again.reason, again.recomputed_tokens) == ("evicted", 497)
+
+
+def test_engines_without_the_report_keep_the_history_method():
+    assert not engine_locates(EngineReport("partial", 10, 100))
+    assert engine_locates(EngineReport("partial", 10, 100, 3, "system", 5))
+
+
+def test_the_local_engine_adapter_reads_the_report_headers():
+    report = adapter_for("local_engine").cache_report(httpx.Headers({
+        "x-prefix-cache-matched-tokens": "175", "x-prefix-cache-prompt-tokens": "560", "x-prefix-cache-miss": "partial",
+        "x-prefix-cache-template-tokens": "3", "x-prefix-cache-divergence-segment": "messages[2]",
+        "x-prefix-cache-divergence-offset": "561", "x-prefix-cache-ttft-ms": "812.5",
+    }))
+    assert (report.template_tokens, report.divergence_segment, report.divergence_char_offset, report.ttft_ms) == (
+        3, "messages[2]", 561, 812.5)
+    odd = adapter_for("local_engine").cache_report(httpx.Headers({
+        "x-prefix-cache-divergence-segment": "<script>", "x-prefix-cache-ttft-ms": "nan"}))
+    assert (odd.divergence_segment, odd.ttft_ms) == (None, None)
+
+
+def test_uplift_counts_only_what_matched_beyond_the_template_opening():
+    job = UpliftJob("chat.completions", {}, "salt", "http://x/v1/cache/match", httpx.Headers(), 120, template_tokens=3)
+    assert (uplift_gain(job, 0), uplift_gain(job, 3), uplift_gain(job, 50), uplift_gain(job, 200)) == (117, 117, 70, 0)
+    no_opening = UpliftJob("chat.completions", {}, "salt", "http://x/v1/cache/match", httpx.Headers(), 3,
+                           template_tokens=3)
+    assert uplift_gain(no_opening, 0) == 0
+
+
+def test_the_gateway_labels_a_tenant_s_namespace_as_the_engine_does():
+    from local_engine.cache.tree_views import namespace_label as engine_label
+
+    from gateway.tenancy import SaltDeriver, namespace_label
+
+    salts = SaltDeriver("server-secret")
+    salt = salts.salt_for("acme")
+    assert salts.label_for("acme") == namespace_label(salt) == engine_label(salt)
+    assert namespace_label("") == engine_label("") == "default"
