@@ -14,6 +14,8 @@ from typing import Any
 
 DEFAULT_CONFIG_FILE = Path("prefixscope.toml")
 ENV_DATABASE_URL = "PREFIXSCOPE_DATABASE_URL"
+# The local engine's API key for the default upstream (`prefixscope up` sets it to the secret it shares with the engine).
+ENV_UPSTREAM_API_KEY = "PREFIXSCOPE_UPSTREAM_API_KEY"
 
 
 def register(commands: Any, bench_commands: Any) -> None:
@@ -31,6 +33,11 @@ def register(commands: Any, bench_commands: Any) -> None:
     gateway.add_argument("--upstream", default=None, metavar="URL", help="URL of the default upstream engine")
     gateway.add_argument(
         "--database-url", default=None, help=f"database URL (default: ${ENV_DATABASE_URL}, the config, or SQLite)"
+    )
+    gateway.add_argument(
+        "--open",
+        action="store_true",
+        help='serve without API keys: every request is tenant "default" with admin rights (same as auth = "none")',
     )
     gateway.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     gateway.set_defaults(handler=run_gateway)
@@ -68,7 +75,13 @@ def run_gateway(args: argparse.Namespace) -> int:
     try:
         config = load_config(
             config_path,
-            ConfigOverrides(host=args.host, port=args.port, upstream_url=args.upstream),
+            ConfigOverrides(
+                host=args.host,
+                port=args.port,
+                upstream_url=args.upstream,
+                open_mode=args.open or None,
+                upstream_api_key=os.environ.get(ENV_UPSTREAM_API_KEY) or None,
+            ),
         )
         database_url = resolve_database_url(args.database_url, config.database_url)
     except (ConfigError, ValueError) as exc:

@@ -187,6 +187,7 @@ def run(config: BenchConfig) -> int:
                 f"sqlite:///{db_path}",
                 "--log-level",
                 "warning",
+                "--open",
             ],
             env=env,
         )

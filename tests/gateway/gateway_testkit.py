@@ -91,6 +91,9 @@ def gateway_config(upstream_url: str, **changes: Any) -> GatewayConfig:
         key_refresh_interval_s=0.1,
         # Uplift checks are random samples; tests that want them turn them on.
         tenant_defaults=TenantSettings(uplift_sample_rate=0.0),
+        # Test gateways run open on purpose (the operator's explicit choice); tests of keys pass auth="keys".
+        auth="none",
+        key_snapshot_path=None,
     )
     return replace(base, **changes)
 
@@ -113,6 +116,8 @@ class FakeCounters:
     replayed: int = 0
     dropped: int = 0
     pending_spill: int = 0
+    rejected: int = 0
+    lost: int = 0
 
 
 class FakeSink:

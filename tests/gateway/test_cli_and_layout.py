@@ -83,6 +83,7 @@ def test_prefixscope_gateway_command_serves_and_records(tmp_path, stub, stub_url
             f"sqlite:///{database}",
             "--log-level",
             "warning",
+            "--open",
         ],
         cwd=tmp_path,  # the secret file and spill file default to ./var
     )
