@@ -39,12 +39,12 @@ class DatabaseFileWatch:
         return None if path is None else cls(Path(path))
 
     def replaced(self) -> bool:
-        """Whether the path is missing or names another file than the one first seen there."""
+        """Whether the path is missing or names another file than the one first seen there (False until a file was
+        seen: a database that was never created is unavailable, not replaced)."""
         current = file_identity(self.path)
-        if current is None:
-            return True
         if self._identity is None:
             self._identity = current
+            return False
         return current != self._identity
 
     def reset(self) -> None:
@@ -52,9 +52,11 @@ class DatabaseFileWatch:
         self._identity = file_identity(self.path)
 
     def remove_stale_companions(self) -> None:
-        """With the database file gone, remove its `-wal` and `-shm` files so a new database does not pick them up."""
-        if file_identity(self.path) is not None:
-            return
+        """Remove the `-wal` and `-shm` files at the path once our connections to the old file are closed.
+
+        They belong to the old file (its write-ahead log can still hold committed pages): left there, SQLite would
+        apply them to the new file at the path. A file moved or copied into place comes without them.
+        """
         for suffix in ("-wal", "-shm"):
             companion = self.path.with_name(self.path.name + suffix)
             try:

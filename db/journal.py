@@ -112,7 +112,7 @@ class Journal:
             path = self.base_path.with_name(f"{self._pattern()}{self._next_index}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as exc:
             logger.error("could not open a journal segment %s: %s", path, exc)
             return None

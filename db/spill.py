@@ -114,7 +114,7 @@ class SpillFile:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         payload = "".join(line + "\n" for line in lines).encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             if self._tail_may_be_torn:
                 cut = cut_torn_tail(fd)
