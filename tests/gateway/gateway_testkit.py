@@ -251,11 +251,17 @@ class TcpProxy:
 # --- database-backed storage ----------------------------------------------------------------------------------------
 
 
-def db_storage(url: str, tmp_path: Path) -> DatabaseStorage:
+def db_storage(url: str, tmp_path: Path, **recorder_changes: Any) -> DatabaseStorage:
     recorder = RecorderConfig(
         spill_path=tmp_path / "spill" / "requests.jsonl", flush_interval_s=0.05, batch_size=64, replay_interval_s=0.2
     )
-    return DatabaseStorage(StorageConfig(database_url=url, recorder=recorder))
+    return DatabaseStorage(
+        StorageConfig(
+            database_url=url,
+            recorder=replace(recorder, **recorder_changes),
+            key_snapshot_path=tmp_path / "key_snapshot.json",
+        )
+    )
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
