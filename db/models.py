@@ -119,6 +119,8 @@ class RequestRecordRow(Base):
     divergence_char_offset: Mapped[int | None] = mapped_column(Integer)
     recomputed_tokens: Mapped[int | None] = mapped_column(Integer)
     normalization_gain_tokens: Mapped[int | None] = mapped_column(Integer)
+    # NULL: prefix_hash and the chain are plain hashes (rows from before keying); 1: keyed per tenant.
+    hash_key_version: Mapped[int | None] = mapped_column(SmallInteger)
 
     # The explorer filters by one of these and pages newest first.
     __table_args__ = (

@@ -83,6 +83,9 @@ class RequestRecord:
     normalization_gain_tokens: int | None = None
     # The prompt's block hash chain, for the what-if simulator (recorded while the tenant's `hash_chain` is on).
     chain: RequestChain | None = None
+    # How `prefix_hash` and the chain's hashes are keyed: None for rows from before keyed hashes (plain hashes of
+    # the prompt), 1 for keyed BLAKE2b under a per-tenant key derived from the gateway's secret (gateway.record_keys).
+    hash_key_version: int | None = None
 
     @property
     def cache_hit(self) -> bool | None:

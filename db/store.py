@@ -62,6 +62,7 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "divergence_char_offset": record.divergence_char_offset,
         "recomputed_tokens": record.recomputed_tokens,
         "normalization_gain_tokens": record.normalization_gain_tokens,
+        "hash_key_version": record.hash_key_version,
     }
 
 
@@ -117,6 +118,7 @@ def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
         recomputed_tokens=row.recomputed_tokens,
         normalization_gain_tokens=row.normalization_gain_tokens,
         chain=chain,
+        hash_key_version=getattr(row, "hash_key_version", None),
     )
 
 

@@ -26,6 +26,7 @@ from gateway.metrics import RECORD_COUNTERS, GatewayMetrics
 from gateway.models_api import list_models
 from gateway.parsing import CHAT, COMPLETIONS
 from gateway.proxy import CompletionProxy
+from gateway.record_keys import RecordHasher
 from gateway.recording import Recorder, RecordSink
 from gateway.routing import Router
 from gateway.runtime import Runtime
@@ -78,7 +79,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         metrics.keys_loaded.set(len(snapshot.entries))
 
     keys.on_change = on_keys
-    recorder = Recorder(storage.sink, metrics)
+    recorder = Recorder(storage.sink, metrics, hasher=RecordHasher(secret))
     runtime = Runtime(
         config=config,
         client=httpx.AsyncClient(),  # replaced by the pooled client when the app starts

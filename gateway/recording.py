@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from db.records import RequestRecord
+from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.explain.explainer import ExplainContext, Explained, Explainer
 from gateway.explain.reasons import EngineReport
 from gateway.metrics import GatewayMetrics
@@ -46,10 +47,21 @@ class Recorder:
     """Submits finished records to the writer (never blocking) and counts them in the metrics; holds the explainer
     that adds miss explanations to them (None: records go unexplained)."""
 
-    def __init__(self, sink: RecordSink, metrics: GatewayMetrics, explainer: Explainer | None = None) -> None:
+    def __init__(
+        self,
+        sink: RecordSink,
+        metrics: GatewayMetrics,
+        explainer: Explainer | None = None,
+        hasher: RecordHasher | None = None,
+    ) -> None:
         self._sink = sink
         self._metrics = metrics
         self.explainer = explainer
+        self.hasher = hasher  # keys the stored prompt hashes (None: plain hashes, for tests of other parts only)
+
+    def hash_key(self, tenant: str) -> bytes:
+        """The tenant's record key for `prefix_hash` (empty without a hasher)."""
+        return b"" if self.hasher is None else self.hasher.key_for(tenant)
 
     def record(self, record: RequestRecord) -> None:
         self._metrics.observe(record)
@@ -139,6 +151,7 @@ class RequestTracker:
                 self.explain, recorded_status=status_code, engine=engine, applied_rules=self.applied_rules
             )
         explanation = explained.explanation
+        hasher = self._recorder.hasher
         record = RequestRecord(
             request_id=self.request_id,
             created_at=self.created_at,
@@ -164,7 +177,8 @@ class RequestTracker:
             divergence_char_offset=None if explanation is None else explanation.char_offset,
             recomputed_tokens=None if explanation is None else explanation.recomputed_tokens,
             normalization_gain_tokens=explained.normalization_gain_tokens,
-            chain=explained.chain,
+            chain=explained.chain if hasher is None else hasher.chain(self.tenant, explained.chain),
+            hash_key_version=None if hasher is None else KEY_VERSION,
         )
         if explained.uplift is not None and explainer is not None and explainer.uplift.defer(record, explained.uplift):
             return  # the check's task submits the record
