@@ -52,6 +52,12 @@ def register(commands: Any, bench_commands: Any) -> None:
     bench.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
     bench.add_argument("--connections", type=int, default=64, help="client connections for the throughput run")
     bench.add_argument("--stream", action="store_true", help="use streamed requests")
+    bench.add_argument(
+        "--durability",
+        default="queue_first",
+        choices=("queue_first", "spill_first"),
+        help="the gateway's recording durability mode ([recorder] durability)",
+    )
     bench.set_defaults(handler=run_bench)
 
 
@@ -102,5 +108,6 @@ def run_bench(args: argparse.Namespace) -> int:
             duration_s=args.duration,
             num_connections=args.connections,
             stream=args.stream,
+            durability=args.durability,
         )
     )

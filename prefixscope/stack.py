@@ -1,7 +1,9 @@
 """`prefixscope up`: start the engine, then the gateway in front of it, then the dashboard, as child processes.
 
 Each program runs in its own process (the gateway must never share a process with torch), started in dependency
-order and stopped together: Ctrl-C, SIGTERM or any child exiting stops the rest.
+order and stopped together: Ctrl-C, SIGTERM or any child exiting stops the rest. The engine gets a freshly generated
+API key and admin token, handed to the gateway (its upstream key) and the dashboard (the cache views) through their
+environments, so nothing reaches the engine around the gateway. The gateway requires API keys unless `--open`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -49,6 +52,7 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, list[str], str, str]]:
     if _program_available("gateway.cli"):
         gateway_url = f"http://{host}:{args.gateway_port}"
         argv = command + ["gateway", "--host", host, "--port", str(args.gateway_port), "--upstream", engine_url]
+        argv += ["--open"] if args.open else []
         plan.append(("gateway", argv + database, gateway_url + "/health", gateway_url + "/v1"))
     if _program_available("dashboard.cli"):
         dashboard_url = f"http://{host}:{args.dashboard_port}"
@@ -57,9 +61,34 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, list[str], str, str]]:
     return plan
 
 
+OPEN_BANNER = """
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+!!  OPEN MODE (--open): the gateway checks no API key. Anyone who can reach it is tenant "default" with admin  !!
+!!  rights. Leave out --open and create keys with `prefixscope keys create --tenant NAME` instead.             !!
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+"""
+
+
+def shared_secrets_env(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` plus a generated engine API key and admin token, wired to the engine, the gateway's upstream and
+    the dashboard (values already set in `environ` are kept)."""
+    api_key = environ.get("PREFIXSCOPE_ENGINE_API_KEY") or secrets.token_urlsafe(32)
+    admin_token = environ.get("PREFIXSCOPE_ENGINE_ADMIN_TOKEN") or secrets.token_urlsafe(32)
+    return {
+        **environ,
+        "PREFIXSCOPE_ENGINE_API_KEY": api_key,
+        "PREFIXSCOPE_ENGINE_ADMIN_TOKEN": admin_token,
+        "PREFIXSCOPE_UPSTREAM_API_KEY": api_key,
+        "PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN": admin_token,
+    }
+
+
 def _up(args: argparse.Namespace) -> int:
     processes: list[tuple[str, subprocess.Popen]] = []
     stopping = False
+    env = shared_secrets_env(dict(os.environ))
+    if args.open:
+        print(OPEN_BANNER, file=sys.stderr, flush=True)
 
     def stop(*_) -> None:
         nonlocal stopping
@@ -69,12 +98,16 @@ def _up(args: argparse.Namespace) -> int:
     try:
         for name, argv, health_url, public_url in _plan(args):
             print(f"starting {name} ...", flush=True)
-            process = subprocess.Popen(argv, env=os.environ.copy())
+            process = subprocess.Popen(argv, env=env)
             processes.append((name, process))
             if not _wait_healthy(health_url, process, args.start_timeout):
                 print(f"{name} did not become healthy at {health_url}", file=sys.stderr)
                 return 1
             print(f"{name:<9} {public_url}", flush=True)
+        if args.open:
+            print(OPEN_BANNER, file=sys.stderr, flush=True)
+        else:
+            print("the gateway requires API keys: prefixscope keys create --tenant NAME", flush=True)
         print("prefixscope is up; Ctrl-C stops everything.", flush=True)
         while not stopping:
             for name, process in processes:
@@ -107,4 +140,7 @@ def register(commands, bench_commands) -> None:
     up.add_argument("--dashboard-port", type=int, default=8501)
     up.add_argument("--database-url", default=None, help="default: PREFIXSCOPE_DATABASE_URL, then local SQLite")
     up.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for each program")
+    up.add_argument(
+        "--open", action="store_true", help='run the gateway without API keys (everyone is tenant "default"; loud)'
+    )
     up.set_defaults(handler=_up)

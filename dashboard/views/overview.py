@@ -23,7 +23,9 @@ filters = ui.sidebar_filters(catalog.tenants, catalog.models)
 def prefill_speed() -> tuple[float, str]:
     """Tokens/s used to turn cached tokens into time saved, and a sentence saying where the figure comes from."""
     try:
-        measured = data.engine_stats(settings.engine_url, settings.engine_timeout_s).prefill_tokens_per_s
+        measured = data.engine_stats(
+            settings.engine_url, settings.engine_timeout_s, settings.engine_token
+        ).prefill_tokens_per_s
     except EngineUnavailable:
         measured, reason = None, f"the engine at {settings.engine_url} is not reachable"
     else:

@@ -58,6 +58,7 @@ class BenchConfig:
     num_connections: int = 64
     stream: bool = False
     warmup_s: float = 2.0
+    durability: str = "queue_first"  # the gateway's [recorder] durability mode
 
 
 def _free_port() -> int:
@@ -162,6 +163,7 @@ def run(config: BenchConfig) -> int:
     config_file = workdir / "gateway.toml"
     config_file.write_text(
         f'[gateway]\nsecret_file = "{workdir / "secret"}"\n\n[recorder]\nspill_path = "{workdir / "spill.jsonl"}"\n'
+        f'durability = "{config.durability}"\n'
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("PREFIXSCOPE_DATABASE_URL", None)
@@ -236,6 +238,7 @@ def run(config: BenchConfig) -> int:
     report = {
         "benchmark": "gateway",
         "request": {"bytes": body_file.stat().st_size, "stream": config.stream, "tools": len(TOOLS)},
+        "durability": config.durability,
         "cpu_count": os.cpu_count(),
         # Other processes on the machine compete for the same cores; latency tails are sensitive to it.
         "load_avg_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)},

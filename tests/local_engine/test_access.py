@@ -84,3 +84,14 @@ def test_the_engine_command_refuses_a_public_address_without_a_key():
     )
     assert result.returncode == 2
     assert "refusing to listen on 0.0.0.0 without an API key" in result.stderr
+
+
+def test_the_dashboard_reads_the_cache_views_with_the_admin_token(keyed):
+    from dashboard.engine_client import EngineUnavailable, fetch_cache_stats, fetch_cache_tree
+    from dashboard.settings import settings_from_env
+
+    assert settings_from_env({"PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN": "admin-token"}).engine_token == "admin-token"
+    assert fetch_cache_stats(keyed, 30, token="admin-token").capacity_tokens == 4096
+    assert fetch_cache_tree(keyed, 10, 30, token="admin-token").namespaces is not None
+    with pytest.raises(EngineUnavailable):
+        fetch_cache_tree(keyed, 10, 30)
