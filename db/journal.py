@@ -50,6 +50,7 @@ class Journal:
         self._next_index = 0
         self._resolved = 0
         self.failed_appends = 0
+        self._written = asyncio.Event()  # set by append: an idle journal costs no wake-ups
 
     # -- start-up ---------------------------------------------------------------------------------------------
 
@@ -101,6 +102,8 @@ class Journal:
         segment.num_records += 1
         segment.num_bytes += len(payload)
         self._dirty.add(segment.fd)
+        if not self._written.is_set():
+            self._written.set()
         return True
 
     def _current(self) -> _Segment | None:
@@ -187,9 +190,11 @@ class Journal:
                 logger.warning("recovered %d journaled records from %s into the spill file", len(lines), path)
 
     async def sync_forever(self, interval_s: float) -> None:
-        """fsync what was appended, every `interval_s` seconds, until cancelled."""
+        """fsync what was appended, at most `interval_s` seconds after it was, until cancelled."""
         while True:
+            await self._written.wait()
             await asyncio.sleep(interval_s)
+            self._written.clear()
             fds = self.dirty_descriptors()
             if fds:
                 try:

@@ -54,8 +54,8 @@ def register(commands: Any, bench_commands: Any) -> None:
     bench.add_argument("--stream", action="store_true", help="use streamed requests")
     bench.add_argument(
         "--durability",
-        default="queue_first",
-        choices=("queue_first", "spill_first"),
+        default="spill_first",
+        choices=("spill_first", "queue_first"),
         help="the gateway's recording durability mode ([recorder] durability)",
     )
     bench.set_defaults(handler=run_bench)
