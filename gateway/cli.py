@@ -14,7 +14,7 @@ from typing import Any
 
 DEFAULT_CONFIG_FILE = Path("prefixscope.toml")
 ENV_DATABASE_URL = "PREFIXSCOPE_DATABASE_URL"
-# The local engine's API key for the default upstream (`prefixscope up` sets it to the secret it shares with the engine).
+# The local engine's API key for the default upstream (`prefixscope up` sets it to the secret it shares with it).
 ENV_UPSTREAM_API_KEY = "PREFIXSCOPE_UPSTREAM_API_KEY"
 
 

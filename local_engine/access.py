@@ -71,5 +71,5 @@ def check_bind(host: str, api_key: str | None, insecure: bool) -> str | None:
         return None
     return (
         f"refusing to listen on {host} without an API key: anyone who can reach it could run inference around the "
-        "gateway and read every tenant's cache. Give --api-key (or $" + ENV_API_KEY + "), or --insecure to do it anyway."
+        f"gateway and read every tenant's cache. Give --api-key (or ${ENV_API_KEY}), or --insecure to do it anyway."
     )
