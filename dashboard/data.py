@@ -109,10 +109,10 @@ def model_usage(url: str, since: datetime, until: datetime, tenant: str | None) 
 
 
 @st.cache_data(ttl=ENGINE_TTL_S, show_spinner=False)
-def engine_stats(engine_url: str, timeout_s: float) -> CacheStats:
-    return fetch_cache_stats(engine_url, timeout_s)
+def engine_stats(engine_url: str, timeout_s: float, token: str | None = None) -> CacheStats:
+    return fetch_cache_stats(engine_url, timeout_s, token)
 
 
 @st.cache_data(ttl=ENGINE_TTL_S, show_spinner=False)
-def engine_tree(engine_url: str, max_nodes: int, timeout_s: float) -> CacheTreeSnapshot:
-    return fetch_cache_tree(engine_url, max_nodes, timeout_s)
+def engine_tree(engine_url: str, max_nodes: int, timeout_s: float, token: str | None = None) -> CacheTreeSnapshot:
+    return fetch_cache_tree(engine_url, max_nodes, timeout_s, token)

@@ -54,10 +54,13 @@ class CacheTreeSnapshot:
     truncated: bool
 
 
-def _get_json(base_url: str, path: str, timeout_s: float, params: dict[str, Any] | None = None) -> Any:
+def _get_json(
+    base_url: str, path: str, timeout_s: float, params: dict[str, Any] | None = None, token: str | None = None
+) -> Any:
     url = base_url.rstrip("/") + path
+    headers = {"authorization": f"Bearer {token}"} if token else None
     try:
-        response = httpx.get(url, params=params, timeout=timeout_s)
+        response = httpx.get(url, params=params, timeout=timeout_s, headers=headers)
     except httpx.HTTPError as exc:
         raise EngineUnavailable(f"cannot reach the engine at {base_url}: {exc.__class__.__name__}: {exc}") from exc
     if response.status_code != 200:
@@ -78,9 +81,9 @@ def _int(payload: dict[str, Any], key: str) -> int:
         raise EngineUnavailable(f"/v1/cache field {key!r} is not a number: {value!r}") from exc
 
 
-def fetch_cache_stats(base_url: str, timeout_s: float) -> CacheStats:
-    """`GET {base_url}/v1/cache`."""
-    payload = _get_json(base_url, "/v1/cache", timeout_s)
+def fetch_cache_stats(base_url: str, timeout_s: float, token: str | None = None) -> CacheStats:
+    """`GET {base_url}/v1/cache` (with the engine's admin token, when it has one)."""
+    payload = _get_json(base_url, "/v1/cache", timeout_s, token=token)
     if not isinstance(payload, dict):
         raise EngineUnavailable("/v1/cache did not return a JSON object")
     return stats_from_payload(payload)
@@ -119,9 +122,9 @@ def stats_from_payload(payload: dict[str, Any]) -> CacheStats:
     )
 
 
-def fetch_cache_tree(base_url: str, max_nodes: int, timeout_s: float) -> CacheTreeSnapshot:
-    """`GET {base_url}/v1/cache/tree?max_nodes=N`."""
-    payload = _get_json(base_url, "/v1/cache/tree", timeout_s, params={"max_nodes": max_nodes})
+def fetch_cache_tree(base_url: str, max_nodes: int, timeout_s: float, token: str | None = None) -> CacheTreeSnapshot:
+    """`GET {base_url}/v1/cache/tree?max_nodes=N` (with the engine's admin token, when it has one)."""
+    payload = _get_json(base_url, "/v1/cache/tree", timeout_s, params={"max_nodes": max_nodes}, token=token)
     if not isinstance(payload, dict) or not isinstance(payload.get("namespaces"), list):
         raise EngineUnavailable("/v1/cache/tree did not return an object with a 'namespaces' list")
     namespaces = [ns for ns in payload["namespaces"] if isinstance(ns, dict) and isinstance(ns.get("root"), dict)]

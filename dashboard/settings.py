@@ -17,6 +17,8 @@ ENV_REFRESH_S = "PREFIXSCOPE_DASHBOARD_REFRESH_S"
 ENV_PREFILL_TOKENS_PER_S = "PREFIXSCOPE_DASHBOARD_PREFILL_TOKENS_PER_S"
 ENV_PRICE_FILE = "PREFIXSCOPE_DASHBOARD_PRICE_FILE"
 ENV_ENGINE_TIMEOUT_S = "PREFIXSCOPE_DASHBOARD_ENGINE_TIMEOUT_S"
+# The engine's admin token, which its cache views need (`prefixscope up` sets it).
+ENV_ENGINE_TOKEN = "PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN"
 
 DEFAULT_ENGINE_URL = "http://127.0.0.1:8001"
 DEFAULT_REFRESH_S = 15.0
@@ -40,6 +42,7 @@ class DashboardSettings:
     default_prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     price_file: Path | None = None
     engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
+    engine_token: str | None = None
 
 
 def _positive_float(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -73,6 +76,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> DashboardSett
         default_prefill_tokens_per_s=_positive_float(env, ENV_PREFILL_TOKENS_PER_S, DEFAULT_PREFILL_TOKENS_PER_S),
         price_file=Path(price_file) if price_file else None,
         engine_timeout_s=_positive_float(env, ENV_ENGINE_TIMEOUT_S, DEFAULT_ENGINE_TIMEOUT_S),
+        engine_token=env.get(ENV_ENGINE_TOKEN, "").strip() or None,
     )
 
 
@@ -87,4 +91,6 @@ def settings_to_env(settings: DashboardSettings) -> dict[str, str]:
     }
     if settings.price_file is not None:
         env[ENV_PRICE_FILE] = str(settings.price_file)
+    if settings.engine_token is not None:
+        env[ENV_ENGINE_TOKEN] = settings.engine_token
     return env

@@ -34,6 +34,14 @@ class AdviceOutcome:
     cached_tokens: int
     changed: bool
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "candidate": self.candidate,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "changed": self.changed,
+        }
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AdviceOutcome:
         return cls(

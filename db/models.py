@@ -123,6 +123,10 @@ class RequestRecordRow(Base):
     divergence_source: Mapped[str | None] = mapped_column(String(16))
     template_tokens: Mapped[int | None] = mapped_column(Integer)
 
+
+    # NULL: prefix_hash and the chain are plain hashes (rows from before keying); 1: keyed per tenant.
+    hash_key_version: Mapped[int | None] = mapped_column(SmallInteger)
+
     # The explorer filters by one of these and pages newest first.
     __table_args__ = (
         Index("ix_requests_tenant_created_at", "tenant", "created_at"),

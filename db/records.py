@@ -7,7 +7,8 @@ row, so it is a plain frozen dataclass with a lossless JSON form.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
+from functools import cache
 from datetime import datetime
 from typing import Any, Final
 
@@ -53,6 +54,11 @@ def is_hit(cached_tokens: int | None, template_tokens: int | None) -> bool | Non
     if cached_tokens is None:
         return None
     return cached_tokens > (template_tokens or 0)
+
+
+@cache
+def _field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(RequestRecord))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +116,9 @@ class RequestRecord:
     # The engine's label of the tenant's cache namespace (`gateway.tenancy.namespace_label`), when a salt was sent:
     # kept in `namespace_tenants` so the dashboard can name the tenant of each namespace in the engine's cache.
     namespace_label: str | None = None
+    # How `prefix_hash` and the chain's hashes are keyed: None for rows from before keyed hashes (plain hashes of
+    # the prompt), 1 for keyed BLAKE2b under a per-tenant key derived from the gateway's secret (gateway.record_keys).
+    hash_key_version: int | None = None
 
     @property
     def cache_hit(self) -> bool | None:
@@ -119,10 +128,13 @@ class RequestRecord:
 
     def to_json(self) -> str:
         """One line of JSON (no newlines inside), as written to the spill file."""
-        data: dict[str, Any] = asdict(self)
+        # A shallow copy (asdict deep-copies every value, several times slower): only the tuples and the chain below
+        # are not plain JSON values, and they are replaced.
+        data: dict[str, Any] = {name: getattr(self, name) for name in _field_names()}
         data["created_at"] = as_utc(self.created_at).isoformat()
         data["applied_rules"] = list(self.applied_rules)
         data["chain"] = None if self.chain is None else self.chain.to_dict()
+        data["advice"] = [outcome.to_dict() for outcome in self.advice]
         # ASCII output survives any string (lone surrogates included); default=str keeps a value of an unexpected
         # type in readable form rather than failing the spill.
         return json.dumps(data, separators=(",", ":"), default=str)

@@ -67,6 +67,7 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "ttft_source": record.ttft_source,
         "divergence_source": record.divergence_source,
         "template_tokens": record.template_tokens,
+        "hash_key_version": record.hash_key_version,
     }
 
 
@@ -125,6 +126,7 @@ def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
         ttft_source=row.ttft_source,
         divergence_source=row.divergence_source,
         template_tokens=row.template_tokens,
+        hash_key_version=getattr(row, "hash_key_version", None),
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import create_async_engine_for
+from db.file_watch import DatabaseFileWatch
+from db.journal import Journal
 from db.records import RequestRecord
 from db.spill import SpillFile
 from db.store import REQUESTS, StoreResult, store_records
@@ -69,6 +72,11 @@ class RecordWriter:
         self._in_flight = 0
         self._accepted = self._written = self._spilled = self._replayed = 0
         self._dropped = self._rejected = self._lost = self._batches = 0
+        self._watch = DatabaseFileWatch.for_url(config.database_url)
+        self._recreated = self._written_in_file = self._replayed_in_file = 0
+        self._journal = Journal(config.spill_path) if config.durability == "spill_first" else None
+        self._journaled: deque[bool] = deque()
+        self._sync_task: asyncio.Task[None] | None = None
 
     # -- the request path -------------------------------------------------------------------------------------
 
@@ -77,6 +85,11 @@ class RecordWriter:
         if self._closed:
             self._dropped += 1
             return False
+        if self._journal is not None:
+            if self._queue.full():
+                self._dropped += 1
+                return False
+            self._journaled.append(self._journal.append(record.to_json()))
         try:
             self._queue.put_nowait(record)
         except asyncio.QueueFull:
@@ -99,6 +112,9 @@ class RecordWriter:
             lost=self._lost,
             batches=self._batches,
             database_available=self._available,
+            database_recreated=self._recreated,
+            journal_failures=0 if self._journal is None else self._journal.failed_appends,
+            torn_tails_cut=self._spill.torn_tails_cut,
         )
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -114,6 +130,11 @@ class RecordWriter:
             return
         if self._engine is None:
             self._engine = create_async_engine_for(self.config.database_url)
+        if self._journal is not None:
+            await asyncio.to_thread(self._journal.recover_into, self._spill)
+            self._sync_task = asyncio.create_task(
+                self._journal.sync_forever(self.config.journal_fsync_interval_s), name="prefixscope-journal-sync"
+            )
         self._task = asyncio.create_task(self._run(), name="prefixscope-record-writer")
 
     async def flush(self) -> None:
@@ -130,6 +151,11 @@ class RecordWriter:
         if self._task is not None:
             self._stopping = True
             await self._task
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+            await asyncio.gather(self._sync_task, return_exceptions=True)
+        if self._journal is not None:
+            self._journal.close(remove=True)  # every journaled record is stored, spilled or counted lost now
         if self._owns_engine and self._engine is not None:
             await self._engine.dispose()
             self._engine = None
@@ -147,6 +173,8 @@ class RecordWriter:
                     self._lost += len(batch)
                 finally:
                     self._in_flight = 0
+                    if self._journal is not None:
+                        self._journal.resolve_batch(self._journaled, len(batch))
                     for _ in batch:
                         self._queue.task_done()
             if self._stopping and self._queue.empty():
@@ -192,17 +220,51 @@ class RecordWriter:
         return batch
 
     async def _store(self, records: Sequence[RequestRecord]) -> StoreResult:
-        engine = self._engine
-        if engine is None:
+        if self._engine is None:
             raise RuntimeError("the writer has no engine; call start() first")
 
         async def transaction() -> StoreResult:
-            async with engine.begin() as conn:
+            assert self._engine is not None
+            async with self._engine.begin() as conn:
                 return await conn.run_sync(store_records, records)
 
+        if self._watch is not None and self._watch.replaced():
+            await self._recreate_database()
         result = await asyncio.wait_for(transaction(), timeout=self.config.write_timeout_s)
+        if self._watch is not None and self._watch.replaced():
+            # Committed into a file that is no longer the one at the path: store the batch again where it belongs.
+            await self._recreate_database()
+            result = await asyncio.wait_for(transaction(), timeout=self.config.write_timeout_s)
         self._batches += 1
         return result
+
+    async def _recreate_database(self) -> None:
+        """The SQLite file was deleted or replaced: reopen and migrate the database at the path. Rows stored into the
+        old file are not in the database any more: they move from written/replayed to lost."""
+        from db.migrate import upgrade_async
+
+        assert self._watch is not None and self._engine is not None
+        gone = self._written_in_file + self._replayed_in_file
+        self._written -= self._written_in_file
+        self._replayed -= self._replayed_in_file
+        self._lost += gone
+        self._written_in_file = self._replayed_in_file = 0
+        self._recreated += 1
+        logger.error(
+            "the database file %s was deleted or replaced under the gateway: %d records stored in the old file are "
+            "lost with it; recreating and migrating the database at the path",
+            self._watch.path,
+            gone,
+        )
+        await self._engine.dispose()
+        await asyncio.to_thread(self._watch.remove_stale_companions)
+        await upgrade_async(self.config.database_url)
+        self._watch.reset()
+
+    @property
+    def database_generation(self) -> int:
+        """How many times the database file was recreated (readers reopen their connections when it changes)."""
+        return self._recreated
 
     def _mark_unavailable(self, exc: BaseException) -> None:
         if self._available:
@@ -219,6 +281,7 @@ class RecordWriter:
         if self._available:
             outcome = await self._store_or_isolate(batch)
             self._written += outcome.stored
+            self._written_in_file += outcome.stored
             batch = batch[outcome.processed :]
         if batch:
             await self._spill_records(batch)
@@ -281,8 +344,13 @@ class RecordWriter:
             await asyncio.to_thread(self._spill.append, records)
             self._spilled += len(records)
         except Exception:  # noqa: BLE001 - the one place records can be lost; count and log it loudly
-            logger.exception("could not write %d records to the spill file %s", len(records), self._spill.path)
             self._lost += len(records)
+            logger.exception(
+                "LOST %d records: the database cannot take them and the spill file %s cannot either (%d lost in all)",
+                len(records),
+                self._spill.path,
+                self._lost,
+            )
 
     async def _reject(self, lines: list[str]) -> None:
         self._rejected += len(lines)
@@ -313,6 +381,7 @@ class RecordWriter:
                 # Nothing is consumed: the chunk is read again, and what was stored is skipped as a duplicate then.
                 return False
             self._replayed += outcome.stored
+            self._replayed_in_file += outcome.stored
         if chunk.bad_lines:
             await self._reject(chunk.bad_lines)
         self._spill.advance(chunk)

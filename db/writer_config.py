@@ -19,12 +19,18 @@ class WriterConfig:
     replay_batch_size: int = 2_000
     # Longer than any healthy batch; a write that hangs past this is treated as the database being unavailable.
     write_timeout_s: float = 30.0
+    # "queue_first": records wait in memory for the next batch. "spill_first": each record is appended to a journal
+    # beside the spill file before it is queued, and the journal is fsynced every `journal_fsync_interval_s`.
+    durability: str = "queue_first"
+    journal_fsync_interval_s: float = 0.005
 
     def __post_init__(self) -> None:
         for name in ("queue_size", "batch_size", "replay_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"WriterConfig.{name} must be at least 1")
-        for name in ("flush_interval_s", "replay_interval_s", "write_timeout_s"):
+        if self.durability not in ("queue_first", "spill_first"):
+            raise ValueError(f"WriterConfig.durability must be queue_first or spill_first, not {self.durability!r}")
+        for name in ("flush_interval_s", "replay_interval_s", "write_timeout_s", "journal_fsync_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"WriterConfig.{name} must be positive")
 
@@ -36,6 +42,8 @@ class WriterCounters:
     Every accepted record is in exactly one place, so with an empty spill file at the start:
     accepted == queued + written + pending_spill + replayed + rejected + lost. `spilled` counts records that went
     through the spill file (each is then pending, replayed or rejected); `dropped` records were never accepted.
+    `written` and `replayed` count rows in the database file at the configured path: rows stored into a SQLite file
+    that was then deleted or replaced move to `lost` when that is noticed (`database_recreated` counts the times).
     """
 
     queued: int
@@ -49,3 +57,6 @@ class WriterCounters:
     lost: int = 0
     batches: int = 0  # transactions that stored records (direct writes and replayed chunks)
     database_available: bool = True
+    database_recreated: int = 0
+    journal_failures: int = 0  # spill_first: records that could not be journaled (they were still queued)
+    torn_tails_cut: int = 0

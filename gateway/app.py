@@ -24,10 +24,11 @@ from gateway.engine_context import EngineContextPoller
 from gateway.explain.uplift import UpliftChecker
 from gateway.http_client import make_http_client
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import RECORD_COUNTERS, GatewayMetrics
 from gateway.models_api import list_models
 from gateway.parsing import CHAT, COMPLETIONS
 from gateway.proxy import CompletionProxy
+from gateway.record_keys import RecordHasher
 from gateway.recording import Recorder, RecordSink
 from gateway.routing import Router
 from gateway.runtime import Runtime
@@ -65,14 +66,22 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     secret = config.server_secret or load_or_create_secret(config.secret_file)
     metrics = GatewayMetrics()
     metrics.watch_recorder(storage.sink.counters)
-    keys = KeyStore(storage.load_keys, storage.verify_key, config.key_refresh_interval_s)
+    keys = KeyStore(
+        storage.load_keys,
+        storage.verify_key,
+        config.key_refresh_interval_s,
+        open_mode=config.open_mode,
+        max_staleness_s=config.max_key_staleness_s,
+        save_snapshot=getattr(storage, "save_key_snapshot", None),
+        read_saved_snapshot=getattr(storage, "read_saved_key_snapshot", None),
+    )
+    metrics.open_mode.set(1 if config.open_mode else 0)
 
     def on_keys(snapshot: KeySnapshot) -> None:
         metrics.keys_loaded.set(len(snapshot.entries))
-        metrics.open_mode.set(0 if snapshot.any_key_exists else 1)
 
     keys.on_change = on_keys
-    recorder = Recorder(storage.sink, metrics)
+    recorder = Recorder(storage.sink, metrics, hasher=RecordHasher(secret))
     runtime = Runtime(
         config=config,
         client=httpx.AsyncClient(),  # replaced by the pooled client when the app starts
@@ -127,10 +136,12 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             "status": "ok" if keys.loaded else "starting",
             "open_mode": keys.open_mode,
             "api_keys": keys.num_active_keys,
+            "key_snapshot_age_s": None if (age := keys.snapshot_age_s) is None else round(age, 1),
             "upstreams": [{"name": u.name, "kind": u.kind, "url": u.url} for u in config.upstreams],
+            "durability": config.recorder.durability,
+            "database_available": bool(getattr(counters, "database_available", True)),
             "records": {
-                name: int(getattr(counters, name, 0))
-                for name in ("queued", "written", "spilled", "replayed", "dropped", "pending_spill")
+                name: int(getattr(counters, name, 0)) for name in (*RECORD_COUNTERS, "pending_spill", "accepted")
             },
             "rule_advice": {
                 "sampled": advisor.sampled,

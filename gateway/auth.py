@@ -1,18 +1,23 @@
 """API keys held in memory: authentication without a database round trip per request.
 
 Keys are loaded from the database at start-up and reloaded in the background every few seconds, so a key
-created or revoked with `prefixscope keys ...` takes effect within one refresh interval. While no key has ever
-been created the gateway runs open, as the single `default` tenant; once any key exists, every request needs a
-valid one. If the first load fails the gateway refuses requests (503) rather than run open by mistake.
+created or revoked with `prefixscope keys ...` takes effect within one refresh interval. The gateway runs open (every
+request served as the single `default` tenant) only when the operator says so (`--open`, `auth = "none"`); it is
+never inferred. Otherwise every request needs a valid key, and the gateway refuses requests with 503 while it
+cannot know the keys: before the first load, while no key exists at all, and once the last good snapshot is older
+than `max_key_staleness_s` (the database has been unreadable that long). Within that bound the snapshot answers, so
+a key revoked before an outage stays revoked during it. Each good snapshot is also kept on local disk (hashes only)
+so that a gateway restarted while the database is down starts from it, under the same staleness bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.errors import ServiceUnavailable, Unauthorized
@@ -36,14 +41,20 @@ OPEN_PRINCIPAL = Principal(tenant=DEFAULT_TENANT, key_id=None, is_admin=True)
 
 @dataclass(frozen=True)
 class KeySnapshot:
-    """Active keys (`{key_id: db.keys.KeyEntry}`) and whether any key, active or revoked, exists at all."""
+    """Active keys (`{key_id: db.keys.KeyEntry}`), whether any key, active or revoked, exists at all, and when the
+    key table was read (seconds since the epoch; 0 when unknown)."""
 
     entries: Any
     any_key_exists: bool
+    loaded_at: float = 0.0
 
 
 KeyLoader = Callable[[], Awaitable[KeySnapshot]]
 KeyVerifier = Callable[[str, Any], Any]
+SnapshotSaver = Callable[[KeySnapshot], Awaitable[None]]
+SnapshotReader = Callable[[], Awaitable[KeySnapshot | None]]
+
+DEFAULT_MAX_KEY_STALENESS_S = 60.0
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -60,21 +71,45 @@ def bearer_token(header: str | None) -> str | None:
 class KeyStore:
     """The in-memory key set with a background refresher."""
 
-    def __init__(self, loader: KeyLoader, verify: KeyVerifier, refresh_interval_s: float) -> None:
+    def __init__(
+        self,
+        loader: KeyLoader,
+        verify: KeyVerifier,
+        refresh_interval_s: float,
+        *,
+        open_mode: bool = False,
+        max_staleness_s: float = DEFAULT_MAX_KEY_STALENESS_S,
+        save_snapshot: SnapshotSaver | None = None,
+        read_saved_snapshot: SnapshotReader | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`open_mode` serves everyone as the `default` tenant (the operator's explicit choice); `max_staleness_s`
+        bounds how old (seconds) the last good key snapshot may be before requests are refused; `save_snapshot` and
+        `read_saved_snapshot` keep a snapshot on local disk for a start while the database is down."""
         self._loader = loader
         self._verify = verify
         self._refresh_interval_s = refresh_interval_s
+        self._open = open_mode
+        self._max_staleness_s = max_staleness_s
+        self._save_snapshot = save_snapshot
+        self._read_saved_snapshot = read_saved_snapshot
+        self._clock = clock
         self._snapshot: KeySnapshot | None = None
         self._task: asyncio.Task[None] | None = None
         self.on_change: Callable[[KeySnapshot], None] | None = None
 
     @property
     def loaded(self) -> bool:
-        return self._snapshot is not None
+        return self._open or self._snapshot is not None
 
     @property
     def open_mode(self) -> bool:
-        return self._snapshot is not None and not self._snapshot.any_key_exists
+        return self._open
+
+    @property
+    def snapshot_age_s(self) -> float | None:
+        """Seconds since the key table was last read (None before any snapshot)."""
+        return None if self._snapshot is None else max(0.0, self._clock() - self._snapshot.loaded_at)
 
     @property
     def num_active_keys(self) -> int:
@@ -82,11 +117,27 @@ class KeyStore:
 
     def authenticate(self, authorization: str | None) -> Principal:
         """The caller behind an Authorization header; raises `Unauthorized` (401) or `ServiceUnavailable`."""
+        if self._open:
+            return OPEN_PRINCIPAL
         snapshot = self._snapshot
         if snapshot is None:
-            raise ServiceUnavailable("API keys could not be loaded from the database yet; try again shortly.")
+            raise ServiceUnavailable(
+                "API keys could not be loaded from the database yet and no local key snapshot exists; "
+                "requests are refused until the key table is readable."
+            )
+        age_s = self._clock() - snapshot.loaded_at
+        if age_s > self._max_staleness_s:
+            raise ServiceUnavailable(
+                f"The API key table has not been readable for {age_s:.0f} s, longer than "
+                f"auth.max_key_staleness_s = {self._max_staleness_s:g} s; requests are refused until it is readable "
+                "again."
+            )
         if not snapshot.any_key_exists:
-            return OPEN_PRINCIPAL
+            raise ServiceUnavailable(
+                "No API key exists and the gateway is not running open. Create a key with "
+                "`prefixscope keys create --tenant NAME`, or start the gateway with --open (auth = \"none\") to "
+                "serve without keys."
+            )
         token = bearer_token(authorization)
         if token is None:
             raise Unauthorized(
@@ -100,27 +151,58 @@ class KeyStore:
     async def refresh(self) -> bool:
         """Reload keys; on failure keep the last good set. Returns whether the load succeeded."""
         try:
-            snapshot = await self._loader()
-        except Exception as exc:  # the database may be down; keys already loaded stay valid
-            log.warning("could not reload API keys (keeping the previous set): %s", exc)
+            snapshot = replace(await self._loader(), loaded_at=self._clock())
+        except Exception as exc:  # the database may be down; keys already loaded stay valid for a while
+            log.warning("could not reload API keys (keeping the previous set within its staleness bound): %s", exc)
             return False
         previous, self._snapshot = self._snapshot, snapshot
         if previous is None or previous.any_key_exists != snapshot.any_key_exists:
             if snapshot.any_key_exists:
                 log.info("API keys required: %d active key(s) loaded", len(snapshot.entries))
-            else:
-                log.warning(
-                    "No API key exists in the database: the gateway is OPEN and serves every request as tenant "
-                    "%r. Create a key with `prefixscope keys create --tenant NAME` to require keys.",
-                    DEFAULT_TENANT,
+            elif not self._open:
+                log.error(
+                    "No API key exists in the database: every request is refused (503). Create a key with "
+                    "`prefixscope keys create --tenant NAME`, or run open on purpose with --open."
                 )
+        if self._save_snapshot is not None:
+            try:
+                await self._save_snapshot(snapshot)
+            except Exception:  # noqa: BLE001 - the snapshot on disk is a fallback; the keys in memory are good
+                log.exception("could not save the local key snapshot")
         if self.on_change is not None:
             self.on_change(snapshot)
         return True
 
+    async def _load_saved(self) -> None:
+        if self._read_saved_snapshot is None:
+            return
+        try:
+            saved = await self._read_saved_snapshot()
+        except Exception:  # noqa: BLE001
+            log.exception("could not read the local key snapshot")
+            return
+        if saved is None or self._snapshot is not None:
+            return
+        self._snapshot = saved
+        log.warning(
+            "the key table is unreadable: authenticating from the local key snapshot read %.0f s ago (good for "
+            "%g s in all)",
+            self._clock() - saved.loaded_at,
+            self._max_staleness_s,
+        )
+        if self.on_change is not None:
+            self.on_change(saved)
+
     async def start(self) -> None:
-        """Load once now, then keep refreshing in the background."""
-        await self.refresh()
+        """Load once now (from the local snapshot if the database cannot be read), then keep refreshing."""
+        if self._open:
+            log.warning(
+                "The gateway is OPEN (auth = \"none\"): no API key is checked and every request is served as "
+                "tenant %r with admin rights.",
+                DEFAULT_TENANT,
+            )
+        if not await self.refresh():
+            await self._load_saved()
         self._task = asyncio.create_task(self._refresh_forever(), name="gateway-key-refresh")
 
     async def stop(self) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 DEFAULT_CONFIG_FILE = Path("prefixscope.toml")
 ENV_DATABASE_URL = "PREFIXSCOPE_DATABASE_URL"
+# The local engine's API key for the default upstream (`prefixscope up` sets it to the secret it shares with it).
+ENV_UPSTREAM_API_KEY = "PREFIXSCOPE_UPSTREAM_API_KEY"
 
 
 def register(commands: Any, bench_commands: Any) -> None:
@@ -32,6 +34,11 @@ def register(commands: Any, bench_commands: Any) -> None:
     gateway.add_argument(
         "--database-url", default=None, help=f"database URL (default: ${ENV_DATABASE_URL}, the config, or SQLite)"
     )
+    gateway.add_argument(
+        "--open",
+        action="store_true",
+        help='serve without API keys: every request is tenant "default" with admin rights (same as auth = "none")',
+    )
     gateway.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     gateway.set_defaults(handler=run_gateway)
 
@@ -47,6 +54,12 @@ def register(commands: Any, bench_commands: Any) -> None:
     bench.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
     bench.add_argument("--connections", type=int, default=64, help="client connections for the throughput run")
     bench.add_argument("--stream", action="store_true", help="use streamed requests")
+    bench.add_argument(
+        "--durability",
+        default="spill_first",
+        choices=("spill_first", "queue_first"),
+        help="the gateway's recording durability mode ([recorder] durability)",
+    )
     bench.set_defaults(handler=run_bench)
 
 
@@ -74,7 +87,13 @@ def run_gateway(args: argparse.Namespace) -> int:
     try:
         config = load_config(
             config_path,
-            ConfigOverrides(host=args.host, port=args.port, upstream_url=args.upstream),
+            ConfigOverrides(
+                host=args.host,
+                port=args.port,
+                upstream_url=args.upstream,
+                open_mode=args.open or None,
+                upstream_api_key=os.environ.get(ENV_UPSTREAM_API_KEY) or None,
+            ),
         )
         database_url = resolve_database_url(args.database_url, config.database_url)
         config = place_state(config, state_dir())
@@ -112,5 +131,6 @@ def run_bench(args: argparse.Namespace) -> int:
             duration_s=args.duration,
             num_connections=args.connections,
             stream=args.stream,
+            durability=args.durability,
         )
     )

@@ -1,6 +1,6 @@
 """Recording each local engine's context with the history: its measured prefill speed and cache settings.
 
-A background task asks every `local_engine` upstream for `GET /v1/cache` (a read-only view, no token needed) once at
+A background task asks every `local_engine` upstream for `GET /v1/cache` (aggregate statistics, read with the upstream's API key) once at
 start-up and then every `interval_s`, and hands the answer to the storage, which records it per upstream
 (`db.engine_context`). A failed poll is logged at debug level and retried on the next round; nothing here touches
 the request path.
@@ -58,7 +58,10 @@ class EngineContextPoller:
     async def poll_once(self) -> None:
         for upstream in self._upstreams:
             try:
-                response = await self._client().get(upstream.url.rstrip("/") + "/v1/cache", timeout=10.0)
+                headers = {"authorization": f"Bearer {upstream.api_key}"} if upstream.api_key else None
+                response = await self._client().get(
+                    upstream.url.rstrip("/") + "/v1/cache", headers=headers, timeout=10.0
+                )
                 stats = response.json() if response.status_code == 200 else None
                 if isinstance(stats, dict):
                     await self._store.record_engine_context(upstream.name, stats)

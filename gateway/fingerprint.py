@@ -28,8 +28,9 @@ def _leading_instructions(messages: list[Any]) -> list[Any]:
     return leading
 
 
-def prefix_hash(endpoint: str, body: dict[str, Any]) -> str | None:
-    """16 hex characters, or None when the request has no recognisable prefix."""
+def prefix_hash(endpoint: str, body: dict[str, Any], key: bytes = b"") -> str | None:
+    """16 hex characters, or None when the request has no recognisable prefix. With `key` (the tenant's record key,
+    `gateway.record_keys`) the hash is keyed BLAKE2b, as every stored hash must be."""
     if endpoint == CHAT:
         leading = _leading_instructions(body.get("messages") or [])
         tools = body.get("tools")
@@ -47,7 +48,7 @@ def prefix_hash(endpoint: str, body: dict[str, Any]) -> str | None:
         encoded = _ENCODER.encode(material)
     except (TypeError, msgspec.EncodeError):
         return None
-    return hashlib.blake2b(encoded, digest_size=8).hexdigest()
+    return hashlib.blake2b(encoded, digest_size=8, key=key).hexdigest()
 
 
 def prompt_text(endpoint: str, body: dict[str, Any]) -> str | None:

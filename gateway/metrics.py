@@ -12,6 +12,19 @@ from prometheus_client.registry import Collector
 from db.records import RequestRecord
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# The writer's counters exported as `prefixscope_gateway_records_<name>` (and in /health under "records").
+RECORD_COUNTERS = (
+    "queued",
+    "written",
+    "spilled",
+    "replayed",
+    "dropped",
+    "rejected",
+    "lost",
+    "database_recreated",
+    "journal_failures",
+    "torn_tails_cut",
+)
 
 
 class _RecorderCollector(Collector):
@@ -22,7 +35,7 @@ class _RecorderCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         counters = self._counters()
-        for name in ("queued", "written", "spilled", "replayed", "dropped"):
+        for name in RECORD_COUNTERS:
             family = CounterMetricFamily(
                 f"prefixscope_gateway_records_{name}", f"Request records {name} by the background writer."
             )
@@ -95,7 +108,7 @@ class GatewayMetrics:
         )
         self.open_mode = Gauge(
             "prefixscope_gateway_open_mode",
-            "1 while no API key exists and requests need none.",
+            "1 while the gateway runs open (auth = \"none\"): no API key is checked.",
             registry=self.registry,
         )
         # labels() is comparatively slow; children are cached per label tuple.

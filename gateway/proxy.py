@@ -128,7 +128,8 @@ class CompletionProxy:
         tracker.explain = ExplainContext(
             settings, self._endpoint, principal.tenant, normalized.request, parsed.body, salt, route, client_wants_chain
         )
-        tracker.prefix_hash = prefix_hash(self._endpoint, normalized.request)
+        record_key = runtime.recorder.hash_key(principal.tenant)
+        tracker.prefix_hash = prefix_hash(self._endpoint, normalized.request, record_key)
         if settings.store_prompt_text:
             tracker.prompt_text = prompt_text(self._endpoint, normalized.request)
         payload = _ENCODER.encode(body)

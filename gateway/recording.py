@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from db.records import RequestRecord
+from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.explain.explainer import ExplainContext, Explained, Explainer
 from gateway.explain.reasons import EngineReport
 from gateway.metrics import GatewayMetrics
@@ -52,11 +53,22 @@ class Recorder:
     """Submits finished records to the writer (never blocking) and counts them in the metrics; holds the explainer
     that adds miss explanations to them (None: records go unexplained)."""
 
-    def __init__(self, sink: RecordSink, metrics: GatewayMetrics, explainer: Explainer | None = None) -> None:
+    def __init__(
+        self,
+        sink: RecordSink,
+        metrics: GatewayMetrics,
+        explainer: Explainer | None = None,
+        hasher: RecordHasher | None = None,
+    ) -> None:
         self._sink = sink
         self._metrics = metrics
         self.explainer = explainer
         self.advisor: AdviceSampler | None = None  # estimates what rules a tenant has not enabled would gain
+        self.hasher = hasher  # keys the stored prompt hashes (None: plain hashes, for tests of other parts only)
+
+    def hash_key(self, tenant: str) -> bytes:
+        """The tenant's record key for `prefix_hash` (empty without a hasher)."""
+        return b"" if self.hasher is None else self.hasher.key_for(tenant)
 
     def record(self, record: RequestRecord) -> None:
         self._metrics.observe(record)
@@ -155,6 +167,7 @@ class RequestTracker:
         if ttft_ms is None and not self.stream and report.ttft_ms is not None and status_code < 400:
             ttft_ms, ttft_source = report.ttft_ms, TTFT_ENGINE  # the engine's own queue + prefill time
         engine_located = explanation is not None and explanation.source == "engine" and explanation.segment is not None
+        hasher = self._recorder.hasher
         record = RequestRecord(
             request_id=self.request_id,
             created_at=self.created_at,
@@ -185,7 +198,8 @@ class RequestTracker:
             template_tokens=report.template_tokens,
             namespace_label=self.namespace_label,
             normalization_gain_tokens=explained.normalization_gain_tokens,
-            chain=explained.chain,
+            chain=explained.chain if hasher is None else hasher.chain(self.tenant, explained.chain),
+            hash_key_version=None if hasher is None else KEY_VERSION,
         )
         recorder = self._recorder
 

@@ -27,7 +27,9 @@ def serve(config: GatewayConfig, database_url: str, *, log_level: str = "info") 
     from gateway.app import create_app
     from gateway.storage import DatabaseStorage, StorageConfig
 
-    storage = DatabaseStorage(StorageConfig(database_url=database_url, recorder=config.recorder))
+    storage = DatabaseStorage(
+        StorageConfig(database_url=database_url, recorder=config.recorder, key_snapshot_path=config.key_snapshot_path)
+    )
     app = create_app(config, storage, freeze_gc_after_start=True)
     # The record writer's database driver runs Python code in a worker thread; while it holds the GIL the event
     # loop waits up to the switch interval (5 ms by default) for it, which shows directly in tail latency.

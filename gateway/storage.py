@@ -1,11 +1,15 @@
 """The gateway's one door to the database (`db` package): schema, record writer, keys and stats queries.
 
 The request path only touches `sink.submit` (a non-blocking queue put). Everything else here runs at start-up,
-in the background key refresh, or behind `/api/stats`.
+in the background key refresh, or behind `/api/stats`. A database that cannot be reached at start-up does not stop
+the gateway: records go to the spill file, keys come from the local key snapshot, and the schema migration is retried
+in the background until it succeeds (the writer then replays what was spilled).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +27,7 @@ class StorageConfig:
     database_url: str
     recorder: RecorderConfig
     run_migrations: bool = True
+    key_snapshot_path: Path | None = None  # where the last good key table is kept (hashes only)
 
 
 class DatabaseStorage:
@@ -42,21 +47,80 @@ class DatabaseStorage:
                 flush_interval_s=config.recorder.flush_interval_s,
                 spill_path=Path(config.recorder.spill_path),
                 replay_interval_s=config.recorder.replay_interval_s,
+                durability=config.recorder.durability,
+                journal_fsync_interval_s=config.recorder.journal_fsync_interval_s,
             )
         )
+        self._migration_task: asyncio.Task[None] | None = None
+        self._generation = 0
+        self.migrated = not config.run_migrations
+
+    async def _migrate(self) -> None:
+        from db.migrate import upgrade_async
+
+        await upgrade_async(self.config.database_url)
+        self.migrated = True
 
     async def start(self) -> None:
+        """Migrate the schema and start the writer; if the database is unreachable, start anyway (see above)."""
         if self.config.run_migrations:
-            from db.migrate import upgrade_async
-
-            await upgrade_async(self.config.database_url)
+            try:
+                await self._migrate()
+            except Exception as exc:  # noqa: BLE001 - any failure here means "not now": keep serving
+                log.error(
+                    "the database is unreachable at start-up (%s): serving with records spilled to %s and keys from "
+                    "the local snapshot; retrying the connection and the migration every %g s",
+                    exc,
+                    self.config.recorder.spill_path,
+                    self.config.recorder.replay_interval_s,
+                )
+                self._migration_task = asyncio.create_task(self._migrate_until_done(), name="gateway-db-migrate")
         await self.sink.start()
 
+    async def _migrate_until_done(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.recorder.replay_interval_s)
+            try:
+                await self._migrate()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("the database is still unreachable: %s", exc)
+                continue
+            log.info("the database is reachable and migrated; spilled records are being replayed")
+            return
+
     async def stop(self) -> None:
+        if self._migration_task is not None:
+            self._migration_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._migration_task
         try:
             await self.sink.stop()
         finally:
             await self._engine.dispose()
+
+    async def _fresh_engine(self) -> None:
+        """Drop connections to a SQLite file the writer found deleted or replaced, so reads see the new one."""
+        generation = self.sink.database_generation
+        if generation != self._generation:
+            self._generation = generation
+            await self._engine.dispose()
+
+    async def save_key_snapshot(self, snapshot: KeySnapshot) -> None:
+        """Keep the last good key table on local disk (hashes only)."""
+        path = self.config.key_snapshot_path
+        if path is not None:
+            from gateway.key_snapshot import write_key_snapshot
+
+            await asyncio.to_thread(write_key_snapshot, Path(path), snapshot)
+
+    async def read_saved_key_snapshot(self) -> KeySnapshot | None:
+        """The key table saved by `save_key_snapshot`, or None."""
+        path = self.config.key_snapshot_path
+        if path is None:
+            return None
+        from gateway.key_snapshot import read_key_snapshot
+
+        return await asyncio.to_thread(read_key_snapshot, Path(path))
 
     async def load_keys(self) -> KeySnapshot:
         from sqlalchemy import func, select
@@ -64,11 +128,13 @@ class DatabaseStorage:
         from db.keys import index_keys, load_active_keys_async
         from db.models import ApiKey
 
+        if not self.migrated:
+            raise ConnectionError("the database has not been reached and migrated yet")
+        await self._fresh_engine()
         entries = await load_active_keys_async(self._engine)
         if entries:
             return KeySnapshot(entries=index_keys(entries), any_key_exists=True)
-        # No active key: the gateway runs open only if no key was ever created (revoking the last key must not
-        # open the gateway up).
+        # No active key: was any key ever created? (An empty key table is refused with 503; revoked keys get 401.)
         async with self._engine.connect() as conn:
             total = (await conn.execute(select(func.count()).select_from(ApiKey.__table__))).scalar_one()
         return KeySnapshot(entries={}, any_key_exists=total > 0)

@@ -40,19 +40,26 @@ def engine_config_from(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
     import os
+    import sys
 
     import uvicorn
 
     from local_engine.config import ServerConfig
     from local_engine.engine import Engine
     from local_engine.model_loader import load_model, resolve_device
+    from local_engine.access import ENV_API_KEY, check_bind
     from local_engine.server import create_app
 
+    api_key = args.api_key or os.environ.get(ENV_API_KEY) or None
+    refusal = check_bind(args.host, api_key, args.insecure)
+    if refusal:
+        print(f"prefixscope engine: {refusal}", file=sys.stderr)
+        return 2
     config = engine_config_from(args)
     loaded = load_model(config.model, resolve_device(config.device))
     engine = Engine(config, loaded)
     admin_token = args.admin_token or os.environ.get("PREFIXSCOPE_ENGINE_ADMIN_TOKEN")
-    server_config = ServerConfig(host=args.host, port=args.port, admin_token=admin_token)
+    server_config = ServerConfig(host=args.host, port=args.port, admin_token=admin_token, api_key=api_key)
     print(
         f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
         f"{engine.pool.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
@@ -79,7 +86,17 @@ def register(commands, bench_commands) -> None:
     _add_engine_options(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8001)
-    serve.add_argument("--admin-token", default=None, help="required by POST /v1/cache/flush")
+    serve.add_argument(
+        "--admin-token", default=None, help="required by the cache views (/v1/cache, /v1/cache/tree, /v1/cache/flush)"
+    )
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help="required on every endpoint but /health (default: $PREFIXSCOPE_ENGINE_API_KEY)",
+    )
+    serve.add_argument(
+        "--insecure", action="store_true", help="allow listening on a non-loopback address without an API key"
+    )
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(handler=_serve)
 

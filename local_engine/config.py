@@ -34,5 +34,6 @@ DEFAULT_KV_CACHE_TOKENS = 65_536
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8001
-    admin_token: str | None = None  # required by POST /v1/cache/flush; flushing is disabled without one
+    admin_token: str | None = None  # required by the cache views (local_engine.access); flushing needs it
+    api_key: str | None = None  # required on every endpoint but /health when set
     max_body_bytes: int = 8 * 1024 * 1024

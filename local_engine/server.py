@@ -12,6 +12,7 @@ from litestar.exceptions import HTTPException
 from litestar.params import FromQuery
 from litestar.response import Response, Stream
 
+from local_engine.access import access_guard
 from local_engine.config import ServerConfig
 from local_engine.engine import Engine
 from local_engine.engine_types import Finished, GenerationRequest, TokenDelta
@@ -187,6 +188,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Litestar:
                         cache_flush],
         state=State({"engine": engine, "server_config": config, "started_at": int(time.time())}),
         exception_handlers={EngineError: _engine_error, HTTPException: _http_error, Exception: _unexpected_error},
+        guards=[access_guard(config.api_key, config.admin_token)],
         request_max_body_size=config.max_body_bytes,
         debug=False,
     )

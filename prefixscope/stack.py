@@ -3,6 +3,9 @@
 Each program runs in its own process (the gateway must never share a process with torch), started in dependency
 order and stopped together: Ctrl-C or SIGTERM stops everything and exits with status 0; a child exiting on its own
 stops the rest and exits with a non-zero status. Before anything starts, every port is checked to be free.
+The engine gets a freshly generated API key and
+admin token, handed to the gateway (its upstream key) and the dashboard (the cache views) through their environments,
+so nothing reaches the engine around the gateway. The gateway requires API keys unless `--open`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -51,6 +55,7 @@ def plan(args: argparse.Namespace) -> list[Program]:
         gateway_url = f"http://{host}:{args.gateway_port}"
         argv = command + ["gateway", "--host", host, "--port", str(args.gateway_port), "--upstream", engine_url]
         argv += ["--config", str(args.config)] if args.config else []
+        argv += ["--open"] if args.open else []
         programs.append(Program("gateway", argv + database, gateway_url + "/health", gateway_url + "/v1"))
     if _program_available("dashboard.cli"):
         dashboard_url = f"http://{host}:{args.dashboard_port}"
@@ -75,6 +80,28 @@ def _print_state(args: argparse.Namespace) -> None:
         print(f"config    {Path(args.config).resolve()}", flush=True)
 
 
+OPEN_BANNER = """
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+!!  OPEN MODE (--open): the gateway checks no API key. Anyone who can reach it is tenant "default" with admin  !!
+!!  rights. Leave out --open and create keys with `prefixscope keys create --tenant NAME` instead.             !!
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+"""
+
+
+def shared_secrets_env(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` plus a generated engine API key and admin token, wired to the engine, the gateway's upstream and
+    the dashboard (values already set in `environ` are kept)."""
+    api_key = environ.get("PREFIXSCOPE_ENGINE_API_KEY") or secrets.token_urlsafe(32)
+    admin_token = environ.get("PREFIXSCOPE_ENGINE_ADMIN_TOKEN") or secrets.token_urlsafe(32)
+    return {
+        **environ,
+        "PREFIXSCOPE_ENGINE_API_KEY": api_key,
+        "PREFIXSCOPE_ENGINE_ADMIN_TOKEN": admin_token,
+        "PREFIXSCOPE_UPSTREAM_API_KEY": api_key,
+        "PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN": admin_token,
+    }
+
+
 def _up(args: argparse.Namespace) -> int:
     if args.config is not None and not Path(args.config).is_file():
         print(f"prefixscope up: no config file at {Path(args.config).resolve()}", file=sys.stderr)
@@ -87,7 +114,12 @@ def _up(args: argparse.Namespace) -> int:
         print("prefixscope up: nothing was started", file=sys.stderr)
         return 2
     _print_state(args)
-    return supervise(programs, args.start_timeout, env=os.environ.copy())
+    if args.open:
+        print(OPEN_BANNER, file=sys.stderr, flush=True)
+        ready = OPEN_BANNER
+    else:
+        ready = "the gateway requires API keys: prefixscope keys create --tenant NAME"
+    return supervise(programs, args.start_timeout, env=shared_secrets_env(dict(os.environ)), ready_message=ready)
 
 
 def register(commands, bench_commands) -> None:
@@ -111,4 +143,7 @@ def register(commands, bench_commands) -> None:
         help="default: $PREFIXSCOPE_DATABASE_URL, else prefixscope.db in the state directory ($PREFIXSCOPE_HOME)",
     )
     up.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for each program")
+    up.add_argument(
+        "--open", action="store_true", help='run the gateway without API keys (everyone is tenant "default"; loud)'
+    )
     up.set_defaults(handler=_up)

@@ -63,8 +63,14 @@ def _stop_all(processes: list[tuple[str, subprocess.Popen]]) -> None:
             process.wait()
 
 
-def supervise(programs: list[Program], start_timeout_s: float, env: Mapping[str, str] | None = None) -> int:
+def supervise(
+    programs: list[Program],
+    start_timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    ready_message: str | None = None,
+) -> int:
     """Start `programs` in order (each once the previous is healthy), then wait until a signal or a child's exit.
+    `ready_message`, if given, is printed to stderr once all are healthy.
 
     Returns 0 after Ctrl-C or SIGTERM, otherwise 1 or the failing child's non-zero exit status.
     """
@@ -96,6 +102,8 @@ def supervise(programs: list[Program], start_timeout_s: float, env: Mapping[str,
                 print(f"{program.name} did not become healthy at {program.health_url}", file=sys.stderr)
                 return 1
             print(f"{program.name:<9} {program.public_url}", flush=True)
+        if ready_message:
+            print(ready_message, file=sys.stderr, flush=True)
         print("prefixscope is up; Ctrl-C stops everything.", flush=True)
         while not signalled:
             for name, process in processes:

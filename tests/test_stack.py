@@ -71,7 +71,7 @@ def stack(tmp_path_factory):
     process = subprocess.Popen(
         [sys.executable, "-m", "prefixscope", "up", "--kv-cache-tokens", "8192", "--database-url", database_url,
          "--engine-port", str(ports["engine"]), "--gateway-port", str(ports["gateway"]),
-         "--dashboard-port", str(ports["dashboard"])],
+         "--dashboard-port", str(ports["dashboard"]), "--open"],
         cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "PREFIXSCOPE_HOME": str(home), "PYTHONUNBUFFERED": "1"},
     )
@@ -92,7 +92,12 @@ def stack(tmp_path_factory):
 
 
 def test_requests_through_the_gateway_appear_on_the_dashboard(stack):
-    urls, database_url, _, _ = stack
+    urls, database_url, _, workdir = stack
+    assert "OPEN MODE" in (workdir / "up.log").read_text()  # said loudly
+    # The engine shares a generated key with the gateway: nothing reaches it around the gateway.
+    direct = httpx.post(urls["engine"] + "/v1/chat/completions", json={"model": "smollm2", "messages": []}, timeout=30)
+    assert direct.status_code == 401
+    assert httpx.get(urls["engine"] + "/v1/cache/tree", timeout=30).status_code == 401
     client = OpenAI(base_url=urls["gateway"] + "/v1", api_key="unused-in-open-mode", max_retries=0, timeout=120)
     cached = []
     for question in ("Is my order shipped?", "Can I change the address?", "Do you gift-wrap?"):

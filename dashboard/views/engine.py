@@ -22,8 +22,8 @@ max_nodes = right.select_slider(
 @st.fragment(run_every=settings.refresh_s)
 def live_engine() -> None:
     try:
-        stats = data.engine_stats(settings.engine_url, settings.engine_timeout_s)
-        tree = data.engine_tree(settings.engine_url, int(max_nodes), settings.engine_timeout_s)
+        stats = data.engine_stats(settings.engine_url, settings.engine_timeout_s, settings.engine_token)
+        tree = data.engine_tree(settings.engine_url, int(max_nodes), settings.engine_timeout_s, settings.engine_token)
     except EngineUnavailable as exc:
         st.warning(
             f"The engine is not reachable, so there is no live cache to show. {exc}. Start it with "

@@ -32,7 +32,9 @@ def prefill_speed() -> tuple[float, str]:
             f"{context.recorded_at:%Y-%m-%d %H:%M} UTC)"
         )
     try:
-        measured = data.engine_stats(settings.engine_url, settings.engine_timeout_s).prefill_tokens_per_s
+        measured = data.engine_stats(
+            settings.engine_url, settings.engine_timeout_s, settings.engine_token
+        ).prefill_tokens_per_s
     except EngineUnavailable:
         measured, reason = None, f"the engine at {settings.engine_url} is not reachable"
     else:

@@ -47,7 +47,7 @@ if sample.num_requests == 0:
 stats: CacheStats | None = None
 engine_problem = ""
 try:
-    stats = data.engine_stats(settings.engine_url, settings.engine_timeout_s)
+    stats = data.engine_stats(settings.engine_url, settings.engine_timeout_s, settings.engine_token)
 except EngineUnavailable as exc:
     engine_problem = str(exc)
 raw = stats.raw if stats is not None else {}

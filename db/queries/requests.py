@@ -18,7 +18,7 @@ from db.store import CHAINS, row_to_chain, row_to_record
 from db.timeutil import as_utc
 
 REQUESTS = table_of(RequestRecordRow)
-LISTED_COLUMNS = [column for column in REQUESTS.c if column.name != "prompt_text"]
+LISTED_COLUMNS = [column for column in REQUESTS.c if column.name not in ("prompt_text", "hash_key_version")]
 
 
 def request_row(row: Row[Any]) -> RequestRow:

@@ -149,3 +149,28 @@ def test_0002_backfills_prefix_rollups_from_existing_rows_and_downgrades(
         assert "miss_reason" not in columns and "prefix_hash" in columns
     finally:
         engine.dispose()
+
+
+def test_0003_keeps_rows_with_plain_hashes_readable_and_downgrades(empty_db_url: str) -> None:
+    """Rows stored before keyed hashes keep their prefix_hash and read hash_key_version NULL."""
+    upgrade(empty_db_url, "0002")
+    engine = create_sync_engine_for(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO requests (id, created_at, tenant, endpoint, model, upstream, stream, status_code, "
+                    "latency_ms, applied_rules, prefix_hash) VALUES ('legacy', :at, 'acme', 'chat.completions', 'm', "
+                    "'local', false, 200, 1.0, '[]', '00112233aabbccdd')"
+                ),
+                {"at": datetime(2026, 1, 1, tzinfo=UTC)},
+            )
+        upgrade(empty_db_url)
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT prefix_hash, hash_key_version FROM requests WHERE id = 'legacy'")).one()
+        assert tuple(row) == ("00112233aabbccdd", None)
+        downgrade(empty_db_url, "0002")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT prefix_hash FROM requests")).scalar_one() == "00112233aabbccdd"
+    finally:
+        engine.dispose()

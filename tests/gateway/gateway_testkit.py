@@ -91,6 +91,9 @@ def gateway_config(upstream_url: str, **changes: Any) -> GatewayConfig:
         key_refresh_interval_s=0.1,
         # Uplift checks and rule advice are random samples; tests that want them turn them on.
         tenant_defaults=TenantSettings(uplift_sample_rate=0.0, advice_sample_rate=0.0),
+        # Test gateways run open on purpose (the operator's explicit choice); tests of keys pass auth="keys".
+        auth="none",
+        key_snapshot_path=None,
     )
     return replace(base, **changes)
 
@@ -113,6 +116,8 @@ class FakeCounters:
     replayed: int = 0
     dropped: int = 0
     pending_spill: int = 0
+    rejected: int = 0
+    lost: int = 0
 
 
 class FakeSink:
@@ -246,11 +251,17 @@ class TcpProxy:
 # --- database-backed storage ----------------------------------------------------------------------------------------
 
 
-def db_storage(url: str, tmp_path: Path) -> DatabaseStorage:
+def db_storage(url: str, tmp_path: Path, **recorder_changes: Any) -> DatabaseStorage:
     recorder = RecorderConfig(
         spill_path=tmp_path / "spill" / "requests.jsonl", flush_interval_s=0.05, batch_size=64, replay_interval_s=0.2
     )
-    return DatabaseStorage(StorageConfig(database_url=url, recorder=recorder))
+    return DatabaseStorage(
+        StorageConfig(
+            database_url=url,
+            recorder=replace(recorder, **recorder_changes),
+            key_snapshot_path=tmp_path / "key_snapshot.json",
+        )
+    )
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:

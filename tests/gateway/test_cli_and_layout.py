@@ -87,6 +87,7 @@ def test_prefixscope_gateway_command_serves_and_records(tmp_path, stub, stub_url
             f"sqlite:///{database}",
             "--log-level",
             "info",
+            "--open",
         ],
         cwd=tmp_path,
         env={**os.environ, "PREFIXSCOPE_HOME": str(home)},  # the secret file and spill file live in the state dir

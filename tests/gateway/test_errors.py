@@ -94,7 +94,7 @@ def test_body_over_limit_is_413_and_recorded(stub, stub_url):
 def test_unknown_key_is_401_and_recorded(stub, stub_url):
     storage = FakeStorage()
     storage.add_key("k1", "acme")
-    with running_gateway(gateway_config(stub_url), storage) as gw:
+    with running_gateway(gateway_config(stub_url, auth="keys"), storage) as gw:
         response = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer nope"})
         assert_openai_error(response, 401, "authentication_error")
         (record,) = gw.wait_records(1)
@@ -104,7 +104,7 @@ def test_unknown_key_is_401_and_recorded(stub, stub_url):
 def test_another_tenants_stats_is_403(stub, stub_url):
     storage = FakeStorage()
     secret = storage.add_key("k1", "acme")
-    with running_gateway(gateway_config(stub_url), storage) as gw:
+    with running_gateway(gateway_config(stub_url, auth="keys"), storage) as gw:
         response = httpx.get(
             f"{gw.url}/api/stats", params={"tenant": "beta"}, headers={"authorization": f"Bearer {secret}"}
         )

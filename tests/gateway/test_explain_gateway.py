@@ -14,6 +14,7 @@ from db.chains import RequestChain
 from db.records import RequestRecord
 from gateway.config import TenantSettings, UpstreamConfig
 from gateway.explain.uplift import UpliftChecker, UpliftJob
+from gateway.record_keys import RecordHasher
 from gateway.tenancy import derive_salt
 
 SYSTEM = {"role": "system", "content": "You answer questions about bicycles."}
@@ -61,7 +62,10 @@ def test_engine_chains_are_recorded_and_hidden_from_clients_that_did_not_ask(stu
     assert plain["prefix_cache"] == {"matched_tokens": 4, "prompt_tokens": 10, "miss": "partial"}
     assert "hash_chain" not in with_usage and '"prefix_cache"' in with_usage and '"usage"' in with_usage
     assert "hash_chain" not in without_usage and '"prefix_cache"' not in without_usage  # the usage chunk is dropped
-    assert all(r.chain == RequestChain(16, 10, tuple(STUB_HASH_IDS)) for r in records)
+    # Recorded keyed (gateway.record_keys): the engine's hashes never reach the database as they are.
+    keyed = RecordHasher(TEST_SECRET).chain("default", RequestChain(16, 10, tuple(STUB_HASH_IDS)))
+    assert keyed is not None and set(keyed.hash_ids).isdisjoint(STUB_HASH_IDS)
+    assert all(r.chain == keyed and r.hash_key_version == 1 for r in records)
 
 
 def test_a_client_that_asks_for_the_chain_gets_it_with_its_block_size(stub, stub_url):

@@ -105,6 +105,7 @@ def deployment(paged_engine: EngineProcess, engine_url: str, tmp_path_factory) -
         default_upstream="engine",
         routes={PAGED_MODEL: "paged"},
         tenants=tenants,
+        auth="keys",
     )
     with running_gateway(config, db_storage(database_url, tmp_path)) as gw:
         yield Deployment(gw.url, keys, database_url)

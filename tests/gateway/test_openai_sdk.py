@@ -13,7 +13,7 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 def keyed_gateway(stub, stub_url):
     storage = FakeStorage()
     secret = storage.add_key("k1", "acme")
-    with running_gateway(gateway_config(stub_url), storage) as gw:
+    with running_gateway(gateway_config(stub_url, auth="keys"), storage) as gw:
         yield gw, secret
 
 

@@ -23,7 +23,7 @@ def test_client_salt_is_replaced_by_the_derived_one(stub, stub_url):
     storage = FakeStorage()
     acme = storage.add_key("k1", "acme")
     beta = storage.add_key("k2", "beta")
-    with running_gateway(gateway_config(stub_url), storage) as gw:
+    with running_gateway(gateway_config(stub_url, auth="keys"), storage) as gw:
         for key in (acme, beta):
             body = {**CHAT, "cache_salt": "pick-me", "prompt_cache_key": "also-me", "extra_key": "me-too"}
             assert (
@@ -87,7 +87,7 @@ def test_rules_can_be_switched_off_and_hoisting_on_per_tenant(stub, stub_url):
         "messages": [{"role": "system", "content": "Now: 2025-06-01T10:00:00Z"}, {"role": "user", "content": "hi"}],
         "tools": [tool("b", {}), tool("a", {})],
     }
-    with running_gateway(gateway_config(stub_url, tenants=tenants), storage) as gw:
+    with running_gateway(gateway_config(stub_url, tenants=tenants, auth="keys"), storage) as gw:
         httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {plain}"})
         httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {hoisting}"})
         records = gw.wait_records(2)
@@ -126,7 +126,7 @@ def test_routing_by_model(stub, stub_url):
 def test_models_needs_a_key_when_keys_exist(stub, stub_url):
     storage = FakeStorage()
     secret = storage.add_key("k1", "acme")
-    with running_gateway(gateway_config(stub_url), storage) as gw:
+    with running_gateway(gateway_config(stub_url, auth="keys"), storage) as gw:
         assert httpx.get(f"{gw.url}/v1/models").status_code == 401
         listed = httpx.get(f"{gw.url}/v1/models", headers={"authorization": f"Bearer {secret}"})
         assert listed.status_code == 200 and listed.json()["object"] == "list"
@@ -138,7 +138,10 @@ def test_health_and_metrics(gateway, stub):
     gateway.wait_records(2)
     health = httpx.get(f"{gateway.url}/health").json()
     assert health["status"] == "ok"
-    assert set(health["records"]) == {"queued", "written", "spilled", "replayed", "dropped", "pending_spill"}
+    assert set(health["records"]) == {
+        "queued", "written", "spilled", "replayed", "dropped", "pending_spill", "accepted", "rejected", "lost",
+        "database_recreated", "journal_failures", "torn_tails_cut",
+    }  # fmt: skip
     assert health["records"]["written"] == 2
     metrics = httpx.get(f"{gateway.url}/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
@@ -147,7 +150,7 @@ def test_health_and_metrics(gateway, stub):
     assert 'prefixscope_gateway_requests_total{endpoint="chat.completions",status="400",upstream=""} 1.0' in text
     assert 'prefixscope_gateway_normalization_rules_applied_total{rule="tool_order"} 1.0' in text
     assert 'prefixscope_gateway_cached_tokens_total{upstream="stub"} 4.0' in text
-    for name in ("queued", "written", "spilled", "replayed", "dropped"):
+    for name in ("queued", "written", "spilled", "replayed", "dropped", "rejected", "lost"):
         assert f"prefixscope_gateway_records_{name}_total" in text
     assert "prefixscope_gateway_open_mode 1.0" in text
 

@@ -103,6 +103,7 @@ def deploy(engine_url: str, tmp_path: Path, database_url: str | None = None):
         upstreams=(UpstreamConfig(name="engine", url=engine_url, kind="local_engine", timeout_s=300.0),),
         default_upstream="engine",
         tenants={"plain": TenantSettings(rules=frozenset())},
+        auth="keys",
     )
     return config, keys, database_url
 

@@ -131,7 +131,7 @@ def test_keys_from_the_database_and_revocation(stub, stub_url, tmp_path):
     acme = create_api_key(sync_engine, "acme")
     admin = create_api_key(sync_engine, "ops", is_admin=True)
     storage = db_storage(url, tmp_path)
-    with running_gateway(gateway_config(stub_url), storage) as gw:
+    with running_gateway(gateway_config(stub_url, auth="keys"), storage) as gw:
 
         def status(key: str | None) -> int:
             headers = {"authorization": f"Bearer {key}"} if key else {}

@@ -12,7 +12,7 @@ def stats_gateway(stub, stub_url):
     storage = FakeStorage()
     keys = {"admin": storage.add_key("a1", "ops", is_admin=True), "acme": storage.add_key("k1", "acme")}
     storage.stats_rows = [{"tenant": "acme", "requests": 3}, {"tenant": "beta", "requests": 5}]
-    with running_gateway(gateway_config(stub_url), storage) as gw:
+    with running_gateway(gateway_config(stub_url, auth="keys"), storage) as gw:
         yield gw, storage, keys
 
 

@@ -21,12 +21,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def served_engine(loaded, admin_token: str | None = None, **engine_config):
+def served_engine(loaded, admin_token: str | None = None, api_key: str | None = None, **engine_config):
     """Yields (base_url, engine) for an engine listening on 127.0.0.1; stops both afterwards."""
     engine = Engine(EngineConfig(**engine_config), loaded)
     engine.start()
     port = free_port()
-    app = create_app(engine, ServerConfig(port=port, admin_token=admin_token))
+    app = create_app(engine, ServerConfig(port=port, admin_token=admin_token, api_key=api_key))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

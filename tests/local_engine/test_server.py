@@ -20,8 +20,9 @@ def server(tiny_loaded):
 
 @pytest.fixture
 def client(server):
+    """A client holding the admin token, which the cache views need (test_access covers who may call what)."""
     base_url, _ = server
-    with httpx.Client(base_url=base_url, timeout=60) as http:
+    with httpx.Client(base_url=base_url, timeout=60, headers={"authorization": "Bearer admin-secret"}) as http:
         yield http
 
 
@@ -156,7 +157,7 @@ def test_cache_api_stats_tree_and_dry_run_match(client):
 
 def test_flush_needs_the_admin_token(client):
     client.post("/v1/chat/completions", json=chat(cache_salt="flush"))
-    assert client.post("/v1/cache/flush").status_code == 401
+    assert client.post("/v1/cache/flush", headers={"authorization": ""}).status_code == 401
     assert client.post("/v1/cache/flush", headers={"authorization": "Bearer wrong"}).status_code == 401
     flushed = client.post("/v1/cache/flush", headers={"authorization": "Bearer admin-secret"})
     assert flushed.status_code == 200 and flushed.json()["flushed_tokens"] > 0

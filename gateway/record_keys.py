@@ -1,0 +1,56 @@
+"""Keying the prompt-derived hashes a record stores, so that the database alone reveals nothing about prompts.
+
+A plain 64-bit hash of a system prompt can be inverted by guessing: a 4-digit code inside a prompt falls to ten
+thousand tries. So every stored hash of prompt material (`prefix_hash`, the block hash chain) is keyed:
+
+- each tenant's record key is HMAC-SHA256(server secret, "prefixscope/record-hash/v1" NUL tenant) (RFC 2104);
+- `prefix_hash` is BLAKE2b-64 of the canonical prefix in keyed mode (RFC 7693 section 2.9) under that key;
+- each chain hash h becomes the top 63 bits of keyed BLAKE2b-64 of h's 8 little-endian bytes, which keeps equality
+  (equal blocks still have equal hashes for the simulator) and the non-negative int64 range.
+
+Two gateways with different secrets store different hashes for the same prompt, and one tenant's hashes cannot be
+compared with another's. `KEY_VERSION` is stored with each row (`requests.hash_key_version`); rows from before
+keying have NULL there and keep their plain hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from db.chains import RequestChain
+
+KEY_VERSION = 1
+_CONTEXT = b"prefixscope/record-hash/v1\x00"
+_MAX_CACHED_TENANTS = 100_000
+
+
+class RecordHasher:
+    """Derives and memoizes per-tenant record keys (one HMAC per tenant per process, not per request)."""
+
+    def __init__(self, server_secret: str) -> None:
+        if not server_secret:
+            raise ValueError("the server secret must not be empty")
+        self._secret = server_secret.encode("utf-8")
+        self._keys: dict[str, bytes] = {}
+
+    def key_for(self, tenant: str) -> bytes:
+        """The tenant's 32-byte record key."""
+        key = self._keys.get(tenant)
+        if key is None:
+            key = hmac.new(self._secret, _CONTEXT + tenant.encode("utf-8"), hashlib.sha256).digest()
+            if len(self._keys) < _MAX_CACHED_TENANTS:
+                self._keys[tenant] = key
+        return key
+
+    def chain(self, tenant: str, chain: RequestChain | None) -> RequestChain | None:
+        """`chain` with every hash keyed for `tenant` (None stays None)."""
+        if chain is None or not chain.hash_ids:
+            return chain
+        key = self.key_for(tenant)
+        blake2b = hashlib.blake2b
+        keyed = tuple(
+            int.from_bytes(blake2b(h.to_bytes(8, "little", signed=True), digest_size=8, key=key).digest(), "big") >> 1
+            for h in chain.hash_ids
+        )
+        return RequestChain(chain.block_size, chain.input_length, keyed, chain.approximate)

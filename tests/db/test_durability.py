@@ -1,0 +1,207 @@
+"""Record durability under faults: the SQLite file deleted or replaced, a full disk (database and spill file), a torn
+spill tail, and the spill_first journal surviving a process that dies without stopping the writer."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import event
+
+from db.engine import create_async_engine_for
+from db.journal import Journal
+from db.records import RequestRecord
+from db.spill import SpillFile
+from db.writer import RecordWriter, WriterConfig
+
+MakeRecord = Callable[..., RequestRecord]
+
+
+def _config(url: str, tmp_path: Path, **overrides: object) -> WriterConfig:
+    values: dict[str, object] = {
+        "database_url": url,
+        "spill_path": tmp_path / "spill" / "requests.jsonl",
+        "flush_interval_s": 0.01,
+        "replay_interval_s": 60.0,
+    }
+    values.update(overrides)
+    return WriterConfig(**values)  # type: ignore[arg-type]
+
+
+def _sqlite(sqlite_template: Path, path: Path) -> str:
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+async def _submit_and_flush(writer: RecordWriter, records: list[RequestRecord]) -> None:
+    for item in records:
+        assert writer.submit(item)
+    await writer.flush()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_sqlite_file_deleted_or_replaced_under_the_writer(
+    how: str, sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
+) -> None:
+    path = tmp_path / "prefixscope.db"
+    url = _sqlite(sqlite_template, path)
+    writer = RecordWriter(_config(url, tmp_path))
+    await writer.start()
+    before = [make_record() for _ in range(40)]
+    await _submit_and_flush(writer, before)
+    assert writer.counters().written == 40
+    if how == "deleted":
+        path.unlink()
+    else:
+        replacement = tmp_path / "replacement.db"
+        shutil.copyfile(sqlite_template, replacement)
+        os.replace(replacement, path)
+    after = [make_record() for _ in range(25)]
+    await _submit_and_flush(writer, after)
+    counters = writer.counters()
+    await writer.stop()
+    stored = db_helpers.stored_ids(url)
+    # Only what is in the file at the path counts as written; the 40 rows went with the old file.
+    assert sorted(stored) == sorted(item.request_id for item in after)
+    assert (counters.written, counters.lost, counters.database_recreated) == (25, 40, 1)
+    assert counters.accepted == counters.written + counters.lost + counters.queued + counters.pending_spill
+    db_helpers.assert_rollups_match_requests(url)
+
+
+def _fail_writes_after(spill: SpillFile, num_bytes: int) -> dict[str, int]:
+    """Make the spill file's writes put `num_bytes` on disk, then fail with ENOSPC (a disk that fills up)."""
+    state = {"left": num_bytes, "failures": 0}
+
+    def write(fd: int, data: bytes) -> int:
+        if state["left"] <= 0:
+            state["failures"] += 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        count = min(len(data), state["left"])
+        state["left"] -= count
+        return os.write(fd, bytes(data[:count]))
+
+    spill.write = write  # type: ignore[method-assign]
+    return state
+
+
+async def test_full_database_and_full_spill_disk_count_exactly_what_is_lost(
+    sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
+) -> None:
+    """The database file hits its size limit (SQLITE_FULL), so records spill; the spill disk fills up mid-append,
+    so a batch is lost: whole (no torn line left), counted and logged. Once there is room again nothing else is lost."""
+    url = _sqlite(sqlite_template, tmp_path / "full.db")
+    engine = create_async_engine_for(url)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def limit_size(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA page_count")
+        pages = cursor.fetchone()[0]
+        cursor.execute(f"PRAGMA max_page_count = {pages}")  # no room to grow: "database or disk is full"
+        cursor.close()
+
+    writer = RecordWriter(_config(url, tmp_path, batch_size=1000), engine=engine)
+    await writer.start()
+    spilled_first = [make_record(prompt_text="x" * 5000) for _ in range(30)]  # more than the free pages hold
+    await _submit_and_flush(writer, spilled_first)
+    assert (writer.counters().spilled, writer.counters().written) == (30, 0)
+    spill_path = writer.config.spill_path
+    size_before = spill_path.stat().st_size
+
+    state = _fail_writes_after(writer._spill, 700)  # part of one record, then ENOSPC
+    lost = [make_record() for _ in range(20)]
+    await _submit_and_flush(writer, lost)
+    assert state["failures"] == 1
+    assert spill_path.stat().st_size == size_before  # whole or absent: the partial write was cut back
+    writer._spill.write = os.write  # type: ignore[method-assign]
+    spilled_after = [make_record() for _ in range(10)]
+    await _submit_and_flush(writer, spilled_after)
+    counters = writer.counters()
+    assert (counters.spilled, counters.lost, counters.written) == (40, 20, 0)
+    lines = spill_path.read_text().splitlines()
+    assert [json.loads(line)["request_id"] for line in lines] == [r.request_id for r in spilled_first + spilled_after]
+
+    event.remove(engine.sync_engine, "connect", limit_size)
+    await engine.dispose()  # the disk has room again: new connections have no size limit
+    await writer.stop()
+    await engine.dispose()
+    counters = writer.counters()
+    assert (counters.replayed, counters.lost, counters.rejected, counters.pending_spill) == (40, 20, 0, 0)
+    assert sorted(db_helpers.stored_ids(url)) == sorted(r.request_id for r in spilled_first + spilled_after)
+
+
+def test_a_torn_tail_is_cut_before_the_next_append(tmp_path: Path, make_record: MakeRecord, monkeypatch) -> None:
+    """When even cutting back fails, the torn tail stays until the next append, which cuts it first: the next record
+    is never glued to a broken line."""
+    import db.spill
+
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    kept = make_record()
+    spill.append([kept])
+    _fail_writes_after(spill, 50)
+    real_ftruncate = os.ftruncate
+    calls = {"n": 0}
+
+    def ftruncate_failing_once(fd: int, length: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(errno.EIO, "I/O error")
+        real_ftruncate(fd, length)
+
+    monkeypatch.setattr(db.spill.os, "ftruncate", ftruncate_failing_once)
+    with pytest.raises(OSError):
+        spill.append([make_record()])
+    assert not spill.path.read_bytes().endswith(b"\n")  # a torn tail is on disk
+    assert spill.read_chunk(10).records == [kept]  # replay does not consume the torn tail
+    spill.write = os.write  # type: ignore[method-assign]
+    after = make_record()
+    spill.append([after])
+    assert spill.torn_tails_cut == 1
+    lines = spill.path.read_text().splitlines()
+    assert [json.loads(line)["request_id"] for line in lines] == [kept.request_id, after.request_id]
+    assert spill.pending == 2
+
+
+async def test_spill_first_journal_survives_a_writer_that_never_stopped(
+    sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
+) -> None:
+    """spill_first: records are in the journal before they are queued. A process that dies (the writer is never
+    stopped, its queue never written) leaves them there, and the next writer replays them: nothing is lost."""
+    url = _sqlite(sqlite_template, tmp_path / "journal.db")
+    config = _config(url, tmp_path, durability="spill_first", flush_interval_s=60.0, batch_size=10_000)
+    dying = RecordWriter(config)
+    records = [make_record() for _ in range(50)]
+    for item in records:
+        assert dying.submit(item)  # queued only: the writer task never ran
+    segments = Journal(config.spill_path).leftover_paths()
+    assert sum(len(Journal.read_lines(path)) for path in segments) == 50
+
+    survivor = RecordWriter(_config(url, tmp_path, durability="spill_first"))
+    await survivor.start()
+    await survivor.stop()
+    assert sorted(db_helpers.stored_ids(url)) == sorted(item.request_id for item in records)
+    assert survivor.counters().replayed == 50
+    assert Journal(config.spill_path).leftover_paths() == []
+
+
+async def test_spill_first_removes_journal_segments_once_their_records_are_home(
+    sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
+) -> None:
+    url = _sqlite(sqlite_template, tmp_path / "journal.db")
+    writer = RecordWriter(_config(url, tmp_path, durability="spill_first"))
+    writer._journal.segment_bytes = 4096  # type: ignore[union-attr]  # several segments
+    await writer.start()
+    records = [make_record() for _ in range(60)]
+    await _submit_and_flush(writer, records)
+    directory = writer.config.spill_path.parent
+    assert sum(len(Journal.read_lines(p)) for p in directory.glob("requests.jsonl.journal.*")) == 0
+    await writer.stop()
+    assert list(directory.glob("requests.jsonl.journal.*")) == []
+    assert writer.counters().written == 60 and writer.counters().journal_failures == 0
+    assert sorted(db_helpers.stored_ids(url)) == sorted(item.request_id for item in records)
