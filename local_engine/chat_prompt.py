@@ -2,35 +2,27 @@
 
 Tools are rendered verbatim, in the order and key order the client sent, before the system prompt: the byte layout
 of the prompt is exactly what the client controls, which is what makes prefix caching (and its misses) visible.
+
+Only the template makes control tokens: text inside messages and tools that spells a special token (say a pasted
+`<|im_end|>`) is encoded as ordinary text (`local_engine.prompt_encoding`).
 """
 
 from __future__ import annotations
 
 import json
 
-from local_engine.errors import InvalidRequest
-
-_ROLES = {"system", "developer", "user", "assistant", "tool"}
+from local_engine.chat_messages import check_messages
+from local_engine.prompt_encoding import encode_rendered
 
 
 def message_text(message: dict, index: int) -> str:
+    """The message's text (content already validated by `chat_messages.check_messages`)."""
     content = message.get("content")
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise InvalidRequest(
-                    f"messages[{index}].content: only text parts are supported, got {kind!r}",
-                    param=f"messages[{index}].content",
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise InvalidRequest(f"messages[{index}].content must be a string or a list of parts", param="messages")
+    return "".join(part["text"] for part in content)
 
 
 def _render_tool_calls(tool_calls: list) -> str:
@@ -46,15 +38,10 @@ def _render_tool_calls(tool_calls: list) -> str:
 
 def template_messages(messages: list, tools: list | None) -> list[dict]:
     """OpenAI-style messages to the plain `{role, content}` list a chat template expects."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("messages must be a non-empty list", param="messages")
+    check_messages(messages)
     rendered = []
     for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRequest(f"messages[{index}] must be an object", param="messages")
-        role = message.get("role")
-        if role not in _ROLES:
-            raise InvalidRequest(f"messages[{index}].role must be one of {sorted(_ROLES)}", param="messages")
+        role = message["role"]
         text = message_text(message, index)
         if role == "assistant" and message.get("tool_calls"):
             text = (text + "\n" if text else "") + _render_tool_calls(message["tool_calls"])
@@ -68,10 +55,13 @@ def template_messages(messages: list, tools: list | None) -> list[dict]:
     return rendered
 
 
-def chat_prompt_token_ids(tokenizer, messages: list, tools: list | None) -> list[int]:
-    plain = template_messages(messages, tools)
+def render_chat(tokenizer, plain: list[dict]) -> str:
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-    else:
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in plain) + "assistant: "
-    return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    return "".join(f"{m['role']}: {m['content']}\n" for m in plain) + "assistant: "
+
+
+def chat_prompt_token_ids(tokenizer, messages: list, tools: list | None, opening: str = "") -> list[int]:
+    """Token ids of the prompt; `opening` is text the assistant turn starts with (to steer tool calls)."""
+    plain = template_messages(messages, tools)
+    return encode_rendered(tokenizer, plain, lambda items: render_chat(tokenizer, items), opening)

@@ -25,7 +25,14 @@ from local_engine.protocol import (
     parse_prompt,
     parse_request,
 )
-from local_engine.responses import ChunkWriter, completion_body, hash_chain_object, match_headers, new_response_id
+from local_engine.responses import (
+    ChunkWriter,
+    completion_body,
+    hash_chain_object,
+    match_headers,
+    new_response_id,
+    tool_call_stream,
+)
 
 _MAX_TREE_NODES = 5000
 log = logging.getLogger(__name__)
@@ -48,9 +55,11 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
                     finished = event
         finally:
             handle.cancel()  # a no-op once finished; releases everything if the client went away
-        return Response(completion_body(parsed, response_id, "".join(texts), finished, report), headers=headers)
+        tools = tool_call_stream(parsed, engine.loaded.tokenizer)
+        body = completion_body(parsed, response_id, "".join(texts), finished, report, tools)
+        return Response(body, headers=headers)
 
-    writer = ChunkWriter(parsed, response_id)
+    writer = ChunkWriter(parsed, response_id, tool_call_stream(parsed, engine.loaded.tokenizer))
 
     async def events():
         try:
@@ -59,8 +68,9 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
                 yield first
             async for event in handle.stream():
                 if isinstance(event, TokenDelta):
-                    if event.text:
-                        yield writer.text(event.text)
+                    chunk = writer.text(event.text) if event.text else b""
+                    if chunk:
+                        yield chunk
                 elif isinstance(event, Finished):
                     yield writer.final(event)
                     if parsed.include_usage:
@@ -135,7 +145,7 @@ async def cache_match(request: Request, state: State) -> dict:
     """Dry run: how much of this chat or completions request would come from cache. Nothing is locked or changed."""
     engine: Engine = state.engine
     body = parse_json_body(await request.body())
-    endpoint = CHAT if "messages" in body else COMPLETIONS
+    endpoint = CHAT if body.get("messages") is not None else COMPLETIONS
     _, token_ids, namespace = parse_prompt(body, endpoint, engine.loaded)
     block_size = parse_hash_chain_request(body)
     result = engine.dry_run_match(namespace, token_ids).as_dict()
