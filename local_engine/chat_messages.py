@@ -135,3 +135,18 @@ def parse_tool_choice(value, tools: list[dict] | None) -> ToolChoice:
         "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
         param="tool_choice",
     )
+
+
+def first_argument(tools: list[dict] | None, function: str | None) -> str | None:
+    """The first required (else first declared) parameter of `function`, to steer a forced call's arguments."""
+    for tool in tools or ():
+        if tool["function"]["name"] != function:
+            continue
+        parameters = tool["function"].get("parameters") or {}
+        required = parameters.get("required")
+        if isinstance(required, list) and required and isinstance(required[0], str):
+            return required[0]
+        properties = parameters.get("properties")
+        if isinstance(properties, dict) and properties:
+            return next(iter(properties))
+    return None

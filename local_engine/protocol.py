@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
-from local_engine.chat_messages import ToolChoice, check_tools, parse_tool_choice
+from local_engine.chat_messages import ToolChoice, check_tools, first_argument, parse_tool_choice
 from local_engine.chat_prompt import chat_prompt_token_ids
 from local_engine.errors import InvalidRequest
 from local_engine.model_loader import LoadedModel
@@ -108,10 +108,13 @@ def _tool_setup(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[ToolCho
     """(tool choice, the answer's forced opening) for a chat request; ("none", "") otherwise."""
     if endpoint != CHAT:
         return ToolChoice("none"), ""
-    choice = parse_tool_choice(body.get("tool_choice"), check_tools(body.get("tools")))
+    tools = check_tools(body.get("tools"))
+    choice = parse_tool_choice(body.get("tool_choice"), tools)
     if choice.mode != "required":
         return choice, ""
-    return choice, format_for(loaded.tokenizer).opening(choice.function)
+    if choice.function is None and len(tools) == 1:
+        choice = ToolChoice("required", tools[0]["function"]["name"])  # "required" with one tool names it
+    return choice, format_for(loaded.tokenizer).opening(choice.function, first_argument(tools, choice.function))
 
 
 def _tool_stops(choice: ToolChoice, loaded: LoadedModel) -> tuple[str, ...]:

@@ -46,8 +46,9 @@ class ToolCallFormat:
         """One call from the text between the tags, or None when it is not a call."""
         raise NotImplementedError
 
-    def opening(self, function: str | None) -> str:
-        """Text that starts the assistant turn to force a call (of `function`, when named)."""
+    def opening(self, function: str | None, first_argument: str | None = None) -> str:
+        """Text that starts the assistant turn to force a call (of `function`, when named, and then its
+        `first_argument`, when the function's schema names one)."""
         raise NotImplementedError
 
 

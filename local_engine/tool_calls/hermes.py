@@ -10,6 +10,7 @@ import re
 
 from local_engine.tool_calls.base import ToolCall, ToolCallFormat, arguments_json, new_call_id
 
+_DECODER = json.JSONDecoder()
 _LENIENT = re.compile(r'^\s*\{\s*"name"\s*:\s*"([^"\\]{1,64})"\s*(?:,\s*"arguments"\s*:\s*(.*?))?\s*\}?\s*$', re.DOTALL)
 
 
@@ -18,14 +19,16 @@ class HermesFormat(ToolCallFormat):
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
 
-    def opening(self, function: str | None) -> str:
+    def opening(self, function: str | None, first_argument: str | None = None) -> str:
         if function is None:
             return '<tool_call>{"name": "'
-        return '<tool_call>{"name": ' + json.dumps(function) + ', "arguments": '
+        opening = '<tool_call>{"name": ' + json.dumps(function) + ', "arguments": {'
+        return opening + (json.dumps(first_argument) + ": " if first_argument else "")
 
     def parse_body(self, body: str, forced_name: str | None) -> ToolCall | None:
         try:
-            value = json.loads(body)
+            # The first JSON value of the body: small models often keep writing after the call.
+            value, _ = _DECODER.raw_decode(body.lstrip())
         except ValueError:
             value = None
         if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"]:
@@ -35,8 +38,8 @@ class HermesFormat(ToolCallFormat):
         # A call the prompt forced: the name is known, so keep the model's arguments even when they are not valid
         # JSON (OpenAI documents the same for its own models: arguments may need validating).
         match = _LENIENT.match(body)
-        raw = (match.group(2) or "{}") if match else "{}"
+        raw = ((match.group(2) or "{}") if match else "{}").strip()
         try:
-            return ToolCall(new_call_id(), forced_name, arguments_json(json.loads(raw)))
+            return ToolCall(new_call_id(), forced_name, arguments_json(_DECODER.raw_decode(raw)[0]))
         except ValueError:
-            return ToolCall(new_call_id(), forced_name, raw.strip())
+            return ToolCall(new_call_id(), forced_name, raw)
