@@ -17,6 +17,7 @@ from local_engine.engine import Engine
 from local_engine.engine_types import Finished, GenerationRequest, TokenDelta
 from local_engine.errors import EngineError, Forbidden, InvalidRequest, Unauthorized
 from local_engine.metrics import render_metrics
+from local_engine.openapi import openapi_document
 from local_engine.protocol import (
     CHAT,
     COMPLETIONS,
@@ -112,6 +113,12 @@ async def models(state: State) -> dict:
     }
 
 
+@get("/openapi.json", sync_to_thread=False)
+def openapi(state: State) -> dict:
+    """This API's OpenAPI 3.1 description (request bodies included)."""
+    return state.openapi
+
+
 @get("/health")
 async def health(state: State) -> dict:
     engine: Engine = state.engine
@@ -192,8 +199,10 @@ def create_app(engine: Engine, config: ServerConfig) -> Litestar:
     """The ASGI app; the caller starts and stops the engine."""
     return Litestar(
         route_handlers=[chat_completions, completions, models, health, metrics, cache_stats, cache_tree, cache_match,
-                        cache_flush],
-        state=State({"engine": engine, "server_config": config, "started_at": int(time.time())}),
+                        cache_flush, openapi],
+        state=State({"engine": engine, "server_config": config, "started_at": int(time.time()),
+                     "openapi": openapi_document()}),
+        openapi_config=None,
         exception_handlers={EngineError: _engine_error, HTTPException: _http_error, Exception: _unexpected_error},
         request_max_body_size=config.max_body_bytes,
         debug=False,
