@@ -174,7 +174,9 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
     stream_options = optional_object(body, "stream_options")
     if stream_options is not None and not stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
-    include_usage = optional_bool(stream_options or {}, "include_usage", False)
+    include_usage = (stream_options or {}).get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise InvalidRequest("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     temperature = optional_number(body, "temperature", 1.0, 0.0, 2.0)
     sampling = SamplingParams(
         max_tokens=max_tokens,
@@ -190,7 +192,7 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         prompt_token_ids=tuple(token_ids),
         sampling=sampling,
         stream=stream,
-        include_usage=include_usage,
+        include_usage=include_usage is True,
         namespace=namespace,
         hash_chain_block_size=parse_hash_chain_request(body),
         tool_choice=tool_choice,
