@@ -11,7 +11,7 @@ import re
 from local_engine.tool_calls.base import ToolCall, ToolCallFormat, arguments_json, new_call_id
 
 _DECODER = json.JSONDecoder()
-_LENIENT = re.compile(r'^\s*\{\s*"name"\s*:\s*"([^"\\]{1,64})"\s*(?:,\s*"arguments"\s*:\s*(.*?))?\s*\}?\s*$', re.DOTALL)
+_LENIENT = re.compile(r'^\s*\{\s*"name"\s*:\s*"([^"\\]{1,64})"\s*(?:,\s*"arguments"\s*:\s*(.*))?$', re.DOTALL)
 
 
 class HermesFormat(ToolCallFormat):
@@ -39,6 +39,8 @@ class HermesFormat(ToolCallFormat):
         # JSON (OpenAI documents the same for its own models: arguments may need validating).
         match = _LENIENT.match(body)
         raw = ((match.group(2) or "{}") if match else "{}").strip()
+        while raw.endswith("}") and raw.count("}") > raw.count("{"):
+            raw = raw[:-1].rstrip()  # the call's own closing brace
         try:
             return ToolCall(new_call_id(), forced_name, arguments_json(_DECODER.raw_decode(raw)[0]))
         except ValueError:
