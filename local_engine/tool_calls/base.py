@@ -27,12 +27,14 @@ def new_call_id() -> str:
 
 
 def arguments_json(arguments) -> str:
-    """Model-written arguments as OpenAI's JSON string: objects are serialised, strings kept as written."""
-    if arguments is None:
-        return "{}"
+    """Model-written arguments as OpenAI's JSON object string: objects are serialised, a string that already holds
+    a JSON object is kept as written, anything else becomes `{}`."""
     if isinstance(arguments, str):
-        return arguments
-    return json.dumps(arguments, ensure_ascii=False)
+        try:
+            return arguments if isinstance(json.loads(arguments), dict) else "{}"
+        except ValueError:
+            return "{}"
+    return json.dumps(arguments, ensure_ascii=False) if isinstance(arguments, dict) else "{}"
 
 
 class ToolCallFormat:

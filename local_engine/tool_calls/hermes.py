@@ -1,6 +1,7 @@
 """The Hermes / Qwen tool-call format: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
 
-Source: NousResearch Hermes-2-Pro function-calling format, as used by Qwen2.5's chat template.
+Source: NousResearch Hermes-2-Pro function-calling format, as used by Qwen2.5's chat template. A call cut short
+(by max_tokens) is completed as partial JSON (`partial-json-parser`, as vLLM does for streamed tool calls).
 """
 
 from __future__ import annotations
@@ -8,10 +9,28 @@ from __future__ import annotations
 import json
 import re
 
+import partial_json_parser
+
 from local_engine.tool_calls.base import ToolCall, ToolCallFormat, arguments_json, new_call_id
 
 _DECODER = json.JSONDecoder()
-_LENIENT = re.compile(r'^\s*\{\s*"name"\s*:\s*"([^"\\]{1,64})"\s*(?:,\s*"arguments"\s*:\s*(.*))?$', re.DOTALL)
+_FORCED = re.compile(r'^\s*\{\s*"name"\s*:\s*"[^"\\]{1,64}"\s*,\s*"arguments"\s*:\s*(.*)$', re.DOTALL)
+
+
+def first_json_value(text: str):
+    """The first JSON value in `text` (small models often keep writing after it), completing a truncated one;
+    None when there is none."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return _DECODER.raw_decode(text)[0]
+    except ValueError:
+        pass
+    try:
+        return partial_json_parser.loads(text)
+    except Exception:  # noqa: BLE001 - the parser raises several kinds; any means "not JSON"
+        return None
 
 
 class HermesFormat(ToolCallFormat):
@@ -26,22 +45,14 @@ class HermesFormat(ToolCallFormat):
         return opening + (json.dumps(first_argument) + ": " if first_argument else "")
 
     def parse_body(self, body: str, forced_name: str | None) -> ToolCall | None:
-        try:
-            # The first JSON value of the body: small models often keep writing after the call.
-            value, _ = _DECODER.raw_decode(body.lstrip())
-        except ValueError:
-            value = None
+        value = first_json_value(body)
         if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"]:
-            return ToolCall(new_call_id(), value["name"], arguments_json(value.get("arguments", value.get("parameters"))))
+            name = forced_name or value["name"]
+            return ToolCall(new_call_id(), name, arguments_json(value.get("arguments", value.get("parameters"))))
         if forced_name is None:
             return None
-        # A call the prompt forced: the name is known, so keep the model's arguments even when they are not valid
-        # JSON (OpenAI documents the same for its own models: arguments may need validating).
-        match = _LENIENT.match(body)
-        raw = ((match.group(2) or "{}") if match else "{}").strip()
-        while raw.endswith("}") and raw.count("}") > raw.count("{"):
-            raw = raw[:-1].rstrip()  # the call's own closing brace
-        try:
-            return ToolCall(new_call_id(), forced_name, arguments_json(_DECODER.raw_decode(raw)[0]))
-        except ValueError:
-            return ToolCall(new_call_id(), forced_name, raw)
+        # A call the prompt forced: the name is known. Arguments that are no JSON object at all become `{}`, so
+        # that `arguments` is always a JSON object string.
+        match = _FORCED.match(body)
+        arguments = first_json_value(match.group(1)) if match else None
+        return ToolCall(new_call_id(), forced_name, arguments_json(arguments if isinstance(arguments, dict) else {}))

@@ -58,10 +58,16 @@ def test_a_forced_opening_is_parsed_but_never_shown():
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
 
 
-def test_a_forced_call_with_broken_arguments_keeps_the_name():
+def test_a_forced_call_with_broken_arguments_keeps_the_name_and_json_arguments():
     stream = ToolCallStream(HermesFormat(), '<tool_call>{"name": "f", "arguments": {', forced_name="f")
     _, calls = run(stream, '"x": 1,, }', 100)
-    assert [(c.name, c.arguments) for c in calls] == [("f", '{"x": 1,, }')]
+    assert [(c.name, c.arguments) for c in calls] == [("f", "{}")]
+
+
+def test_a_call_cut_short_by_max_tokens_is_completed():
+    stream = ToolCallStream(HermesFormat(), '<tool_call>{"name": "f", "arguments": {"city": ', forced_name="f")
+    _, calls = run(stream, '"Paris, Fr', 4)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"city": "Paris, Fr"})]
 
 
 def test_the_format_is_chosen_from_the_chat_template(smollm2_tokenizer):
