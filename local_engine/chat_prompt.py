@@ -29,9 +29,10 @@ def _render_tool_calls(tool_calls: list) -> str:
     lines = []
     for call in tool_calls:
         function = call.get("function", {}) if isinstance(call, dict) else {}
+        arguments = function.get("arguments")
         lines.append(
             '<tool_call>{"name": ' + json.dumps(function.get("name")) + ', "arguments": '
-            + str(function.get("arguments", "")) + "}</tool_call>"
+            + ("{}" if arguments is None else arguments) + "}</tool_call>"
         )
     return "\n".join(lines)
 

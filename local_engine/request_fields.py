@@ -142,5 +142,5 @@ def check_ignored_fields(body: dict) -> None:
     for name, kind in (("user", str), ("metadata", dict), ("store", bool), ("parallel_tool_calls", bool),
                        ("service_tier", str)):
         value = body.get(name)
-        if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        if value is not None and not isinstance(value, kind):
             raise InvalidRequest(f"{name} must be a {kind.__name__}", param=name)

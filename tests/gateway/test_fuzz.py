@@ -112,3 +112,44 @@ def test_the_gateway_answers_and_records_every_generated_request(tiny_engine_url
     finally:
         engine.dispose()
     assert sorted(stored) == sorted(sent)
+
+
+@pytest.fixture(scope="module")
+def tiny_gateway_url(tiny_engine_url: str) -> Iterator[str]:
+    with running_gateway(gateway_config(tiny_engine_url)) as gw:
+        yield gw.url
+
+
+def _optional(schema_name: str) -> list[str]:
+    from local_engine.openapi import CHAT_REQUEST, COMPLETION_REQUEST
+
+    schema = {"chat": CHAT_REQUEST, "completions": COMPLETION_REQUEST}[schema_name]
+    return sorted(set(schema["properties"]) - set(schema["required"]) - {"ignore_eos"})
+
+
+@pytest.mark.parametrize("field", _optional("chat"))
+def test_every_optional_chat_field_may_be_null_through_the_gateway(tiny_gateway_url, field):
+    body = {**NORMAL, "max_tokens": 3, "ignore_eos": True, field: None}
+    if field == "max_tokens":
+        body["max_completion_tokens"] = 3
+    answer = httpx.post(f"{tiny_gateway_url}/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 3
+    assert answer.json()["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("field", _optional("completions"))
+def test_every_optional_completions_field_may_be_null_through_the_gateway(tiny_gateway_url, field):
+    body = {"model": MODEL, "prompt": "Once upon a time", "ignore_eos": True, field: None}
+    answer = httpx.post(f"{tiny_gateway_url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 16  # the documented default
+
+
+def test_a_bad_model_name_through_the_gateway_is_an_openai_shaped_400(tiny_gateway_url):
+    for model in ("x" * 5000, "a\x00b", "<|im_end|>"):
+        response = httpx.post(f"{tiny_gateway_url}/v1/chat/completions", json={**NORMAL, "model": model}, timeout=60)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("model", "model_not_found")
+        assert len(error["message"]) < 400
