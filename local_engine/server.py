@@ -186,7 +186,10 @@ def _http_error(request: Request, exc: HTTPException) -> Response:
         message = f"method {request.method} is not allowed on {request.url.path}"
     else:
         message = str(exc.detail)
-    body = {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+    # Litestar's validation errors (a query parameter of the wrong type) say which parameter in `extra`.
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    param = next((str(item["key"]) for item in extra if isinstance(item, dict) and item.get("key")), None)
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": None}}
     return Response(body, status_code=exc.status_code)
 
 

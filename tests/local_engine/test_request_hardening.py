@@ -169,6 +169,7 @@ def test_cache_match_and_tree_take_the_same_care(client):
     match = client.post("/v1/cache/match", json={"model": "tiny-llama", "messages": MESSAGES, "cache_salt": None})
     assert match.status_code == 200 and match.json()["prompt_tokens"] > 0
     assert_openai_error(client.get("/v1/cache/tree", params={"max_nodes": -1}), 400, "max_nodes")
+    assert_openai_error(client.get("/v1/cache/tree", params={"max_nodes": "many"}), 400, "max_nodes")
 
 
 def test_openapi_document_describes_the_request_bodies(client):
