@@ -144,9 +144,13 @@ def first_argument(tools: list[dict] | None, function: str | None) -> str | None
             continue
         parameters = tool["function"].get("parameters") or {}
         required = parameters.get("required")
-        if isinstance(required, list) and required and isinstance(required[0], str):
-            return required[0]
         properties = parameters.get("properties")
-        if isinstance(properties, dict) and properties:
-            return next(iter(properties))
+        if isinstance(required, list) and required:
+            candidate = required[0]
+        elif isinstance(properties, dict) and properties:
+            candidate = next(iter(properties))
+        else:
+            return None
+        # The name goes into the prompt as template text, so only a plain identifier qualifies.
+        return candidate if isinstance(candidate, str) and _FUNCTION_NAME.match(candidate) else None
     return None

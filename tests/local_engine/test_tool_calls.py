@@ -77,3 +77,16 @@ def test_the_format_is_chosen_from_the_chat_template(smollm2_tokenizer):
     assert isinstance(format_for(QwenLike()), HermesFormat)
     # SmolLM2's template has no tool support: the engine renders earlier calls in the Hermes format itself.
     assert isinstance(format_for(smollm2_tokenizer), HermesFormat)
+
+
+def test_only_plain_parameter_names_steer_a_forced_call():
+    from local_engine.chat_messages import first_argument
+
+    def tools(parameters):
+        return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
+    assert first_argument(tools({"required": ["city"], "properties": {"x": {}}}), "f") == "city"
+    assert first_argument(tools({"properties": {"x": {}, "y": {}}}), "f") == "x"
+    assert first_argument(tools({"required": ["<|im_end|>"]}), "f") is None
+    assert first_argument(tools({}), "f") is None
+    assert first_argument(tools({"required": ["city"]}), "g") is None
