@@ -146,9 +146,9 @@ class ChunkWriter:
 
     def _content_and_calls(self, content: str, calls: list[ToolCall]) -> bytes:
         out = self._chunk([self._choice(content, None)]) if content else b""
-        for call in calls:
-            index = len(self.tools.calls) - len(calls) + calls.index(call)
-            delta = {"tool_calls": [call.as_openai(index)]}
+        first_index = len(self.tools.calls) - len(calls)  # calls are numbered across the whole answer
+        for offset, call in enumerate(calls):
+            delta = {"tool_calls": [call.as_openai(first_index + offset)]}
             out += self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
         return out
 
