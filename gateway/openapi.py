@@ -14,7 +14,7 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-_PASS_THROUGH = "Other OpenAI fields (temperature, max_tokens, tools, ...) go to the upstream unchanged, except " \
+_PASS_THROUGH = "Fields the gateway does not read go to the upstream unchanged (its 400 comes back as is), except " \
     "client cache salts (cache_salt, salt, extra_key, prompt_cache_key), which the gateway replaces with the tenant's."
 _COMMON: dict[str, Any] = {
     "model": {"type": "string", "minLength": 1},
@@ -26,12 +26,56 @@ _COMMON: dict[str, Any] = {
     }),
     "return_hash_chain": _nullable({"type": "boolean"}),
 }
+
+
+def _passed(schema: dict[str, Any], note: str = "passed to the upstream, which validates it") -> dict[str, Any]:
+    return {**_nullable(schema), "description": note}
+
+
+_NUMBER, _INTEGER, _STRING, _BOOLEAN, _OBJECT = (
+    {"type": "number"}, {"type": "integer"}, {"type": "string"}, {"type": "boolean"}, {"type": "object"})
+# OpenAI's sampling and output fields, common to both endpoints; the gateway reads none of them.
+_UPSTREAM_COMMON: dict[str, Any] = {
+    "max_tokens": _passed(_INTEGER),
+    "temperature": _passed(_NUMBER),
+    "top_p": _passed(_NUMBER),
+    "seed": _passed(_INTEGER),
+    "stop": _passed({"anyOf": [_STRING, {"type": "array", "items": _STRING}]}),
+    "n": _passed(_INTEGER),
+    "presence_penalty": _passed(_NUMBER),
+    "frequency_penalty": _passed(_NUMBER),
+    "logit_bias": _passed(_OBJECT),
+    "user": _passed(_STRING),
+    "cache_salt": _passed(_STRING, "replaced by the tenant's salt (so are salt, extra_key and prompt_cache_key)"),
+    "hash_block_size": _passed(_INTEGER),
+    "ignore_eos": _passed(_BOOLEAN),
+}
+_UPSTREAM_CHAT: dict[str, Any] = {
+    **_UPSTREAM_COMMON,
+    "max_completion_tokens": _passed(_INTEGER),
+    "tools": _passed({"type": "array", "items": _OBJECT}, "normalized (key order, tool order), then passed on"),
+    "tool_choice": _passed({"anyOf": [_STRING, _OBJECT]}),
+    "parallel_tool_calls": _passed(_BOOLEAN),
+    "logprobs": _passed(_BOOLEAN),
+    "top_logprobs": _passed(_INTEGER),
+    "response_format": _passed(_OBJECT),
+    "metadata": _passed(_OBJECT),
+    "store": _passed(_BOOLEAN),
+}
+_UPSTREAM_COMPLETIONS: dict[str, Any] = {
+    **_UPSTREAM_COMMON,
+    "echo": _passed(_BOOLEAN),
+    "best_of": _passed(_INTEGER),
+    "suffix": _passed(_STRING),
+    "logprobs": _passed(_INTEGER),
+}
 CHAT_REQUEST: dict[str, Any] = {
     "type": "object",
     "required": ["model", "messages"],
     "additionalProperties": True,
     "description": _PASS_THROUGH,
     "properties": {
+        **_UPSTREAM_CHAT,
         **_COMMON,
         "messages": {
             "type": "array",
@@ -45,7 +89,11 @@ COMPLETION_REQUEST: dict[str, Any] = {
     "required": ["model", "prompt"],
     "additionalProperties": True,
     "description": _PASS_THROUGH,
-    "properties": {**_COMMON, "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1}]}},
+    "properties": {
+        **_UPSTREAM_COMPLETIONS,
+        **_COMMON,
+        "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1}]},
+    },
 }
 ERROR: dict[str, Any] = {
     "type": "object",

@@ -153,3 +153,11 @@ def test_a_bad_model_name_through_the_gateway_is_an_openai_shaped_400(tiny_gatew
         error = response.json()["error"]
         assert (error["param"], error["code"]) == ("model", "model_not_found")
         assert len(error["message"]) < 400
+
+
+def test_the_gateway_documents_every_field_the_engine_does(tiny_gateway_url, tiny_engine_url):
+    gateway_schemas = httpx.get(f"{tiny_gateway_url}/openapi.json").json()["components"]["schemas"]
+    engine_schemas = httpx.get(f"{tiny_engine_url}/openapi.json").json()["components"]["schemas"]
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        assert set(gateway_schemas[name]["properties"]) == set(engine_schemas[name]["properties"])
+        assert gateway_schemas[name]["required"] == engine_schemas[name]["required"]
