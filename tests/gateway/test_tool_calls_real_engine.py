@@ -65,13 +65,24 @@ def test_tool_calling_loop_through_the_gateway(engine_url, tmp_path):
         assert isinstance(final.message.content, str) and final.message.content
         assert second.parse().usage.prompt_tokens_details.cached_tokens > 0
 
+        # The same call streamed through the gateway: one `delta.tool_calls` entry, then finish_reason tool_calls.
+        chunks = list(client.chat.completions.create(
+            model=MODEL, messages=messages[:2], tools=TOOLS, temperature=0, max_tokens=40, stream=True,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        ))
+        deltas = [tc for chunk in chunks if chunk.choices for tc in (chunk.choices[0].delta.tool_calls or [])]
+        assert [(d.index, d.type, d.function.name) for d in deltas] == [(0, "function", "get_weather")]
+        assert json.loads(deltas[0].function.arguments) == arguments
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+        assert all(c.usage is None for c in chunks)
+
         ids = [first.headers["x-request-id"], second.headers["x-request-id"]]
         rows = stored(database_url, "requests", "id", ids)
     first_row, second_row = rows[ids[0]], rows[ids[1]]
     assert (first_row["status_code"], second_row["status_code"]) == (200, 200)
     for row in (first_row, second_row):
-        assert "tool_schema_key_order" in json.loads(row["applied_rules"]) if isinstance(
-            row["applied_rules"], str) else row["applied_rules"]
+        rules = json.loads(row["applied_rules"]) if isinstance(row["applied_rules"], str) else row["applied_rules"]
+        assert "tool_schema_key_order" in rules
     # The conversation with a tool call and its result is still explained against the first request.
     assert second_row["miss_reason"] in MISS_REASONS
     assert second_row["cached_tokens"] > 0
