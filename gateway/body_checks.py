@@ -19,31 +19,51 @@ def _no_constants(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 
 
+class _OutOfRange:
+    """Stands for a number no program could take (thousands of digits, or beyond a double's range)."""
+
+
+OUT_OF_RANGE = _OutOfRange()
+
+
+def _int(text: str) -> int | _OutOfRange:
+    return int(text) if len(text) <= 4000 else OUT_OF_RANGE
+
+
+def _float(text: str) -> float | _OutOfRange:
+    value = float(text)
+    return OUT_OF_RANGE if value in (float("inf"), float("-inf")) else value
+
+
 def undecodable_body(raw: bytes, reason: str) -> BadRequest:
     """The 400 for a body msgspec could not decode: naming the field when Python's decoder can read it."""
     try:
-        body = json.loads(raw, parse_constant=_no_constants)
+        body = json.loads(raw, parse_constant=_no_constants, parse_int=_int, parse_float=_float)
     except RecursionError:
         return BadRequest(f"The request body nests JSON deeper than {MAX_DEPTH} levels.", param=_deep_key(raw))
     except (ValueError, UnicodeDecodeError):
         return BadRequest(f"We could not parse the JSON body of your request: {reason}")
     if isinstance(body, dict):
-        path = first_unencodable(body)
-        if path is not None:
-            return BadRequest(f"{path}: the string holds a lone UTF-16 surrogate and cannot be encoded.", param=path)
+        found = first_unusable(body)
+        if found is not None:
+            path, why = found
+            return BadRequest(f"{path}: {why}", param=path)
     return BadRequest(f"We could not parse the JSON body of your request: {reason}")
 
 
-def first_unencodable(value: Any, path: str = "") -> str | None:
-    """Path (`messages[0].content`) of the first string that is not valid Unicode, or None."""
+def first_unusable(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(path, why) of the first string that is not valid Unicode or number out of any range, or None. Paths read
+    `messages[0].content`."""
     stack: list[tuple[Any, str]] = [(value, path)]
     while stack:
         item, where = stack.pop()
+        if item is OUT_OF_RANGE:
+            return where, "the number is out of range."
         if isinstance(item, str):
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
-                return where or None
+                return where, "the string holds a lone UTF-16 surrogate and cannot be encoded."
         elif isinstance(item, dict):
             for key, child in reversed(list(item.items())):
                 child_path = f"{where}.{key}" if where else str(key)

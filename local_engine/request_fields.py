@@ -1,8 +1,8 @@
 """Typed reads of request-body fields: an explicit `null` means "absent", anything else of the wrong type, out of
 range or not encodable is an `InvalidRequest` naming the field (`param`), never a 500.
 
-The JSON body itself is decoded strictly: `NaN`/`Infinity` literals, integers over 4300 digits (Python's limit),
-nesting deeper than the decoder's recursion limit and invalid UTF-8 are 400s.
+The JSON body itself is decoded strictly: `NaN`/`Infinity` literals, numbers beyond any range (integers of
+thousands of digits, `1e400`), nesting deeper than the decoder's recursion limit and invalid UTF-8 are 400s.
 """
 
 from __future__ import annotations
@@ -23,10 +23,26 @@ def _no_constants(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 
 
+class _OutOfRange:
+    """Stands for a number no field could take (thousands of digits, or beyond a double's range)."""
+
+
+_OUT_OF_RANGE = _OutOfRange()
+
+
+def _int(text: str) -> int | _OutOfRange:
+    return int(text) if len(text) <= 4000 else _OUT_OF_RANGE
+
+
+def _float(text: str) -> float | _OutOfRange:
+    value = float(text)
+    return _OUT_OF_RANGE if value in (float("inf"), float("-inf")) else value
+
+
 def parse_json_body(raw: bytes) -> dict:
     """`raw` (UTF-8 JSON) -> the body object. Raises `InvalidRequest` for anything that is not a JSON object."""
     try:
-        body = json.loads(raw, parse_constant=_no_constants)
+        body = json.loads(raw, parse_constant=_no_constants, parse_int=_int, parse_float=_float)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
     except (ValueError, RecursionError) as exc:  # huge integers, NaN, too deep
@@ -42,7 +58,10 @@ def parse_json_body(raw: bytes) -> dict:
 
 def find_unusable_value(value: Any, path: str = "", depth: int = 0) -> tuple[str, str] | None:
     """The first (path, reason) of a value no field could ever accept: a string with a lone surrogate (cannot be
-    encoded as UTF-8), a subnormal float, or nesting deeper than 64 levels. Paths read `messages[0].content`."""
+    encoded as UTF-8), a subnormal float, a number out of any range, or nesting deeper than 64 levels. Paths read
+    `messages[0].content`."""
+    if value is _OUT_OF_RANGE:
+        return path, "the number is out of range"
     if isinstance(value, str):
         try:
             value.encode("utf-8")

@@ -43,6 +43,9 @@ def test_null_stream_and_stream_options_are_absent(gateway, stub):
         (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true, '
          b'"stream_options": {"include_usage": 1}}', "stream_options.include_usage"),
         (b'{"model": 5, "messages": [{"role": "user", "content": "hi"}]}', "model"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + b"9" * 5000 + b"}",
+         "max_tokens"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": -1e400}', "temperature"),
         (b'{"model": "m", "messages": [{"role": ["user"], "content": "hi"}]}', "messages[0].role"),
     ],
 )

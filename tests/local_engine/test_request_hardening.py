@@ -143,7 +143,9 @@ def test_any_bad_value_is_a_400_naming_the_field(client, change, param):
 @pytest.mark.parametrize(
     ("raw", "param"),
     [
-        (b'{"model": "tiny-llama", "prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", None),
+        (b'{"model": "tiny-llama", "prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", "max_tokens"),
+        (b'{"model": "tiny-llama", "prompt": "hi", "temperature": 1e400}', "temperature"),
+        (b'{"model": "tiny-llama", "prompt": "hi", "stop": ["a", -' + b"1" * 4500 + b"]}", "stop[1]"),
         (b'{"model": "tiny-llama", "prompt": "hi", "temperature": NaN}', None),
         (b'{"model": "tiny-llama", "prompt": ' + b"[" * 1000 + b"]" * 1000 + b"}", None),
         (b'{"model": "tiny-llama", "prompt": "\\ud83d"}', "prompt"),
