@@ -20,6 +20,7 @@ from db.dialect import greatest, upsert_insert
 from db.models import MISS_REASON_MAX, SEGMENT_MAX, NamespaceTenant, RequestChainRow, RequestRecordRow, table_of
 from db.records import RequestRecord
 from db.rollups import ROLLUP_MODELS, RollupAccumulator, apply_rollups
+from db.storable import storable_record
 from db.timeutil import as_utc
 
 REQUESTS = table_of(RequestRecordRow)
@@ -141,7 +142,7 @@ def store_records(conn: Connection, records: Sequence[RequestRecord]) -> StoreRe
     """
     unique: dict[str, RequestRecord] = {}
     for record in records:
-        unique.setdefault(record.request_id, record)
+        unique.setdefault(record.request_id, storable_record(record))
     if not unique:
         return StoreResult(inserted=0, duplicates=len(records))
     stmt = upsert_insert(conn, REQUESTS).on_conflict_do_nothing(index_elements=["id"]).returning(REQUESTS.c.id)

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import httpx
+import msgspec
 from litestar import Litestar, Request, Response, asgi, get
 
 from gateway.advisor.sampler import AdviceSampler
@@ -26,6 +27,7 @@ from gateway.http_client import make_http_client
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import RECORD_COUNTERS, GatewayMetrics
 from gateway.models_api import list_models
+from gateway.openapi import openapi_document
 from gateway.parsing import CHAT, COMPLETIONS
 from gateway.proxy import CompletionProxy
 from gateway.record_keys import RecordHasher
@@ -161,9 +163,14 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         return await list_models(runtime)
 
     stats_handler = make_stats_handler(keys, storage)
+    openapi_body = msgspec.json.encode(openapi_document())
+
+    @get("/openapi.json", sync_to_thread=False)
+    def openapi() -> Response[bytes]:
+        return Response(content=openapi_body, media_type="application/json")
 
     return Litestar(
-        route_handlers=[chat_completions, legacy_completions, health, metrics_endpoint, models, stats_handler],
+        route_handlers=[chat_completions, legacy_completions, health, metrics_endpoint, models, stats_handler, openapi],
         lifespan=[lifespan],
         exception_handlers=exception_handlers(metrics),
         openapi_config=None,

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.body_checks import undecodable_body
 from gateway.errors import BadRequest
 
 CHAT = "chat.completions"
@@ -31,7 +32,9 @@ def decode_json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = _DECODER.decode(raw)
     except msgspec.DecodeError as exc:
-        raise BadRequest(f"We could not parse the JSON body of your request: {exc}") from None
+        raise undecodable_body(raw, str(exc)) from None
+    except RecursionError:
+        raise undecodable_body(raw, "nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     return body
@@ -49,15 +52,18 @@ def parse_request(endpoint: str, raw: bytes) -> ParsedRequest:
         _check_messages(body.get("messages"))
     else:
         _check_prompt(body)
-    stream = body.get("stream", False)
+    stream = body.get("stream")
     if stream is None:
-        stream = False
+        stream = False  # an explicit null is the same as leaving the field out
     if not isinstance(stream, bool):
         raise BadRequest("stream must be a boolean", param="stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", param="stream_options")
-    wants_usage = bool(options and options.get("include_usage") is True)
+    include_usage = options.get("include_usage") if options else None
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise BadRequest("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
+    wants_usage = include_usage is True
     return ParsedRequest(endpoint, body, model, stream, wants_usage)
 
 

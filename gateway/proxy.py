@@ -22,6 +22,7 @@ from gateway.asgi_io import (
     run_until_disconnect,
     send_response,
 )
+from gateway.body_checks import too_deep
 from gateway.errors import ClientDisconnected, GatewayError, MethodNotAllowed, error_body
 from gateway.explain.explainer import ExplainContext
 from gateway.fingerprint import prefix_hash, prompt_text
@@ -111,7 +112,10 @@ class CompletionProxy:
         route = runtime.router.route(parsed.model)
         tracker.upstream = route.name
 
-        normalized = runtime.pipeline_for(principal.tenant).apply(parsed.body)
+        try:
+            normalized = runtime.pipeline_for(principal.tenant).apply(parsed.body)
+        except RecursionError:
+            raise too_deep(parsed.body) from None
         tracker.applied_rules = normalized.applied_rules
         settings = runtime.config.tenant_settings(principal.tenant)
         salt = runtime.salts.salt_for(principal.tenant)

@@ -25,6 +25,10 @@ _ENCODER = msgspec.json.Encoder()
 _USAGE_OBJECT = re.compile(rb'"(?:usage|meta_info)"\s*:\s*\{')
 _ERROR_KEY = re.compile(rb'"error"\s*:')
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+# `"usage": null` on every chunk is what an upstream sends when usage was asked for; the gateway asks on the client's
+# behalf, so for a client that did not ask, the member goes (OpenAI sends it only to clients that ask). Quotes
+# inside JSON strings are escaped, so this matches only an object member.
+_NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,\s*')
 
 
 class SSERelay:
@@ -54,6 +58,8 @@ class SSERelay:
             self._buffer = data
             return b""
         complete, self._buffer = data[: end + 2], data[end + 2 :]
+        if not self._forward_usage and b'"usage"' in complete:
+            complete = _NULL_USAGE.sub(b"", complete)
         if self.ttft_ms is not None and not _USAGE_OBJECT.search(complete) and not _ERROR_KEY.search(complete):
             # Fast path: nothing in these events needs a look.
             if b"data: [DONE]" in complete:
@@ -65,11 +71,15 @@ class SSERelay:
     def flush(self) -> bytes:
         """Whatever is left when the upstream closes (an unterminated last event is forwarded as is)."""
         rest, self._buffer = self._buffer, b""
+        if not self._forward_usage and b'"usage"' in rest:
+            rest = _NULL_USAGE.sub(b"", rest)
         if rest.strip():
             return self._event(rest.rstrip(b"\r\n"))
         return rest
 
     def _feed_slow(self, data: bytes) -> bytes:
+        if not self._forward_usage and b'"usage"' in data:
+            data = _NULL_USAGE.sub(b"", data)
         out = []
         position = 0
         for match in _BOUNDARY.finditer(data):

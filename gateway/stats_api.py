@@ -34,13 +34,14 @@ def make_stats_handler(keys: KeyStore, source: StatsSource) -> Any:
         principal = keys.authenticate(request.headers.get("authorization"))
         params = request.query_params
         now = utc_now()
-        try:
-            since = parse_moment(params.get("since", "24h"), now)
-            until = parse_moment(params.get("until", "now"), now)
-        except ValueError as exc:
-            raise BadRequest(str(exc), param="since") from None
+        since = _moment(parse_moment, params, "since", "24h", now)
+        until = _moment(parse_moment, params, "until", "now", now)
         if since >= until:
             raise BadRequest("'since' must be earlier than 'until'.", param="since")
+        for name in ("bucket", "group_by", "tenant"):
+            value = params.get(name)
+            if value is not None and ("\x00" in value or len(value) > 200):
+                raise BadRequest(f"{name} must be at most 200 characters, without NUL.", param=name)
         bucket = params.get("bucket", "1h")
         group_by = params.get("group_by") or None
         if group_by is not None and group_by not in GROUP_BY:
@@ -67,3 +68,14 @@ def make_stats_handler(keys: KeyStore, source: StatsSource) -> Any:
         return Response(content=msgspec.json.encode(body), media_type="application/json")
 
     return stats
+
+
+def _moment(parse_moment: Any, params: Any, name: str, default: str, now: Any) -> Any:
+    """A query parameter as a time; a value that is not one, or lies outside the calendar, is a 400 naming it."""
+    text = params.get(name) or default
+    try:
+        return parse_moment(text, now)
+    except (ValueError, OverflowError) as exc:
+        shown = text if len(text) <= 100 else text[:100] + "..."
+        message = str(exc) if isinstance(exc, ValueError) and len(text) <= 100 else f"not a usable time: {shown!r}"
+        raise BadRequest(f"{name}: {message}", param=name) from None

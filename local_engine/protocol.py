@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
+from local_engine.chat_messages import ToolChoice, check_tools, first_argument, parse_tool_choice
 from local_engine.chat_prompt import chat_prompt, text_prompt
 from local_engine.errors import InvalidRequest
 from local_engine.model_loader import LoadedModel
 from local_engine.prompt_layout import PromptLayout
+from local_engine.request_fields import (
+    INT64_MAX,
+    INT64_MIN,
+    check_ignored_fields,
+    optional_bool,
+    optional_int,
+    optional_number,
+    optional_object,
+    optional_str,
+    parse_json_body,
+    stop_strings,
+)
 from local_engine.sampling import SamplingParams
+from local_engine.tool_calls import format_for
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
@@ -23,11 +36,10 @@ _UNSUPPORTED_WHEN_SET = {
     "presence_penalty": lambda v: v not in (None, 0, 0.0),
     "frequency_penalty": lambda v: v not in (None, 0, 0.0),
     "echo": lambda v: bool(v),
-    "best_of": lambda v: v not in (None, 1),
+    "best_of": lambda v: isinstance(v, bool) or v != 1,
     "suffix": lambda v: v not in (None, ""),
-    "n": lambda v: v not in (None, 1),
+    "n": lambda v: isinstance(v, bool) or v != 1,
     "response_format": lambda v: v not in (None, {"type": "text"}),
-    "tool_choice": lambda v: v not in (None, "auto", "none"),
     "audio": lambda v: v is not None,
     "modalities": lambda v: v not in (None, ["text"]),
 }
@@ -44,49 +56,24 @@ class ParsedRequest:
     namespace: str
     hash_chain_block_size: int | None = None  # set when the client asked for the prompt's block hash chain
     layout: PromptLayout | None = None  # where each prompt token came from in the request (None for token ids)
+    tool_choice: ToolChoice = ToolChoice("none")  # with "auto"/"required", tool calls are parsed from the output
+    tool_opening: str = ""  # text the prompt put at the start of the answer to force a tool call
 
 
-def parse_json_body(raw: bytes) -> dict:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    return body
+# OpenAI's documented default for /v1/completions; chat completions default to the rest of the context window.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# Below this, sampling would divide logits by ~0 (overflow): treated as greedy, as vLLM does.
+_GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise InvalidRequest(f"{name} must be a number between {low} and {high}", param=name)
-    return float(value)
-
-
-def _stop_strings(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        return (stop,)
-    if isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop):
-        return tuple(stop)
-    raise InvalidRequest("stop must be a string or a list of at most 4 strings", param="stop")
-
-
-def _prompt_token_ids(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[list[int], PromptLayout | None]:
+def _prompt_token_ids(
+    body: dict, endpoint: str, loaded: LoadedModel, opening: str = ""
+) -> tuple[list[int], PromptLayout | None]:
     if endpoint == CHAT:
-        if "messages" not in body:
-            raise InvalidRequest("missing required field: messages", param="messages")
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise InvalidRequest("tools must be a list", param="tools")
-        return chat_prompt(loaded.tokenizer, body["messages"], tools)
-    if "prompt" not in body:
+        return chat_prompt(loaded.tokenizer, body.get("messages"), check_tools(body.get("tools")), opening)
+    prompt = body.get("prompt")
+    if prompt is None:
         raise InvalidRequest("missing required field: prompt", param="prompt")
-    prompt = body["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
@@ -96,10 +83,10 @@ def _prompt_token_ids(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[l
         if any(not 0 <= t < vocab_size for t in prompt):
             raise InvalidRequest(f"token ids must be in [0, {vocab_size})", param="prompt")
         token_ids, layout = list(prompt), None
-    elif isinstance(prompt, list):
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise InvalidRequest("batched prompts are not supported: send one prompt per request", param="prompt")
     else:
-        raise InvalidRequest("prompt must be a string or a list of token ids", param="prompt")
+        raise InvalidRequest("prompt must be a string, a list of token ids, or a list of one of those", param="prompt")
     if not token_ids:
         raise InvalidRequest("the prompt is empty", param="prompt")
     return token_ids, layout
@@ -107,45 +94,80 @@ def _prompt_token_ids(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[l
 
 def _check_model(body: dict, loaded: LoadedModel) -> str:
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None:
         raise InvalidRequest("missing required field: model", param="model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model must be a non-empty string", param="model")
     if not loaded.serves(model):
+        shown = model if len(model) <= 200 else model[:200] + "..."
         raise InvalidRequest(
-            f"The model `{model}` does not exist; this engine serves `{loaded.model_id}`",
+            f"The model `{shown}` does not exist; this engine serves `{loaded.model_id}`",
             param="model",
             code="model_not_found",
         )
     return model
 
 
+def _tool_setup(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[ToolChoice, str]:
+    """(tool choice, the answer's forced opening) for a chat request; ("none", "") otherwise."""
+    if endpoint != CHAT:
+        return ToolChoice("none"), ""
+    tools = check_tools(body.get("tools"))
+    choice = parse_tool_choice(body.get("tool_choice"), tools)
+    if choice.mode != "required":
+        return choice, ""
+    if choice.function is None and len(tools) == 1:
+        choice = ToolChoice("required", tools[0]["function"]["name"])  # "required" with one tool names it
+    return choice, format_for(loaded.tokenizer).opening(choice.function, first_argument(tools, choice.function))
+
+
+def _tool_stops(choice: ToolChoice, loaded: LoadedModel) -> tuple[str, ...]:
+    """A forced call ends at its closing tag (one call per forced answer)."""
+    return (format_for(loaded.tokenizer).close_tag,) if choice.mode == "required" else ()
+
+
 def parse_prompt(
-    body: dict, endpoint: str, loaded: LoadedModel
+    body: dict, endpoint: str, loaded: LoadedModel, opening: str = ""
 ) -> tuple[str, tuple[list[int], PromptLayout | None], str]:
     """(model, (prompt token ids, layout), cache namespace): what a dry-run match needs."""
     model = _check_model(body, loaded)
-    salt = body.get("cache_salt")
-    if salt is not None and not isinstance(salt, str):
-        raise InvalidRequest("cache_salt must be a string", param="cache_salt")
-    return model, _prompt_token_ids(body, endpoint, loaded), salt or ""
+    salt = optional_str(body, "cache_salt", max_chars=1000)
+    return model, _prompt_token_ids(body, endpoint, loaded, opening), salt or ""
 
 
 def parse_hash_chain_request(body: dict) -> int | None:
     """`return_hash_chain: true` (with an optional `hash_block_size`, 16 by default) asks for the prompt's block
     hash chain in the `prefix_cache` object, for trace export and what-if simulation."""
-    wanted = body.get("return_hash_chain", False)
-    if not isinstance(wanted, bool):
-        raise InvalidRequest("return_hash_chain must be a boolean", param="return_hash_chain")
-    block_size = body.get("hash_block_size", 16)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise InvalidRequest(f"hash_block_size must be an integer in [1, {MAX_BLOCK_SIZE}]", param="hash_block_size")
-    return block_size if wanted else None
+    wanted = optional_bool(body, "return_hash_chain", False)
+    block_size = optional_int(body, "hash_block_size", 1, MAX_BLOCK_SIZE)
+    return (block_size or 16) if wanted else None
+
+
+def _max_tokens(body: dict, endpoint: str, num_prompt_tokens: int, window: int) -> int:
+    """`max_completion_tokens` (or its older name `max_tokens`; null is absent) or the endpoint's default."""
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = optional_int(body, name, 1, 2**31 - 1)
+    if max_tokens is None:
+        if endpoint == COMPLETIONS:
+            return min(COMPLETIONS_DEFAULT_MAX_TOKENS, window - num_prompt_tokens)
+        return window - num_prompt_tokens
+    if num_prompt_tokens + max_tokens > window:
+        raise InvalidRequest(
+            f"{name}={max_tokens} plus the prompt's {num_prompt_tokens} tokens exceeds the context window of "
+            f"{window} tokens",
+            param=name,
+            code="context_length_exceeded",
+        )
+    return max_tokens
 
 
 def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedRequest:
     for name, is_set in _UNSUPPORTED_WHEN_SET.items():
-        if name in body and is_set(body[name]):
-            raise InvalidRequest(f"{name}={body[name]!r} is not supported by this engine", param=name)
-    model, (token_ids, layout), namespace = parse_prompt(body, endpoint, loaded)
+        if body.get(name) is not None and is_set(body[name]):
+            raise InvalidRequest(f"{name}={str(body[name])[:100]} is not supported by this engine", param=name)
+    check_ignored_fields(body)
+    tool_choice, opening = _tool_setup(body, endpoint, loaded)
+    model, (token_ids, layout), namespace = parse_prompt(body, endpoint, loaded, opening)
     window = loaded.context_window_tokens
     if len(token_ids) >= window:
         raise InvalidRequest(
@@ -153,36 +175,22 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
             param="messages" if endpoint == CHAT else "prompt",
             code="context_length_exceeded",
         )
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is None:
-        max_tokens = window - len(token_ids)
-    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
-        raise InvalidRequest("max_tokens must be a positive integer", param="max_tokens")
-    elif len(token_ids) + max_tokens > window:
-        raise InvalidRequest(
-            f"max_tokens={max_tokens} plus the prompt's {len(token_ids)} tokens exceeds the context window of "
-            f"{window} tokens",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise InvalidRequest("seed must be an integer", param="seed")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("stream must be a boolean", param="stream")
-    stream_options = body.get("stream_options") or {}
-    if not isinstance(stream_options, dict):
-        raise InvalidRequest("stream_options must be an object", param="stream_options")
-    if body.get("stream_options") is not None and not stream:
+    max_tokens = _max_tokens(body, endpoint, len(token_ids), window)
+    stream = optional_bool(body, "stream", False)
+    stream_options = optional_object(body, "stream_options")
+    if stream_options is not None and not stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
+    include_usage = (stream_options or {}).get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise InvalidRequest("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
+    temperature = optional_number(body, "temperature", 1.0, 0.0, 2.0)
     sampling = SamplingParams(
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
-        seed=seed,
-        stop=_stop_strings(body),
-        ignore_eos=bool(body.get("ignore_eos", False)),
+        temperature=0.0 if temperature < _GREEDY_BELOW_TEMPERATURE else temperature,
+        top_p=optional_number(body, "top_p", 1.0, 1e-9, 1.0),
+        seed=optional_int(body, "seed", INT64_MIN, INT64_MAX),
+        stop=stop_strings(body) + _tool_stops(tool_choice, loaded),
+        ignore_eos=optional_bool(body, "ignore_eos", False),
     )
     return ParsedRequest(
         endpoint=endpoint,
@@ -190,8 +198,10 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         prompt_token_ids=tuple(token_ids),
         sampling=sampling,
         stream=stream,
-        include_usage=bool(stream_options.get("include_usage", False)),
+        include_usage=include_usage is True,
         namespace=namespace,
         hash_chain_block_size=parse_hash_chain_request(body),
         layout=layout,
+        tool_choice=tool_choice,
+        tool_opening=opening,
     )

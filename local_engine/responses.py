@@ -10,6 +10,19 @@ from local_engine.cache.hash_chain import page_hash_chain
 from local_engine.engine_types import Finished
 from local_engine.match_details import MatchDetails
 from local_engine.protocol import CHAT, ParsedRequest
+from local_engine.tool_calls import ToolCall, ToolCallStream, format_for
+
+
+def tool_call_stream(parsed: ParsedRequest, tokenizer) -> ToolCallStream | None:
+    """The splitter of content and tool calls for this request, or None when tool calls are not parsed
+    (completions, no tools, or `tool_choice: "none"`)."""
+    if parsed.endpoint != CHAT or parsed.tool_choice.mode == "none":
+        return None
+    return ToolCallStream(format_for(tokenizer), parsed.tool_opening, parsed.tool_choice.function)
+
+
+def _finish_reason(finished: Finished, calls: list[ToolCall]) -> str:
+    return "tool_calls" if calls and finished.finish_reason in ("stop", "length") else finished.finish_reason
 
 
 def new_response_id(endpoint: str) -> str:
@@ -48,14 +61,29 @@ def usage(finished: Finished) -> dict:
 
 
 def completion_body(
-    parsed: ParsedRequest, response_id: str, text: str, finished: Finished, report: MatchDetails
+    parsed: ParsedRequest,
+    response_id: str,
+    text: str,
+    finished: Finished,
+    report: MatchDetails,
+    tools: ToolCallStream | None = None,
 ) -> dict:
     if parsed.endpoint == CHAT:
+        message: dict = {"role": "assistant", "content": text}
+        calls: list[ToolCall] = []
+        if tools is not None:
+            content, calls = tools.feed(text)
+            rest, more = tools.finish()
+            calls += more
+            content += rest
+            message["content"] = content if content or not calls else None
+            if calls:
+                message["tool_calls"] = [call.as_openai() for call in calls]
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": None,
-            "finish_reason": finished.finish_reason,
+            "finish_reason": _finish_reason(finished, calls),
         }
         object_name = "chat.completion"
     else:
@@ -76,8 +104,9 @@ def completion_body(
 class ChunkWriter:
     """Builds the SSE byte strings of one streamed response, shaped as OpenAI sends them."""
 
-    def __init__(self, parsed: ParsedRequest, response_id: str) -> None:
+    def __init__(self, parsed: ParsedRequest, response_id: str, tools: ToolCallStream | None = None) -> None:
         self.parsed = parsed
+        self.tools = tools
         self.response_id = response_id
         self.created = int(time.time())
         self.is_chat = parsed.endpoint == CHAT
@@ -107,10 +136,26 @@ class ChunkWriter:
         return self._chunk([self._choice(None, None, role=True)]) if self.is_chat else None
 
     def text(self, text: str) -> bytes:
-        return self._chunk([self._choice(text, None)])
+        """The chunk(s) for newly generated text; empty while text that may open a tool call is held back."""
+        if self.tools is None:
+            return self._chunk([self._choice(text, None)])
+        return self._content_and_calls(*self.tools.feed(text))
+
+    def _content_and_calls(self, content: str, calls: list[ToolCall]) -> bytes:
+        out = self._chunk([self._choice(content, None)]) if content else b""
+        first_index = len(self.tools.calls) - len(calls)  # calls are numbered across the whole answer
+        for offset, call in enumerate(calls):
+            delta = {"tool_calls": [call.as_openai(first_index + offset)]}
+            out += self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
+        return out
 
     def final(self, finished: Finished) -> bytes:
-        return self._chunk([self._choice(None if self.is_chat else "", finished.finish_reason)])
+        reason = finished.finish_reason
+        out = b""
+        if self.tools is not None:
+            out = self._content_and_calls(*self.tools.finish())
+            reason = _finish_reason(finished, self.tools.calls)
+        return out + self._chunk([self._choice(None if self.is_chat else "", reason)])
 
     def usage(self, finished: Finished, report: MatchDetails) -> bytes:
         """The closing usage chunk also carries the `prefix_cache` object a non-streamed body would have."""

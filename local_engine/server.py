@@ -19,6 +19,7 @@ from local_engine.engine_types import Finished, GenerationRequest, TokenDelta
 from local_engine.errors import EngineError, Forbidden, InvalidRequest, Unauthorized
 from local_engine.match_details import HEADER_TTFT_MS, describe_match
 from local_engine.metrics import render_metrics
+from local_engine.openapi import openapi_document
 from local_engine.protocol import (
     CHAT,
     COMPLETIONS,
@@ -27,7 +28,14 @@ from local_engine.protocol import (
     parse_prompt,
     parse_request,
 )
-from local_engine.responses import ChunkWriter, completion_body, hash_chain_object, match_headers, new_response_id
+from local_engine.responses import (
+    ChunkWriter,
+    completion_body,
+    hash_chain_object,
+    match_headers,
+    new_response_id,
+    tool_call_stream,
+)
 
 _MAX_TREE_NODES = 5000
 log = logging.getLogger(__name__)
@@ -51,9 +59,11 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
         finally:
             handle.cancel()  # a no-op once finished; releases everything if the client went away
         headers[HEADER_TTFT_MS] = f"{finished.timings.ttft_ms:.3f}"
-        return Response(completion_body(parsed, response_id, "".join(texts), finished, report), headers=headers)
+        tools = tool_call_stream(parsed, engine.loaded.tokenizer)
+        body = completion_body(parsed, response_id, "".join(texts), finished, report, tools)
+        return Response(body, headers=headers)
 
-    writer = ChunkWriter(parsed, response_id)
+    writer = ChunkWriter(parsed, response_id, tool_call_stream(parsed, engine.loaded.tokenizer))
 
     async def events():
         try:
@@ -62,8 +72,9 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
                 yield first
             async for event in handle.stream():
                 if isinstance(event, TokenDelta):
-                    if event.text:
-                        yield writer.text(event.text)
+                    chunk = writer.text(event.text) if event.text else b""
+                    if chunk:
+                        yield chunk
                 elif isinstance(event, Finished):
                     yield writer.final(event)
                     if parsed.include_usage:
@@ -105,6 +116,12 @@ async def models(state: State) -> dict:
     }
 
 
+@get("/openapi.json", sync_to_thread=False)
+def openapi(state: State) -> dict:
+    """This API's OpenAPI 3.1 description (request bodies included)."""
+    return state.openapi
+
+
 @get("/health")
 async def health(state: State) -> dict:
     engine: Engine = state.engine
@@ -138,7 +155,7 @@ async def cache_match(request: Request, state: State) -> dict:
     """Dry run: how much of this chat or completions request would come from cache. Nothing is locked or changed."""
     engine: Engine = state.engine
     body = parse_json_body(await request.body())
-    endpoint = CHAT if "messages" in body else COMPLETIONS
+    endpoint = CHAT if body.get("messages") is not None else COMPLETIONS
     _, (token_ids, layout), namespace = parse_prompt(body, endpoint, engine.loaded)
     block_size = parse_hash_chain_request(body)
     result = describe_match(engine.dry_run_match(namespace, token_ids), layout).as_dict()
@@ -172,7 +189,10 @@ def _http_error(request: Request, exc: HTTPException) -> Response:
         message = f"method {request.method} is not allowed on {request.url.path}"
     else:
         message = str(exc.detail)
-    body = {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+    # Litestar's validation errors (a query parameter of the wrong type) say which parameter in `extra`.
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    param = next((str(item["key"]) for item in extra if isinstance(item, dict) and item.get("key")), None)
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": None}}
     return Response(body, status_code=exc.status_code)
 
 
@@ -185,8 +205,10 @@ def create_app(engine: Engine, config: ServerConfig) -> Litestar:
     """The ASGI app; the caller starts and stops the engine."""
     return Litestar(
         route_handlers=[chat_completions, completions, models, health, metrics, cache_stats, cache_tree, cache_match,
-                        cache_flush],
-        state=State({"engine": engine, "server_config": config, "started_at": int(time.time())}),
+                        cache_flush, openapi],
+        state=State({"engine": engine, "server_config": config, "started_at": int(time.time()),
+                     "openapi": openapi_document()}),
+        openapi_config=None,
         exception_handlers={EngineError: _engine_error, HTTPException: _http_error, Exception: _unexpected_error},
         guards=[access_guard(config.api_key, config.admin_token)],
         request_max_body_size=config.max_body_bytes,

@@ -37,9 +37,28 @@ def test_usage_chunk_hidden_when_client_did_not_ask():
     for size in (1, 7, 50, len(STREAM)):
         r = relay(forward_usage=False)
         out = b"".join(run(r, STREAM, size))
-        assert out == event(ROLE) + event(HELLO) + event(STOP) + b"data: [DONE]\n\n"
+        # No `usage` member at all: the gateway asked for usage on the client's behalf, not the client.
+        assert out == b"".join(event(no_usage(c)) for c in (ROLE, HELLO, STOP)) + b"data: [DONE]\n\n"
         assert r.usage is not None and (r.usage.prompt_tokens, r.usage.cached_tokens) == (12, 8)
         assert r.ttft_ms is not None and r.saw_done
+
+
+def no_usage(chunk: dict) -> dict:
+    return {k: v for k, v in chunk.items() if k != "usage"}
+
+
+def test_null_usage_member_is_dropped_wherever_it_sits_and_content_is_untouched():
+    chunks = [
+        {"usage": None, "id": "a", "choices": [{"delta": {"content": 'say \\"usage\\": null, ok'}}]},
+        {"id": "b", "usage": None, "choices": []},
+        {"id": "c", "choices": [{"delta": {"content": '"usage": null'}}], "usage": None},
+    ]
+    data = b"".join(event(c) for c in chunks) + b"data: [DONE]\n\n"
+    for size in (1, 5, len(data)):
+        out = b"".join(run(relay(forward_usage=False), data, size))
+        assert out == b"".join(event(no_usage(c)) for c in chunks) + b"data: [DONE]\n\n"
+        kept = b"".join(run(relay(forward_usage=True), data, size))
+        assert kept == data
 
 
 def test_usage_chunk_forwarded_when_client_asked():
@@ -49,7 +68,7 @@ def test_usage_chunk_forwarded_when_client_asked():
 
 
 def test_complete_events_go_out_immediately_partial_ones_wait():
-    r = relay(forward_usage=False)
+    r = relay(forward_usage=True)
     first = event(HELLO)
     assert r.feed(first + first[:10]) == first
     assert r.feed(first[10:]) == first

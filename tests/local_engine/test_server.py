@@ -112,7 +112,7 @@ def test_completions_accept_text_and_token_ids(client):
         ({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "n": 3}, "n"),
         ({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
         ({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "temperature": 5}, "temperature"),
-        ({"model": "tiny-llama", "messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
+        ({"model": "tiny-llama", "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ],
 )
 def test_bad_requests_get_an_openai_shaped_400_naming_the_problem(client, body, param):

@@ -1,0 +1,58 @@
+"""The Hermes / Qwen tool-call format: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+
+Source: NousResearch Hermes-2-Pro function-calling format, as used by Qwen2.5's chat template. A call cut short
+(by max_tokens) is completed as partial JSON (`partial-json-parser`, as vLLM does for streamed tool calls).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import partial_json_parser
+
+from local_engine.tool_calls.base import ToolCall, ToolCallFormat, arguments_json, new_call_id
+
+_DECODER = json.JSONDecoder()
+_FORCED = re.compile(r'^\s*\{\s*"name"\s*:\s*"[^"\\]{1,64}"\s*,\s*"arguments"\s*:\s*(.*)$', re.DOTALL)
+
+
+def first_json_value(text: str):
+    """The first JSON value in `text` (small models often keep writing after it), completing a truncated one;
+    None when there is none."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return _DECODER.raw_decode(text)[0]
+    except ValueError:
+        pass
+    try:
+        return partial_json_parser.loads(text)
+    except Exception:  # noqa: BLE001 - the parser raises several kinds; any means "not JSON"
+        return None
+
+
+class HermesFormat(ToolCallFormat):
+    template_marker = "<tool_call>"
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+
+    def opening(self, function: str | None, first_argument: str | None = None) -> str:
+        if function is None:
+            return '<tool_call>{"name": "'
+        opening = '<tool_call>{"name": ' + json.dumps(function) + ', "arguments": {'
+        return opening + (json.dumps(first_argument) + ": " if first_argument else "")
+
+    def parse_body(self, body: str, forced_name: str | None) -> ToolCall | None:
+        value = first_json_value(body)
+        if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"]:
+            name = forced_name or value["name"]
+            return ToolCall(new_call_id(), name, arguments_json(value.get("arguments", value.get("parameters"))))
+        if forced_name is None:
+            return None
+        # A call the prompt forced: the name is known. Arguments that are no JSON object at all become `{}`, so
+        # that `arguments` is always a JSON object string.
+        match = _FORCED.match(body)
+        arguments = first_json_value(match.group(1)) if match else None
+        return ToolCall(new_call_id(), forced_name, arguments_json(arguments if isinstance(arguments, dict) else {}))

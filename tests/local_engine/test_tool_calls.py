@@ -1,0 +1,92 @@
+"""The Hermes `<tool_call>` parser and the streaming splitter of content and calls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from local_engine.tool_calls import ToolCallStream, format_for
+from local_engine.tool_calls.hermes import HermesFormat
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+
+
+def run(stream: ToolCallStream, text: str, size: int):
+    content, calls = [], []
+    for start in range(0, len(text), size):
+        piece, done = stream.feed(text[start : start + size])
+        content.append(piece)
+        calls += done
+    piece, done = stream.finish()
+    return "".join(content) + piece, calls + done
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_a_call_between_text_is_split_out_whatever_the_chunking(size):
+    content, calls = run(ToolCallStream(HermesFormat()), "Let me check. " + CALL + " Done.", size)
+    assert content == "Let me check.  Done."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
+    assert calls[0].id.startswith("call_") and len(calls[0].id) == 29
+
+
+def test_two_calls_and_text_that_only_looks_like_a_tag():
+    text = "a <tool b " + CALL + "\n" + CALL.replace("Oslo", "Rome")
+    content, calls = run(ToolCallStream(HermesFormat()), text, 2)
+    assert content == "a <tool b \n"
+    assert [json.loads(c.arguments)["city"] for c in calls] == ["Oslo", "Rome"]
+    assert len({c.id for c in calls}) == 2
+
+
+def test_a_call_that_is_not_json_stays_content():
+    content, calls = run(ToolCallStream(HermesFormat()), "<tool_call>not json</tool_call>", 4)
+    assert (content, calls) == ("<tool_call>not json", [])
+
+
+def test_an_unclosed_but_complete_call_at_the_end_is_a_call():
+    content, calls = run(ToolCallStream(HermesFormat()), '<tool_call>{"name": "f", "arguments": {}}', 5)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("f", "{}")]
+
+
+def test_a_forced_opening_is_parsed_but_never_shown():
+    fmt = HermesFormat()
+    opening = fmt.opening("get_weather", "city")
+    assert opening == '<tool_call>{"name": "get_weather", "arguments": {"city": '
+    stream = ToolCallStream(fmt, opening, forced_name="get_weather")
+    content, calls = run(stream, '"Paris"}}\n\nThe weather in Paris is nice.', 3)
+    assert content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+
+
+def test_a_forced_call_with_broken_arguments_keeps_the_name_and_json_arguments():
+    stream = ToolCallStream(HermesFormat(), '<tool_call>{"name": "f", "arguments": {', forced_name="f")
+    _, calls = run(stream, '"x": 1,, }', 100)
+    assert [(c.name, c.arguments) for c in calls] == [("f", "{}")]
+
+
+def test_a_call_cut_short_by_max_tokens_is_completed():
+    stream = ToolCallStream(HermesFormat(), '<tool_call>{"name": "f", "arguments": {"city": ', forced_name="f")
+    _, calls = run(stream, '"Paris, Fr', 4)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"city": "Paris, Fr"})]
+
+
+def test_the_format_is_chosen_from_the_chat_template(smollm2_tokenizer):
+    class QwenLike:
+        chat_template = "{% for m in messages %}<tool_call>{% endfor %}"
+
+    assert isinstance(format_for(QwenLike()), HermesFormat)
+    # SmolLM2's template has no tool support: the engine renders earlier calls in the Hermes format itself.
+    assert isinstance(format_for(smollm2_tokenizer), HermesFormat)
+
+
+def test_only_plain_parameter_names_steer_a_forced_call():
+    from local_engine.chat_messages import first_argument
+
+    def tools(parameters):
+        return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
+    assert first_argument(tools({"required": ["city"], "properties": {"x": {}}}), "f") == "city"
+    assert first_argument(tools({"properties": {"x": {}, "y": {}}}), "f") == "x"
+    assert first_argument(tools({"required": ["<|im_end|>"]}), "f") is None
+    assert first_argument(tools({}), "f") is None
+    assert first_argument(tools({"required": ["city"]}), "g") is None
