@@ -119,6 +119,8 @@ class RequestRecordRow(Base):
     divergence_char_offset: Mapped[int | None] = mapped_column(Integer)
     recomputed_tokens: Mapped[int | None] = mapped_column(Integer)
     normalization_gain_tokens: Mapped[int | None] = mapped_column(Integer)
+    cache_write_tokens: Mapped[int | None] = mapped_column(Integer)
+    retention_class: Mapped[str | None] = mapped_column(String(16))
 
     # The explorer filters by one of these and pages newest first.
     __table_args__ = (

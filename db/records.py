@@ -14,7 +14,10 @@ from typing import Any, Final
 from db.chains import RequestChain
 from db.timeutil import as_utc
 
-ENDPOINTS: Final = ("chat.completions", "completions")
+ENDPOINTS: Final = ("chat.completions", "completions", "messages")
+
+# Lifetime classes a request's cache breakpoints can ask for (Anthropic's `cache_control.ttl`).
+RETENTION_CLASSES: Final = ("5m", "1h")
 
 # How far the prompt was served from cache and why not further, as the engine reports it: `hit` everything that
 # could be was (all but the last token, page-aligned); `partial` a prefix matched, then the prompt diverged from
@@ -83,6 +86,10 @@ class RequestRecord:
     normalization_gain_tokens: int | None = None
     # The prompt's block hash chain, for the what-if simulator (recorded while the tenant's `hash_chain` is on).
     chain: RequestChain | None = None
+    # Prompt tokens written to the cache (`cache_creation_input_tokens` on the Messages API; None elsewhere), and the
+    # longest retention class (`RETENTION_CLASSES`) the request's cache breakpoints asked for (None without any).
+    cache_write_tokens: int | None = None
+    retention_class: str | None = None
 
     @property
     def cache_hit(self) -> bool | None:

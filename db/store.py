@@ -62,6 +62,8 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "divergence_char_offset": record.divergence_char_offset,
         "recomputed_tokens": record.recomputed_tokens,
         "normalization_gain_tokens": record.normalization_gain_tokens,
+        "cache_write_tokens": record.cache_write_tokens,
+        "retention_class": record.retention_class,
     }
 
 
@@ -117,6 +119,8 @@ def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
         recomputed_tokens=row.recomputed_tokens,
         normalization_gain_tokens=row.normalization_gain_tokens,
         chain=chain,
+        cache_write_tokens=row.cache_write_tokens,
+        retention_class=row.retention_class,
     )
 
 

@@ -86,6 +86,8 @@ class RequestTracker:
         "outcome",
         "finished",
         "explain",
+        "cache_write_tokens",
+        "retention_class",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -110,6 +112,9 @@ class RequestTracker:
         self.outcome: Outcome | None = None
         self.finished = False
         self.explain: ExplainContext | None = None
+        # Messages API only: prompt tokens written to the cache, and the longest lifetime class a breakpoint asked for.
+        self.cache_write_tokens: int | None = None
+        self.retention_class: str | None = None
 
     def sending_upstream(self) -> None:
         """The request is about to go upstream: look up its nearest earlier request while the upstream works."""
@@ -165,6 +170,8 @@ class RequestTracker:
             recomputed_tokens=None if explanation is None else explanation.recomputed_tokens,
             normalization_gain_tokens=explained.normalization_gain_tokens,
             chain=explained.chain,
+            cache_write_tokens=self.cache_write_tokens,
+            retention_class=self.retention_class,
         )
         if explained.uplift is not None and explainer is not None and explainer.uplift.defer(record, explained.uplift):
             return  # the check's task submits the record
