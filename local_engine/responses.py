@@ -64,6 +64,8 @@ def completion_body(
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finished.finish_reason}
         object_name = "text_completion"
+    if finished.matched_stop is not None:
+        choice["stop_reason"] = finished.matched_stop  # which stop string matched, named as vLLM does
     return {
         "id": response_id,
         "object": object_name,
@@ -113,7 +115,10 @@ class ChunkWriter:
         return self._chunk([self._choice(text, None)])
 
     def final(self, finished: Finished) -> bytes:
-        return self._chunk([self._choice(None if self.is_chat else "", finished.finish_reason)])
+        choice = self._choice(None if self.is_chat else "", finished.finish_reason)
+        if finished.matched_stop is not None:
+            choice["stop_reason"] = finished.matched_stop
+        return self._chunk([choice])
 
     def usage(self, finished: Finished, report: MatchReport) -> bytes:
         """The closing usage chunk also carries the `prefix_cache` object a non-streamed body would have."""

@@ -313,3 +313,21 @@ def test_count_tokens_matches_the_prompt(deployment: Deployment):
     counted = client.messages.count_tokens(model=MODEL, system=system, messages=messages)
     answered = client.messages.create(model=MODEL, max_tokens=2, system=system, messages=messages)
     assert counted.input_tokens == sum(usage_tuple(answered.usage))
+
+
+def test_stop_sequences_end_with_stop_reason_stop_sequence(deployment: Deployment):
+    client = deployment.anthropic()
+    messages = [{"role": "user", "content": f"[{uuid.uuid4().hex}] Count from one to ten in words."}]
+    greedy = {"temperature": 0}
+    free = client.messages.create(model=MODEL, max_tokens=12, messages=messages, extra_body=greedy)
+    text = free.content[0].text
+    stop = text[4:8]
+    assert len(stop) == 4 and stop.strip()
+    stopped = client.messages.create(model=MODEL, max_tokens=12, messages=messages, stop_sequences=[stop], extra_body=greedy)
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
+    assert stop not in stopped.content[0].text and text.startswith(stopped.content[0].text)
+    with client.messages.stream(
+        model=MODEL, max_tokens=12, messages=messages, stop_sequences=[stop], extra_body=greedy
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert (streamed.stop_reason, streamed.stop_sequence) == ("stop_sequence", stop)
