@@ -137,7 +137,9 @@ async def forward_plain(exchange: Exchange) -> Outcome:
     usage = exchange.route.adapter.usage(payload)
     split = exchange.cache_usage(usage, await exchange.points())
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    reason, sequence = stop_reason(choice.get("finish_reason"), matched_stop_of(choice), exchange.request.body.get("stop_sequences"))
+    reason, sequence = stop_reason(
+        choice.get("finish_reason"), matched_stop_of(choice), exchange.request.body.get("stop_sequences")
+    )
     body = {
         "id": exchange.message_id,
         "type": "message",
@@ -214,7 +216,11 @@ async def _pump(exchange: Exchange, upstream: httpx.Response, points: list[Cache
             if isinstance(chunk.get("error"), dict):
                 failure = chunk["error"]
                 error_type = str(failure.get("type") or failure.get("code") or "upstream_error")
-                error = (str(failure.get("message") or "The upstream failed mid-stream."), error_type, upstream.status_code)
+                error = (
+                    str(failure.get("message") or "The upstream failed mid-stream."),
+                    error_type,
+                    upstream.status_code,
+                )
                 break
             if exchange.route.adapter.has_usage(chunk):
                 usage = exchange.route.adapter.usage(chunk)

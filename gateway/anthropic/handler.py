@@ -24,7 +24,15 @@ from gateway.anthropic.normalize import normalize
 from gateway.anthropic.positions import DryRunFailed, breakpoint_positions, dry_run
 from gateway.anthropic.request import MessagesRequest, parse_messages_request
 from gateway.anthropic.translate import ChatStyle, to_chat_body
-from gateway.asgi_io import JSON_CONTENT_TYPE, Receive, Send, header_values, read_body, run_until_disconnect, send_response
+from gateway.asgi_io import (
+    JSON_CONTENT_TYPE,
+    Receive,
+    Send,
+    header_values,
+    read_body,
+    run_until_disconnect,
+    send_response,
+)
 from gateway.auth import Principal
 from gateway.errors import BadRequest, GatewayError, MethodNotAllowed
 from gateway.explain.explainer import ExplainContext
@@ -146,6 +154,8 @@ class MessagesProxy(CompletionProxy):
         runtime = self._runtime
         settings = runtime.config.tenant_settings(tracker.tenant)
         body = route.adapter.apply_salt(chat_body, salt)
+        if route.adapter.kind == "openai":
+            body.pop("top_k", None)  # OpenAI's chat API has no top_k (vLLM and SGLang take it)
         if request.stream:
             body["stream_options"] = {"include_usage": True}
         if settings.hash_chain:

@@ -56,7 +56,9 @@ def newlines(body: dict[str, Any]) -> dict[str, Any]:
     if system is not body.get("system"):
         changes["system"] = system
     messages = body["messages"]
-    new_messages = [m if (c := _content(m.get("content"))) is m.get("content") else {**m, "content": c} for m in messages]
+    new_messages = [
+        m if (c := _content(m.get("content"))) is m.get("content") else {**m, "content": c} for m in messages
+    ]
     if any(new is not old for new, old in zip(new_messages, messages)):
         changes["messages"] = new_messages
     return {**body, **changes} if changes else body
@@ -87,7 +89,9 @@ def _sorted_run(run: list[Any]) -> list[Any]:
     if names == sorted(names):
         return run
     mark = run[-1].get("cache_control")
-    bare = [{k: v for k, v in tool.items() if k != "cache_control"} if tool is run[-1] and mark else tool for tool in run]
+    bare = [
+        {k: v for k, v in tool.items() if k != "cache_control"} if tool is run[-1] and mark else tool for tool in run
+    ]
     bare.sort(key=lambda tool: tool.get("name", ""))
     if mark is not None:
         bare[-1] = {**bare[-1], "cache_control": mark}

@@ -31,7 +31,9 @@ class DryRunFailed(Exception):
     """The engine's dry-run match did not answer usably."""
 
 
-async def dry_run(client: httpx.AsyncClient, route: Route, chat_body: dict[str, Any], salt: str, *, chain: bool) -> dict:
+async def dry_run(
+    client: httpx.AsyncClient, route: Route, chat_body: dict[str, Any], salt: str, *, chain: bool
+) -> dict:
     """The engine's dry-run answer (`prompt_tokens`, `matched_tokens`, `miss`, and `hash_chain` when `chain`)."""
     body = {"model": chat_body["model"], "messages": chat_body["messages"], "cache_salt": salt}
     if chat_body.get("tools"):

@@ -70,7 +70,9 @@ def parse_messages_request(raw: bytes, *, count_only: bool = False) -> MessagesR
     body = decode_json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise BadRequest("model: Field required" if model is None else "model: must be a non-empty string", param="model")
+        raise BadRequest(
+            "model: Field required" if model is None else "model: must be a non-empty string", param="model"
+        )
     max_tokens = body.get("max_tokens")
     if not count_only or max_tokens is not None:
         if max_tokens is None:
@@ -140,13 +142,15 @@ def _cache_control(value: Any, where: str, section: str, index: int, block: int 
     if value is None:
         return
     if not isinstance(value, dict) or value.get("type") != "ephemeral":
-        raise BadRequest(f"{where}.cache_control: must be {{\"type\": \"ephemeral\"}}", param=f"{where}.cache_control")
+        raise BadRequest(f'{where}.cache_control: must be {{"type": "ephemeral"}}', param=f"{where}.cache_control")
     unknown = sorted(set(value) - {"type", "ttl"})
     if unknown:
         raise BadRequest(f"{where}.cache_control.{unknown[0]}: Extra inputs are not permitted", param=where)
     ttl = value.get("ttl", TTL_5M)
     if ttl not in TTLS:
-        raise BadRequest(f"{where}.cache_control.ttl: must be '5m' or '1h', not {ttl!r}", param=f"{where}.cache_control")
+        raise BadRequest(
+            f"{where}.cache_control.ttl: must be '5m' or '1h', not {ttl!r}", param=f"{where}.cache_control"
+        )
     out.append(Breakpoint(section, index, block, ttl))
 
 
@@ -245,7 +249,9 @@ def _check_messages(messages: Any, out: list[Breakpoint]) -> None:
             kind = block.get("type")
             if kind not in allowed:
                 if kind in _USER_BLOCKS | _ASSISTANT_BLOCKS:
-                    raise BadRequest(f"{block_where}: {kind!r} blocks are not allowed in {role} messages", param=block_where)
+                    raise BadRequest(
+                        f"{block_where}: {kind!r} blocks are not allowed in {role} messages", param=block_where
+                    )
                 raise _unsupported(block_where, kind)
             if kind == "text":
                 _check_text_block(block, block_where)

@@ -44,5 +44,7 @@ def parse_messages_settings(values: Mapping[str, Any]) -> MessagesSettings:
         raise ConfigError("[messages] min_cacheable_tokens_by_model must be a table of model = tokens")
     if values:
         raise ConfigError(f"unknown [messages] keys: {sorted(values)}")
-    parsed = {str(model): _tokens(tokens, f"min_cacheable_tokens_by_model.{model}") for model, tokens in by_model.items()}
+    parsed = {
+        str(model): _tokens(tokens, f"min_cacheable_tokens_by_model.{model}") for model, tokens in by_model.items()
+    }
     return MessagesSettings(default, parsed)

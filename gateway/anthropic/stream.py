@@ -73,8 +73,12 @@ class ChunkTranslator:
             function = call.get("function") if isinstance(call.get("function"), dict) else {}
             index = call.get("index", 0)
             if self._open != "tool_use" or index != self._tool_index:
-                block = {"type": "tool_use", "id": str(call.get("id") or ""), "name": str(function.get("name") or ""),
-                         "input": {}}
+                block = {
+                    "type": "tool_use",
+                    "id": str(call.get("id") or ""),
+                    "name": str(function.get("name") or ""),
+                    "input": {},
+                }
                 out.append(self._start(block, "tool_use"))
                 self._tool_index = index
             arguments = function.get("arguments")

@@ -21,6 +21,7 @@ from typing import Any
 from gateway.anthropic.request import Breakpoint
 from gateway.normalize.rules import canonical_json_text
 
+
 @dataclass(frozen=True, slots=True)
 class ChatStyle:
     """How the chat body is written where OpenAI clients differ and the chat normalization rules would settle it: with
@@ -71,7 +72,11 @@ def _messages(message: dict[str, Any], style: ChatStyle) -> list[dict[str, Any]]
         return out
     text = _text_of([b for b in content if b.get("type") == "text"])
     calls = [
-        {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": tool_arguments(b["input"], style)}}
+        {
+            "id": b["id"],
+            "type": "function",
+            "function": {"name": b["name"], "arguments": tool_arguments(b["input"], style)},
+        }
         for b in content
         if b.get("type") == "tool_use"
     ]

@@ -88,14 +88,27 @@ class AnthropicStub:
         }
         events = [
             _event("message_start", {"type": "message_start", "message": message}),
-            _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            _event(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            ),
             _event("ping", {"type": "ping"}),
-            _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}}),
-            _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " there"}}),
+            _event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+            ),
+            _event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " there"}},
+            ),
             _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
             _event(
                 "message_delta",
-                {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 3}},
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": 3},
+                },
             ),
             _event("message_stop", {"type": "message_stop"}),
         ]
@@ -105,5 +118,7 @@ class AnthropicStub:
 
     @staticmethod
     async def _json(send: Any, status: int, obj: Any) -> None:
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+        )
         await send({"type": "http.response.body", "body": json.dumps(obj).encode(), "more_body": False})

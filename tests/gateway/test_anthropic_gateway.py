@@ -125,7 +125,10 @@ def test_tool_use_round_trip_maps_to_and_from_openai_tool_calls(gateway, stub):
         messages=[
             {"role": "user", "content": "Weather in Paris?"},
             {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "21 C, sunny"}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "21 C, sunny"}],
+            },
         ],
     )
     assert second.stop_reason == "end_turn"
@@ -198,19 +201,32 @@ def test_stream_has_anthropics_full_event_sequence(gateway, stub):
     [
         (b"{not json", 400, "invalid_request_error", "could not parse the JSON body"),
         (
-            {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+            },
             400,
             "invalid_request_error",
             "'image' are not supported",
         ),
         (
-            {"model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}] * 5,
-             "messages": [{"role": "user", "content": "x"}]},
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}] * 5,
+                "messages": [{"role": "user", "content": "x"}],
+            },
             400,
             "invalid_request_error",
             "A maximum of 4 blocks with cache_control",
         ),
-        ({"model": "err-429", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, 429, "rate_limit_error", "stub says no"),
+        (
+            {"model": "err-429", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+            429,
+            "rate_limit_error",
+            "stub says no",
+        ),
     ],
 )
 def test_errors_have_anthropics_shape_and_are_recorded(gateway, stub, body, status, error_type, needle):
@@ -227,7 +243,9 @@ def test_errors_have_anthropics_shape_and_are_recorded(gateway, stub, body, stat
 def test_sdk_raises_its_typed_errors(gateway):
     with pytest.raises(anthropic.BadRequestError) as caught:
         client(gateway).messages.create(
-            model="m", max_tokens=5, messages=[{"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "signature": "s"}]}]
+            model="m",
+            max_tokens=5,
+            messages=[{"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "signature": "s"}]}],
         )
     assert caught.value.body["error"]["type"] == "invalid_request_error"
     assert "'thinking' are not supported" in caught.value.body["error"]["message"]
@@ -285,7 +303,11 @@ def test_passthrough_plain_normalizes_and_reads_anthropic_usage(anthropic_gatewa
     gw, stub = anthropic_gateway
     tools = [
         {"name": "b_tool", "input_schema": {"type": "object", "properties": {}}},
-        {"name": "a_tool", "input_schema": {"properties": {}, "type": "object"}, "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+        {
+            "name": "a_tool",
+            "input_schema": {"properties": {}, "type": "object"},
+            "cache_control": {"type": "ephemeral", "ttl": "1h"},
+        },
     ]
     body = {
         "model": "claude-x",
@@ -295,7 +317,9 @@ def test_passthrough_plain_normalizes_and_reads_anthropic_usage(anthropic_gatewa
         "messages": [{"role": "user", "content": "Hi"}],
         "cache_salt": "client-chosen",
     }
-    message = client(gw).messages.create(**{k: v for k, v in body.items() if k != "cache_salt"}, extra_body={"cache_salt": "x"})
+    message = client(gw).messages.create(
+        **{k: v for k, v in body.items() if k != "cache_salt"}, extra_body={"cache_salt": "x"}
+    )
     assert message.content[0].text == "Hi there"
     assert message.usage.cache_read_input_tokens == 100
     sent = stub.state.requests[-1]
@@ -313,7 +337,9 @@ def test_passthrough_plain_normalizes_and_reads_anthropic_usage(anthropic_gatewa
     assert "authorization" not in headers
     (record,) = gw.wait_records(1)
     assert (record.endpoint, record.upstream, record.status_code) == ("messages", "claude", 200)
-    prompt = STUB_USAGE["input_tokens"] + STUB_USAGE["cache_read_input_tokens"] + STUB_USAGE["cache_creation_input_tokens"]
+    prompt = (
+        STUB_USAGE["input_tokens"] + STUB_USAGE["cache_read_input_tokens"] + STUB_USAGE["cache_creation_input_tokens"]
+    )
     assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (prompt, 100, 3)
     assert (record.cache_write_tokens, record.retention_class) == (30, "1h")
     assert set(record.applied_rules) == {"newlines", "tool_schema_key_order", "tool_order"}
@@ -321,13 +347,20 @@ def test_passthrough_plain_normalizes_and_reads_anthropic_usage(anthropic_gatewa
 
 def test_passthrough_stream_relays_events_and_records_usage(anthropic_gateway):
     gw, stub = anthropic_gateway
-    with client(gw).messages.stream(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "Hi"}]) as stream:
+    with client(gw).messages.stream(
+        model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "Hi"}]
+    ) as stream:
         text = "".join(stream.text_stream)
         message = stream.get_final_message()
     assert text == "Hi there"
     assert (message.usage.cache_read_input_tokens, message.usage.output_tokens) == (100, 3)
     (record,) = gw.wait_records(1)
-    assert (record.stream, record.cached_tokens, record.cache_write_tokens, record.completion_tokens) == (True, 100, 30, 3)
+    assert (record.stream, record.cached_tokens, record.cache_write_tokens, record.completion_tokens) == (
+        True,
+        100,
+        30,
+        3,
+    )
     assert record.prompt_tokens == 137 and record.ttft_ms is not None
 
 

@@ -96,7 +96,13 @@ def deployment(engine_url: str, tmp_path: Path) -> Iterator[Deployment]:
 
 
 def cached_system(ttl: str = "5m") -> list[dict]:
-    return [{"type": "text", "text": f"[session {uuid.uuid4().hex}] {LONG_SYSTEM}", "cache_control": {"type": "ephemeral", "ttl": ttl}}]
+    return [
+        {
+            "type": "text",
+            "text": f"[session {uuid.uuid4().hex}] {LONG_SYSTEM}",
+            "cache_control": {"type": "ephemeral", "ttl": ttl},
+        }
+    ]
 
 
 def usage_tuple(usage) -> tuple[int, int, int]:
@@ -144,7 +150,9 @@ def test_one_hour_breakpoints_and_the_minimum_cacheable_prefix(deployment: Deplo
     assert hour.usage.cache_creation.ephemeral_5m_input_tokens == 0
     short_system = [{"type": "text", "text": f"{uuid.uuid4().hex} Be brief.", "cache_control": {"type": "ephemeral"}}]
     for _ in range(2):
-        short = client.messages.create(model=MODEL, max_tokens=2, system=short_system, messages=[{"role": "user", "content": "Hi"}])
+        short = client.messages.create(
+            model=MODEL, max_tokens=2, system=short_system, messages=[{"role": "user", "content": "Hi"}]
+        )
         # Below the model's minimum cacheable prefix: nothing written, nothing read, even when the engine reused it.
         assert short.usage.cache_creation_input_tokens == 0 and short.usage.cache_read_input_tokens == 0
         assert short.usage.input_tokens > 20
@@ -205,8 +213,14 @@ def test_tool_history_is_accepted_by_the_engine(deployment: Deployment):
         tools=[WEATHER_TOOL],
         messages=[
             {"role": "user", "content": f"[{uuid.uuid4().hex}] What is the weather in Paris?"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "21 C and sunny"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "21 C and sunny"}],
+            },
         ],
     )
     assert message.stop_reason in ("end_turn", "max_tokens", "tool_use")
@@ -236,7 +250,10 @@ def test_tool_use_round_trip(deployment: Deployment):
         messages=[
             question,
             {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "21 C and sunny"}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "21 C and sunny"}],
+            },
         ],
     )
     assert answer.stop_reason in ("end_turn", "max_tokens")
@@ -261,7 +278,14 @@ def test_errors_have_anthropics_shape_and_one_row_each(deployment: Deployment):
         client.messages.create(
             model=MODEL,
             max_tokens=4,
-            messages=[{"role": "user", "content": [{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}],
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
+                    ],
+                }
+            ],
         )
     assert "'document' are not supported" in document.value.body["error"]["message"]
     ids.append(document.value.response.headers["x-request-id"])
@@ -281,7 +305,9 @@ def test_chat_and_messages_share_the_cached_prefix(deployment: Deployment):
     )
     usage = messages_response.parse().usage
     chat_messages = [{"role": "system", "content": system[0]["text"]}, question]
-    chat = deployment.openai().chat.completions.with_raw_response.create(model=MODEL, messages=chat_messages, max_tokens=4)
+    chat = deployment.openai().chat.completions.with_raw_response.create(
+        model=MODEL, messages=chat_messages, max_tokens=4
+    )
     chat_usage = chat.parse().usage
     assert chat_usage.prompt_tokens == sum(usage_tuple(usage))
     assert chat_usage.prompt_tokens_details.cached_tokens == chat_usage.prompt_tokens - 1  # all but the last token
@@ -323,7 +349,9 @@ def test_stop_sequences_end_with_stop_reason_stop_sequence(deployment: Deploymen
     text = free.content[0].text
     stop = text[4:8]
     assert len(stop) == 4 and stop.strip()
-    stopped = client.messages.create(model=MODEL, max_tokens=12, messages=messages, stop_sequences=[stop], extra_body=greedy)
+    stopped = client.messages.create(
+        model=MODEL, max_tokens=12, messages=messages, stop_sequences=[stop], extra_body=greedy
+    )
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
     assert stop not in stopped.content[0].text and text.startswith(stopped.content[0].text)
     with client.messages.stream(

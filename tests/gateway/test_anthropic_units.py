@@ -38,7 +38,10 @@ def test_breakpoints_are_found_in_prompt_order_with_their_ttl():
         tools=[{"name": "a", "input_schema": {}, "cache_control": HOUR}],
         system=[{"type": "text", "text": "s", "cache_control": HOUR}, {"type": "text", "text": "t"}],
         messages=[
-            {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y", "cache_control": EPHEMERAL}]}
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y", "cache_control": EPHEMERAL}],
+            }
         ],
     )
     parsed = parse(body)
@@ -70,14 +73,22 @@ def test_more_than_four_breakpoints_is_a_400():
         (base(stop_sequences="END"), "stop_sequences: must be a list of non-empty strings"),
         (base(metadata={"user_id": 3}), "metadata.user_id: must be a string"),
         (base(tool_choice={"type": "maybe"}), "tool_choice.type: must be one of 'auto', 'any', 'tool', 'none'"),
-        (base(tool_choice={"type": "tool", "name": "nope"}), "tool_choice.name: 'nope' is not one of the tools in the request"),
+        (
+            base(tool_choice={"type": "tool", "name": "nope"}),
+            "tool_choice.name: 'nope' is not one of the tools in the request",
+        ),
         (base(tools=[{"name": "t"}]), "tools[0].input_schema: Field required (a JSON schema object)"),
         (
             base(system=[{"type": "text", "text": "s", "cache_control": {"type": "ephemeral", "ttl": "10m"}}]),
             "system[0].cache_control.ttl: must be '5m' or '1h', not '10m'",
         ),
         (
-            base(system=[{"type": "text", "text": "a", "cache_control": EPHEMERAL}, {"type": "text", "text": "b", "cache_control": HOUR}]),
+            base(
+                system=[
+                    {"type": "text", "text": "a", "cache_control": EPHEMERAL},
+                    {"type": "text", "text": "b", "cache_control": HOUR},
+                ]
+            ),
             "system[1].cache_control: a ttl='1h' cache_control block must not come after a ttl='5m' one (system[0])",
         ),
     ],
@@ -89,8 +100,14 @@ def test_invalid_requests_name_the_field(body, message):
 @pytest.mark.parametrize(
     ("block", "where"),
     [
-        ({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}, "messages[0].content[0]"),
-        ({"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}, "messages[0].content[0]"),
+        (
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}},
+            "messages[0].content[0]",
+        ),
+        (
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}},
+            "messages[0].content[0]",
+        ),
         ({"type": "thinking", "thinking": "hmm", "signature": "s"}, "messages[0].content[0]"),
     ],
 )
@@ -151,7 +168,11 @@ def test_common_prefix():
     assert common_prefix([], [1]) == 0
 
 
-TOOL = {"name": "get_weather", "description": "Weather.", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+TOOL = {
+    "name": "get_weather",
+    "description": "Weather.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
 
 
 def test_translation_to_the_chat_api():
@@ -172,7 +193,12 @@ def test_translation_to_the_chat_api():
                 "role": "assistant",
                 "content": [
                     {"type": "text", "text": "Checking."},
-                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"unit": "C", "city": "Paris"}},
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "get_weather",
+                        "input": {"unit": "C", "city": "Paris"},
+                    },
                 ],
             },
             {
@@ -194,13 +220,22 @@ def test_translation_to_the_chat_api():
                 "role": "assistant",
                 "content": "Checking.",
                 "tool_calls": [
-                    {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris","unit":"C"}'}}
+                    {
+                        "id": "toolu_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Paris","unit":"C"}'},
+                    }
                 ],
             },
             {"role": "tool", "tool_call_id": "toolu_1", "content": "21 C"},
             {"role": "user", "content": "And tomorrow?"},
         ],
-        "tools": [{"function": {"description": "Weather.", "name": "get_weather", "parameters": TOOL["input_schema"]}, "type": "function"}],
+        "tools": [
+            {
+                "function": {"description": "Weather.", "name": "get_weather", "parameters": TOOL["input_schema"]},
+                "type": "function",
+            }
+        ],
         "tool_choice": "required",
         "parallel_tool_calls": False,
         "max_tokens": 9,
@@ -214,7 +249,9 @@ def test_translation_to_the_chat_api():
     plain = to_chat_body(body, stream=False, style=ChatStyle(sorted_tool_keys=False, canonical_arguments=False))
     assert list(plain["tools"][0]) == ["type", "function"]
     assert plain["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"unit": "C", "city": "Paris"}'
-    assert to_chat_body({**body, "tool_choice": {"type": "tool", "name": "get_weather"}}, stream=False)["tool_choice"] == {
+    assert to_chat_body({**body, "tool_choice": {"type": "tool", "name": "get_weather"}}, stream=False)[
+        "tool_choice"
+    ] == {
         "type": "function",
         "function": {"name": "get_weather"},
     }
@@ -259,7 +296,11 @@ def test_stream_translation_opens_and_closes_blocks():
     translator = ChunkTranslator(None)
     out = translator.feed({"choices": [{"delta": {"content": "Hi"}, "finish_reason": None}]})
     out += translator.feed(
-        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{\"a\""}}]}}]}
+        {
+            "choices": [
+                {"delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}]}}
+            ]
+        }
     )
     out += translator.feed({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}}]})
     out += translator.feed({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]})
@@ -328,4 +369,7 @@ def test_messages_settings():
         parse_messages_settings({"min_cacheable": 3})
     with pytest.raises(ConfigError):
         parse_messages_settings({"min_cacheable_tokens": -1})
-    assert parse_config({"upstreams": [{"name": "a", "url": "http://x", "kind": "anthropic"}]}).upstreams[0].kind == "anthropic"
+    assert (
+        parse_config({"upstreams": [{"name": "a", "url": "http://x", "kind": "anthropic"}]}).upstreams[0].kind
+        == "anthropic"
+    )
