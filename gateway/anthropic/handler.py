@@ -34,7 +34,7 @@ from gateway.asgi_io import (
     send_response,
 )
 from gateway.auth import Principal
-from gateway.errors import BadRequest, GatewayError, MethodNotAllowed
+from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, Unauthorized
 from gateway.explain.explainer import ExplainContext
 from gateway.fingerprint import prefix_hash, prompt_text
 from gateway.forwarding import map_transport_error
@@ -58,7 +58,13 @@ ANTHROPIC_KIND = "anthropic"
 def authenticate(runtime: Runtime, headers: dict[bytes, str]) -> Principal:
     """The caller, from `x-api-key` (Anthropic's header) or else `Authorization: Bearer`."""
     api_key = headers.get(_X_API_KEY, "").strip()
-    return runtime.keys.authenticate(f"Bearer {api_key}" if api_key else headers.get(_AUTHORIZATION))
+    authorization = headers.get(_AUTHORIZATION)
+    try:
+        return runtime.keys.authenticate(f"Bearer {api_key}" if api_key else authorization)
+    except Unauthorized:
+        if api_key or authorization:
+            raise
+        raise Unauthorized("You didn't provide an API key. Send it in the x-api-key header.") from None
 
 
 def chat_style(runtime: Runtime, tenant: str) -> ChatStyle:
@@ -104,6 +110,13 @@ class MessagesProxy(CompletionProxy):
         settings = runtime.config.tenant_settings(principal.tenant)
         normalized_body, tracker.applied_rules = normalize(request.body, settings)
         normalized = replace(request, body=normalized_body)
+        if route.adapter.kind != ANTHROPIC_KIND and normalized_body["messages"][-1]["role"] == "assistant":
+            last = len(normalized_body["messages"]) - 1
+            raise BadRequest(
+                f"messages[{last}]: a final assistant message (a prefill to continue) is not supported on the "
+                f"upstream {route.name!r}, whose chat API starts a new assistant turn",
+                param=f"messages[{last}]",
+            )
         style = chat_style(runtime, principal.tenant)
         chat_body = to_chat_body(normalized_body, stream=request.stream, style=style)
         salt = runtime.salts.salt_for(principal.tenant)

@@ -240,6 +240,17 @@ def test_errors_have_anthropics_shape_and_are_recorded(gateway, stub, body, stat
     assert (record.endpoint, record.status_code) == ("messages", status)
 
 
+def test_a_final_assistant_message_is_refused_on_a_chat_upstream(gateway, stub):
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client(gateway).messages.create(
+            model="m",
+            max_tokens=5,
+            messages=[{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi"}],
+        )
+    assert caught.value.body["error"]["message"].startswith("messages[1]: a final assistant message (a prefill")
+    assert stub.state.requests == []
+
+
 def test_sdk_raises_its_typed_errors(gateway):
     with pytest.raises(anthropic.BadRequestError) as caught:
         client(gateway).messages.create(
@@ -263,14 +274,24 @@ def test_x_api_key_and_bearer_both_authenticate(stub, stub_url):
             client(gw, "wrong").messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
         assert caught.value.body["type"] == "error"
         assert caught.value.body["error"]["type"] == "authentication_error"
+        missing = httpx.post(f"{gw.url}/v1/messages", json={"model": "m", "max_tokens": 4, "messages": []})
+        assert missing.status_code == 401
+        assert missing.json() == {
+            "type": "error",
+            "error": {
+                "type": "authentication_error",
+                "message": "You didn't provide an API key. Send it in the x-api-key header.",
+            },
+        }
         counted = httpx.post(
             f"{gw.url}/v1/messages/count_tokens", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         )
         assert counted.status_code == 401 and counted.json()["error"]["type"] == "authentication_error"
-        records = gw.wait_records(3)
+        records = gw.wait_records(4)
         assert [(r.tenant, r.key_id, r.status_code) for r in records] == [
             ("acme", "k1", 200),
             ("acme", "k1", 200),
+            ("unauthenticated", None, 401),
             ("unauthenticated", None, 401),
         ]
 
