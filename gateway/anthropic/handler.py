@@ -67,6 +67,23 @@ def authenticate(runtime: Runtime, headers: dict[bytes, str]) -> Principal:
         raise Unauthorized("You didn't provide an API key. Send it in the x-api-key header.") from None
 
 
+def check_chat_upstream(body: dict[str, Any], route: Route) -> None:
+    """Refuse what a chat upstream cannot honour: a final assistant message (Anthropic's prefill; the chat API starts a
+    new assistant turn instead) and extended thinking."""
+    last = len(body["messages"]) - 1
+    if body["messages"][last]["role"] == "assistant":
+        raise BadRequest(
+            f"messages[{last}]: a final assistant message (a prefill to continue) is not supported on the "
+            f"upstream {route.name!r}, whose chat API starts a new assistant turn",
+            param=f"messages[{last}]",
+        )
+    thinking = body.get("thinking")
+    if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
+        raise BadRequest(
+            f"thinking: extended thinking is not supported on the upstream {route.name!r}", param="thinking"
+        )
+
+
 def chat_style(runtime: Runtime, tenant: str) -> ChatStyle:
     rules = runtime.config.tenant_settings(tenant).rules
     return ChatStyle("tool_schema_key_order" in rules, "tool_call_arguments_key_order" in rules)
@@ -110,13 +127,8 @@ class MessagesProxy(CompletionProxy):
         settings = runtime.config.tenant_settings(principal.tenant)
         normalized_body, tracker.applied_rules = normalize(request.body, settings)
         normalized = replace(request, body=normalized_body)
-        if route.adapter.kind != ANTHROPIC_KIND and normalized_body["messages"][-1]["role"] == "assistant":
-            last = len(normalized_body["messages"]) - 1
-            raise BadRequest(
-                f"messages[{last}]: a final assistant message (a prefill to continue) is not supported on the "
-                f"upstream {route.name!r}, whose chat API starts a new assistant turn",
-                param=f"messages[{last}]",
-            )
+        if route.adapter.kind != ANTHROPIC_KIND:
+            check_chat_upstream(normalized_body, route)
         style = chat_style(runtime, principal.tenant)
         chat_body = to_chat_body(normalized_body, stream=request.stream, style=style)
         salt = runtime.salts.salt_for(principal.tenant)

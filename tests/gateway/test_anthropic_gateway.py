@@ -240,7 +240,7 @@ def test_errors_have_anthropics_shape_and_are_recorded(gateway, stub, body, stat
     assert (record.endpoint, record.status_code) == ("messages", status)
 
 
-def test_a_final_assistant_message_is_refused_on_a_chat_upstream(gateway, stub):
+def test_prefill_and_thinking_are_refused_on_a_chat_upstream(gateway, stub):
     with pytest.raises(anthropic.BadRequestError) as caught:
         client(gateway).messages.create(
             model="m",
@@ -248,6 +248,16 @@ def test_a_final_assistant_message_is_refused_on_a_chat_upstream(gateway, stub):
             messages=[{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi"}],
         )
     assert caught.value.body["error"]["message"].startswith("messages[1]: a final assistant message (a prefill")
+    with pytest.raises(anthropic.BadRequestError) as thinking:
+        client(gateway).messages.create(
+            model="m",
+            max_tokens=2048,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            messages=[{"role": "user", "content": "Think"}],
+        )
+    assert (
+        thinking.value.body["error"]["message"] == "thinking: extended thinking is not supported on the upstream 'stub'"
+    )
     assert stub.state.requests == []
 
 
