@@ -8,4 +8,3 @@ reports them; `stream` writes Anthropic's server-sent events; `engine_forward` a
 """
 
 MESSAGES = "messages"
-COUNT_TOKENS = "messages.count_tokens"
