@@ -4,7 +4,9 @@ Anthropic's definitions ("Prompt caching", "Tracking cache performance"): `cache
 cache, `cache_creation_input_tokens` were written to it (the prefix up to the last breakpoint that was not read),
 split into `cache_creation.ephemeral_5m_input_tokens` / `ephemeral_1h_input_tokens` by the lifetime of the
 breakpoint that covers them, and `input_tokens` are the tokens after the last breakpoint. The three add up to the
-prompt. A prefix shorter than the model's minimum cacheable length is neither written nor read.
+prompt. A prefix shorter than the model's minimum cacheable length is neither written nor read: a breakpoint before it
+marks nothing, and a match shorter than it (say, the chat template's opening tokens that every prompt shares) is not
+reported as a read.
 
 Here the engine caches every prompt, so a read is what the engine reports as matched, capped at the last breakpoint
 that is long enough. A breakpoint's position, in tokens, is the length of the common token prefix of the request cut
@@ -79,6 +81,8 @@ def split_usage(
         return no_cache(prompt_tokens)
     last = max(p.position_tokens for p in eligible)
     read = max(0, min(matched_tokens, last))
+    if read < min_cacheable_tokens:
+        read = 0  # nothing that short is ever cached, so nothing that short is read
     written = {"5m": 0, TTL_1H: 0}
     previous = 0
     for point in sorted(eligible, key=lambda p: p.position_tokens):

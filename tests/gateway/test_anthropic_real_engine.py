@@ -42,7 +42,8 @@ WEATHER_TOOL = {
 @dataclass
 class Deployment:
     url: str
-    keys: dict[str, str]
+    keys: dict[str, str]  # "alpha" / "beta" -> key
+    tenants: dict[str, str]  # "alpha" / "beta" -> the tenant's name, fresh for each test
     database_url: str
 
     def anthropic(self, tenant: str = "alpha") -> anthropic.Anthropic:
@@ -83,7 +84,10 @@ def deployment(engine_url: str, tmp_path: Path) -> Iterator[Deployment]:
     database_url = f"sqlite:///{tmp_path}/gateway.db"
     upgrade(database_url)
     sync_engine = create_engine(database_url)
-    keys = {tenant: create_api_key(sync_engine, tenant).plaintext_key for tenant in ("alpha", "beta")}
+    # Fresh tenants (so fresh cache namespaces) for every test: nothing cached by another test, in this module or
+    # another on the same engine, can reach these requests.
+    tenants = {name: f"messages-{name}-{uuid.uuid4().hex[:8]}" for name in ("alpha", "beta")}
+    keys = {name: create_api_key(sync_engine, tenant).plaintext_key for name, tenant in tenants.items()}
     sync_engine.dispose()
     config = gateway_config(
         engine_url,
@@ -92,7 +96,7 @@ def deployment(engine_url: str, tmp_path: Path) -> Iterator[Deployment]:
     )
     config = replace(config, messages=MessagesSettings(1024, {MODEL: MIN_CACHEABLE}))
     with running_gateway(config, db_storage(database_url, tmp_path)) as gw:
-        yield Deployment(gw.url, keys, database_url)
+        yield Deployment(gw.url, keys, tenants, database_url)
 
 
 def cached_system(ttl: str = "5m") -> list[dict]:
@@ -137,7 +141,7 @@ def test_breakpoint_writes_then_reads_the_prefix(deployment: Deployment):
     assert [rows[i]["cache_write_tokens"] for i in ids] == [prefix, two.cache_creation_input_tokens]
     assert [rows[i]["prompt_tokens"] for i in ids] == [sum(usage_tuple(one)), sum(usage_tuple(two))]
     assert [rows[i]["retention_class"] for i in ids] == ["5m", "5m"]
-    assert [rows[i]["tenant"] for i in ids] == ["alpha", "alpha"]
+    assert [rows[i]["tenant"] for i in ids] == [deployment.tenants["alpha"]] * 2
     assert rows[ids[0]]["miss_reason"] == "new_prefix" and rows[ids[1]]["miss_reason"] == "hit"
 
 

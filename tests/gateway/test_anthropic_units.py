@@ -160,6 +160,9 @@ def test_split_usage_below_the_minimum_caches_nothing():
     # Only the breakpoint past the minimum counts.
     partial = split_usage(150, 0, points, min_cacheable_tokens=100)
     assert (partial.input_tokens, partial.cache_creation_input_tokens) == (30, 120)
+    # A match shorter than the minimum (the template's opening tokens) is no read: the prefix is written.
+    opening = split_usage(150, 4, points, min_cacheable_tokens=100)
+    assert (opening.input_tokens, opening.cache_read_input_tokens, opening.cache_creation_input_tokens) == (30, 0, 120)
 
 
 def test_common_prefix():
