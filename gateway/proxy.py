@@ -22,7 +22,7 @@ from gateway.asgi_io import (
     run_until_disconnect,
     send_response,
 )
-from gateway.errors import ClientDisconnected, GatewayError, MethodNotAllowed
+from gateway.errors import ClientDisconnected, GatewayError, MethodNotAllowed, error_body
 from gateway.explain.explainer import ExplainContext
 from gateway.fingerprint import prefix_hash, prompt_text
 from gateway.forwarding import forward_plain, forward_stream
@@ -96,7 +96,7 @@ class CompletionProxy:
 
     def error_body(self, exc: GatewayError) -> bytes:
         """The body of an error response in this endpoint's protocol (OpenAI's shape here)."""
-        return exc.body()
+        return error_body(exc.message, exc.error_type, exc.param, exc.code)
 
     async def _handle(
         self, scope: dict[str, Any], receive: Receive, send: _TrackedSend, tracker: RequestTracker, start_perf: float
