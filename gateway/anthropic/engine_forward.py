@@ -74,7 +74,9 @@ class Exchange:
             return await self.positions
         except DryRunFailed as exc:
             log.warning("could not measure cache breakpoint positions: %s", exc)
-            return None
+        except Exception:  # the usage report falls back; the answer must not fail because of it
+            log.exception("could not measure cache breakpoint positions")
+        return None
 
     def cache_usage(self, usage: UsageReport, points: list[CachePoint] | None) -> CacheUsage:
         """Anthropic's prompt-side usage for what the upstream reported; also fills in the record."""

@@ -22,7 +22,7 @@ from gateway.anthropic import MESSAGES, engine_forward, passthrough
 from gateway.anthropic.errors import body_for_gateway_error
 from gateway.anthropic.normalize import normalize
 from gateway.anthropic.positions import DryRunFailed, breakpoint_positions, dry_run
-from gateway.anthropic.request import MessagesRequest, parse_messages_request
+from gateway.anthropic.request import MessagesRequest, parse_messages_request, too_deep
 from gateway.anthropic.translate import ChatStyle, to_chat_body
 from gateway.asgi_io import (
     JSON_CONTENT_TYPE,
@@ -124,6 +124,24 @@ class MessagesProxy(CompletionProxy):
         tracker.retention_class = request.retention_class
         route = runtime.router.route(request.model)
         tracker.upstream = route.name
+        try:
+            return await self._forward(request, principal, route, headers, receive, send, tracker, start_perf)
+        except RecursionError:
+            # Deeply nested values (a tool schema, a tool input) that parsed but are too deep to normalize or encode.
+            raise too_deep() from None
+
+    async def _forward(
+        self,
+        request: MessagesRequest,
+        principal: Principal,
+        route: Route,
+        headers: dict[bytes, str],
+        receive: Receive,
+        send: Send,
+        tracker: RequestTracker,
+        start_perf: float,
+    ) -> Outcome:
+        runtime = self._runtime
         settings = runtime.config.tenant_settings(principal.tenant)
         normalized_body, tracker.applied_rules = normalize(request.body, settings)
         normalized = replace(request, body=normalized_body)
@@ -211,7 +229,10 @@ class CountTokens:
         request_id = "req_" + secrets.token_hex(12)
         ids = [(b"x-request-id", request_id.encode()), (b"request-id", request_id.encode())]
         try:
-            status, body, content_type = await self._count(scope, receive)
+            try:
+                status, body, content_type = await self._count(scope, receive)
+            except RecursionError:
+                raise too_deep() from None
         except GatewayError as exc:
             self._runtime.metrics.count_error(exc.error_type)
             await send_response(send, exc.status_code, body_for_gateway_error(exc), [*ids, JSON_CONTENT_TYPE])

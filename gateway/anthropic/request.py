@@ -67,7 +67,10 @@ class MessagesRequest:
 
 def parse_messages_request(raw: bytes, *, count_only: bool = False) -> MessagesRequest:
     """Decode and validate `raw`. `count_only` (for `count_tokens`) does not require `max_tokens`."""
-    body = decode_json_object(raw)
+    try:
+        body = decode_json_object(raw)
+    except RecursionError:
+        raise too_deep() from None
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest(
@@ -104,6 +107,10 @@ def parse_messages_request(raw: bytes, *, count_only: bool = False) -> MessagesR
                 param="cache_control",
             )
     return MessagesRequest(body, model, stream, max_tokens if isinstance(max_tokens, int) else 0, tuple(breakpoints))
+
+
+def too_deep() -> BadRequest:
+    return BadRequest("The request body is nested too deeply to be processed.")
 
 
 def _number(body: dict[str, Any], name: str, low: float, high: float) -> None:

@@ -261,6 +261,29 @@ def test_prefill_and_thinking_are_refused_on_a_chat_upstream(gateway, stub):
     assert stub.state.requests == []
 
 
+@pytest.mark.parametrize("where", ["tool schema", "tool input"])
+def test_deeply_nested_values_are_a_400(gateway, stub, where):
+    deep = '{"a":' * 1000 + "1" + "}" * 1000
+    user = '{"role":"user","content":"hi"}'
+    if where == "tool schema":
+        body = (
+            '{"model":"m","max_tokens":4,"tools":[{"name":"t","input_schema":' + deep + '}],"messages":[' + user + "]}"
+        )
+    else:
+        tool_use = '{"role":"assistant","content":[{"type":"tool_use","id":"x","name":"t","input":' + deep + "}]}"
+        body = '{"model":"m","max_tokens":4,"messages":[' + tool_use + "," + user + "]}"
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        response = httpx.post(gateway.url + path, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 400
+        assert response.json()["error"] == {
+            "type": "invalid_request_error",
+            "message": "The request body is nested too deeply to be processed.",
+        }
+    (record,) = gateway.wait_records(1)
+    assert (record.endpoint, record.status_code) == ("messages", 400)
+    assert stub.state.requests == []
+
+
 def test_sdk_raises_its_typed_errors(gateway):
     with pytest.raises(anthropic.BadRequestError) as caught:
         client(gateway).messages.create(
