@@ -24,7 +24,7 @@ from gateway.forwarding import map_transport_error
 from gateway.recording import Outcome, RequestTracker
 from gateway.routing import Route
 from gateway.upstreams.base import UsageReport
-from gateway.upstreams.kinds import anthropic_usage
+from gateway.upstreams.kinds import HEADER_MATCHED, HEADER_PROMPT, anthropic_usage
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,13 @@ async def forward_plain(
         if isinstance(decoded, dict):
             _record_usage(tracker, decoded.get("usage"))
         outcome = tracker.outcome = Outcome(upstream.status_code)
-    await send_response(send, upstream.status_code, body, _headers(tracker, upstream))
+    headers = _headers(tracker, upstream)
+    usage = tracker.usage
+    if usage is not None and usage.prompt_tokens is not None:
+        # The match headers every gateway response carries, from the upstream's usage (it reports no miss kind).
+        headers.append((HEADER_MATCHED.encode(), str(usage.cached_tokens or 0).encode()))
+        headers.append((HEADER_PROMPT.encode(), str(usage.prompt_tokens).encode()))
+    await send_response(send, upstream.status_code, body, headers)
     return outcome
 
 

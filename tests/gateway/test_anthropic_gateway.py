@@ -371,8 +371,13 @@ def test_passthrough_plain_normalizes_and_reads_anthropic_usage(anthropic_gatewa
         "messages": [{"role": "user", "content": "Hi"}],
         "cache_salt": "client-chosen",
     }
-    message = client(gw).messages.create(
+    response = client(gw).messages.with_raw_response.create(
         **{k: v for k, v in body.items() if k != "cache_salt"}, extra_body={"cache_salt": "x"}
+    )
+    message = response.parse()
+    assert (response.headers["x-prefix-cache-matched-tokens"], response.headers["x-prefix-cache-prompt-tokens"]) == (
+        "100",
+        "137",
     )
     assert message.content[0].text == "Hi there"
     assert message.usage.cache_read_input_tokens == 100
