@@ -275,10 +275,9 @@ def test_deeply_nested_values_are_a_400(gateway, stub, where):
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         response = httpx.post(gateway.url + path, content=body, headers={"content-type": "application/json"})
         assert response.status_code == 400
-        assert response.json()["error"] == {
-            "type": "invalid_request_error",
-            "message": "The request body is nested too deeply to be processed.",
-        }
+        error = response.json()["error"]
+        # The message names the nesting (the shared JSON decoder may refuse it first, in its own words).
+        assert error["type"] == "invalid_request_error" and "nest" in error["message"]
     (record,) = gateway.wait_records(1)
     assert (record.endpoint, record.status_code) == ("messages", 400)
     assert stub.state.requests == []
