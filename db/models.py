@@ -122,10 +122,10 @@ class RequestRecordRow(Base):
     ttft_source: Mapped[str | None] = mapped_column(String(16))
     divergence_source: Mapped[str | None] = mapped_column(String(16))
     template_tokens: Mapped[int | None] = mapped_column(Integer)
-
-
     # NULL: prefix_hash and the chain are plain hashes (rows from before keying); 1: keyed per tenant.
     hash_key_version: Mapped[int | None] = mapped_column(SmallInteger)
+    cache_write_tokens: Mapped[int | None] = mapped_column(Integer)
+    retention_class: Mapped[str | None] = mapped_column(String(16))
 
     # The explorer filters by one of these and pages newest first.
     __table_args__ = (

@@ -16,7 +16,10 @@ from db.advice import AdviceOutcome
 from db.chains import RequestChain
 from db.timeutil import as_utc
 
-ENDPOINTS: Final = ("chat.completions", "completions")
+ENDPOINTS: Final = ("chat.completions", "completions", "messages")
+
+# Lifetime classes a request's cache breakpoints can ask for (Anthropic's `cache_control.ttl`).
+RETENTION_CLASSES: Final = ("5m", "1h")
 
 # How far the prompt was served from cache and why not further, as the engine reports it: `hit` everything that
 # could be was (all but the last token, page-aligned); `partial` a prefix matched, then the prompt diverged from
@@ -119,6 +122,10 @@ class RequestRecord:
     # How `prefix_hash` and the chain's hashes are keyed: None for rows from before keyed hashes (plain hashes of
     # the prompt), 1 for keyed BLAKE2b under a per-tenant key derived from the gateway's secret (gateway.record_keys).
     hash_key_version: int | None = None
+    # Prompt tokens written to the cache (`cache_creation_input_tokens` on the Messages API; None elsewhere), and the
+    # longest retention class (`RETENTION_CLASSES`) the request's cache breakpoints asked for (None without any).
+    cache_write_tokens: int | None = None
+    retention_class: str | None = None
 
     @property
     def cache_hit(self) -> bool | None:

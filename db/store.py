@@ -69,6 +69,8 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "divergence_source": record.divergence_source,
         "template_tokens": record.template_tokens,
         "hash_key_version": record.hash_key_version,
+        "cache_write_tokens": record.cache_write_tokens,
+        "retention_class": record.retention_class,
     }
 
 
@@ -128,6 +130,8 @@ def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
         divergence_source=row.divergence_source,
         template_tokens=row.template_tokens,
         hash_key_version=getattr(row, "hash_key_version", None),
+        cache_write_tokens=row.cache_write_tokens,
+        retention_class=row.retention_class,
     )
 
 

@@ -17,6 +17,7 @@ import msgspec
 from litestar import Litestar, Request, Response, asgi, get
 
 from gateway.advisor.sampler import AdviceSampler
+from gateway.anthropic.handler import CountTokens, MessagesProxy
 from gateway.auth import KeySnapshot, KeyStore
 from gateway.config import GatewayConfig
 from gateway.edge_errors import exception_handlers
@@ -131,6 +132,17 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     async def legacy_completions(scope: Any, receive: Any, send: Any) -> None:
         await completions(scope, receive, send)
 
+    messages = MessagesProxy(runtime)
+    count_tokens = CountTokens(runtime)
+
+    @asgi("/v1/messages", copy_scope=False)
+    async def anthropic_messages(scope: Any, receive: Any, send: Any) -> None:
+        await messages(scope, receive, send)
+
+    @asgi("/v1/messages/count_tokens", copy_scope=False)
+    async def anthropic_count_tokens(scope: Any, receive: Any, send: Any) -> None:
+        await count_tokens(scope, receive, send)
+
     @get("/health", sync_to_thread=False)
     def health() -> dict[str, Any]:
         counters = storage.sink.counters()
@@ -170,7 +182,17 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         return Response(content=openapi_body, media_type="application/json")
 
     return Litestar(
-        route_handlers=[chat_completions, legacy_completions, health, metrics_endpoint, models, stats_handler, openapi],
+        route_handlers=[
+            chat_completions,
+            legacy_completions,
+            anthropic_messages,
+            anthropic_count_tokens,
+            health,
+            metrics_endpoint,
+            models,
+            stats_handler,
+            openapi,
+        ],
         lifespan=[lifespan],
         exception_handlers=exception_handlers(metrics),
         openapi_config=None,

@@ -24,7 +24,7 @@ Example `prefixscope.toml`::
     [[upstreams]]
     name = "local"
     url = "http://127.0.0.1:8001"
-    kind = "local_engine"               # local_engine | openai | vllm | sglang
+    kind = "local_engine"               # local_engine | openai | vllm | sglang | anthropic
     timeout = 600                       # seconds
     # api_key = "sk-..."
 
@@ -42,6 +42,9 @@ Example `prefixscope.toml`::
     [tenants.acme]
     rules = { tool_order = false, hoist_volatile = true }
     volatile_patterns = ['\\d{4}-\\d{2}-\\d{2}']
+
+    [messages]                          # the Anthropic Messages API (see gateway/anthropic/settings.py)
+    min_cacheable_tokens = 1024
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.anthropic.settings import MessagesSettings, parse_messages_settings
 from gateway.errors import ConfigError
 from gateway.tenant_settings import (  # noqa: F401 - re-exported: the rule names belong to the configuration
     ALL_RULES,
@@ -62,7 +66,7 @@ from gateway.tenant_settings import (  # noqa: F401 - re-exported: the rule name
     parse_tenant,
 )
 
-UPSTREAM_KINDS = ("local_engine", "openai", "vllm", "sglang")
+UPSTREAM_KINDS = ("local_engine", "openai", "vllm", "sglang", "anthropic")
 
 DEFAULT_UPSTREAM_URL = "http://127.0.0.1:8001"
 DEFAULT_SECRET_FILE = Path("var/gateway_secret")
@@ -135,6 +139,7 @@ class GatewayConfig:
     auth: str = "keys"  # "none": open mode, the operator's explicit choice
     max_key_staleness_s: float = 60.0
     key_snapshot_path: Path | None = DEFAULT_KEY_SNAPSHOT_PATH
+    messages: MessagesSettings = MessagesSettings()
 
     @property
     def open_mode(self) -> bool:
@@ -177,7 +182,7 @@ def load_config(path: Path | None, overrides: ConfigOverrides = ConfigOverrides(
 
 def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
     """Build a `GatewayConfig` from the parsed TOML document."""
-    unknown = set(data) - {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth"}
+    unknown = set(data) - {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages"}
     if unknown:
         raise ConfigError(f"unknown config sections: {sorted(unknown)}")
     section = dict(data.get("gateway", {}))
@@ -227,6 +232,7 @@ def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
         tenant_defaults=tenant_defaults,
         tenants=tenants,
         recorder=recorder,
+        messages=parse_messages_settings(dict(data.get("messages", {}))),
         **kwargs,
     )
 

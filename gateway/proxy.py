@@ -83,7 +83,7 @@ class CompletionProxy:
         except GatewayError as exc:
             if not tracked_send.started:
                 headers = [(b"x-request-id", request_id.encode()), JSON_CONTENT_TYPE]
-                await send_response(send, exc.status_code, exc.body(), headers)
+                await send_response(send, exc.status_code, self.error_body(exc), headers)
             tracker.finish(exc.status_code, exc.error_type)
         except BaseException as exc:
             # Unexpected failures and cancellation (server shutdown) are recorded too, then re-raised or answered.
@@ -92,8 +92,12 @@ class CompletionProxy:
                 raise
             log.exception("unexpected error in %s", self._endpoint)
             if not tracked_send.started:
-                body = error_body("The gateway hit an internal error.", "server_error")
+                body = self.error_body(GatewayError("The gateway hit an internal error."))
                 await send_response(send, 500, body, [(b"x-request-id", request_id.encode()), JSON_CONTENT_TYPE])
+
+    def error_body(self, exc: GatewayError) -> bytes:
+        """The body of an error response in this endpoint's protocol (OpenAI's shape here)."""
+        return error_body(exc.message, exc.error_type, exc.param, exc.code)
 
     async def _handle(
         self, scope: dict[str, Any], receive: Receive, send: _TrackedSend, tracker: RequestTracker, start_perf: float

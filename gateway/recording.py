@@ -106,6 +106,8 @@ class RequestTracker:
         "finished",
         "explain",
         "namespace_label",
+        "cache_write_tokens",
+        "retention_class",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -131,6 +133,9 @@ class RequestTracker:
         self.finished = False
         self.explain: ExplainContext | None = None
         self.namespace_label: str | None = None  # the engine's label of the tenant's cache namespace
+        # Messages API only: prompt tokens written to the cache, and the longest lifetime class a breakpoint asked for.
+        self.cache_write_tokens: int | None = None
+        self.retention_class: str | None = None
 
     def sending_upstream(self) -> None:
         """The request is about to go upstream: look up its nearest earlier request while the upstream works."""
@@ -200,6 +205,8 @@ class RequestTracker:
             normalization_gain_tokens=explained.normalization_gain_tokens,
             chain=explained.chain if hasher is None else hasher.chain(self.tenant, explained.chain),
             hash_key_version=None if hasher is None else KEY_VERSION,
+            cache_write_tokens=self.cache_write_tokens,
+            retention_class=self.retention_class,
         )
         recorder = self._recorder
 

@@ -18,6 +18,7 @@ class IncrementalDetokenizer:
         self._text = ""
         self._emitted = 0
         self.stopped = False
+        self.matched_stop: str | None = None  # the stop string that ended the text, when one did
 
     @property
     def text(self) -> str:
@@ -35,6 +36,7 @@ class IncrementalDetokenizer:
             if found != -1:
                 self._text = text[:found]
                 self.stopped = True
+                self.matched_stop = stop
                 return self._take(len(self._text))
         return self._take(max(self._emitted, len(text) - self._hold_back))
 

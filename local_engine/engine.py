@@ -266,7 +266,14 @@ class Engine:
         timings = sequence.timings()
         self.counters.count_finish(len(sequence.generated), timings)
         sequence.handle._emit(
-            Finished(reason, len(sequence.prompt), len(sequence.generated), sequence.matched_tokens, timings)
+            Finished(
+                reason,
+                len(sequence.prompt),
+                len(sequence.generated),
+                sequence.matched_tokens,
+                timings,
+                sequence.detokenizer.matched_stop,
+            )
         )
 
     def _store_output(self, sequence: Sequence) -> None:

@@ -52,6 +52,7 @@ class Finished:
     completion_tokens: int
     cached_tokens: int
     timings: RequestTimings
+    matched_stop: str | None = None  # the stop string that ended generation (finish_reason "stop"), if one did
 
 
 @dataclass

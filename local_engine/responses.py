@@ -89,6 +89,8 @@ def completion_body(
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finished.finish_reason}
         object_name = "text_completion"
+    if finished.matched_stop is not None:
+        choice["stop_reason"] = finished.matched_stop  # which stop string matched, named as vLLM does
     return {
         "id": response_id,
         "object": object_name,
@@ -155,7 +157,10 @@ class ChunkWriter:
         if self.tools is not None:
             out = self._content_and_calls(*self.tools.finish())
             reason = _finish_reason(finished, self.tools.calls)
-        return out + self._chunk([self._choice(None if self.is_chat else "", reason)])
+        choice = self._choice(None if self.is_chat else "", reason)
+        if finished.matched_stop is not None:
+            choice["stop_reason"] = finished.matched_stop
+        return out + self._chunk([choice])
 
     def usage(self, finished: Finished, report: MatchDetails) -> bytes:
         """The closing usage chunk also carries the `prefix_cache` object a non-streamed body would have."""

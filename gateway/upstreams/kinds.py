@@ -128,3 +128,28 @@ class LocalEngineAdapter(UpstreamAdapter):
             if isinstance(prefix_cache, dict):
                 report = replace(report, cached_tokens=_int_or_none(prefix_cache.get("matched_tokens")))
         return report
+
+
+def anthropic_usage(usage: Any) -> tuple[UsageReport, int | None]:
+    """An Anthropic `usage` object as a `UsageReport` (prompt = input + cache reads + cache writes; cached = reads),
+    and the cache writes (None when not reported)."""
+    if not isinstance(usage, dict):
+        return UsageReport(), None
+    parts = [_int_or_none(usage.get(name)) for name in ("input_tokens", "cache_read_input_tokens")]
+    writes = _int_or_none(usage.get("cache_creation_input_tokens"))
+    prompt = None if parts[0] is None else parts[0] + (parts[1] or 0) + (writes or 0)
+    return UsageReport(prompt, parts[1], _int_or_none(usage.get("output_tokens"))), writes
+
+
+class AnthropicAdapter(UpstreamAdapter):
+    """An Anthropic-compatible server (Anthropic's API or one that speaks it): Messages requests pass through after
+    normalization (`gateway.anthropic.passthrough`); usage comes from `usage.input_tokens`,
+    `cache_read_input_tokens` and `cache_creation_input_tokens`. No cache salt: as with hosted OpenAI-style APIs,
+    tenants that must not share a cache need separate upstream entries with separate organizations' keys."""
+
+    kind = "anthropic"
+
+    def usage(self, payload: Mapping[str, Any]) -> UsageReport:
+        if "choices" in payload or "prompt_tokens" in (payload.get("usage") or {}):
+            return super().usage(payload)  # its OpenAI-compatible chat endpoint
+        return anthropic_usage(payload.get("usage"))[0]

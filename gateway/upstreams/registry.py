@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from gateway.upstreams.base import UpstreamAdapter
-from gateway.upstreams.kinds import LocalEngineAdapter, OpenAICompatibleAdapter, SGLangAdapter, VLLMAdapter
+from gateway.upstreams.kinds import (
+    AnthropicAdapter,
+    LocalEngineAdapter,
+    OpenAICompatibleAdapter,
+    SGLangAdapter,
+    VLLMAdapter,
+)
 
 _ADAPTERS: dict[str, UpstreamAdapter] = {
     "local_engine": LocalEngineAdapter(),
     "openai": OpenAICompatibleAdapter(),
     "vllm": VLLMAdapter(),
     "sglang": SGLangAdapter(),
+    "anthropic": AnthropicAdapter(),
 }
 
 

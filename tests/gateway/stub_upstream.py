@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STUB_HASH_IDS = [11, 22]  # the block hash chain the stub returns when asked
+STUB_TOOL_CALL = {"id": "call_stub1", "name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}
 
 
 @dataclass
@@ -40,6 +41,8 @@ class StubUpstream:
     - `held-stream`: streams one chunk, then waits for `state.release` before the rest;
     - `endless-stream`: streams a chunk every 50 ms until the client goes away (records `disconnected`);
     - `linger-after-done`: streams normally but holds the connection open after `[DONE]` until `state.release`;
+    - `tool-calls`: answers with text and one tool call (`STUB_TOOL_CALL`; streamed as `delta.tool_calls` with the
+      arguments in two pieces) and finish_reason `tool_calls`;
     - anything else: answers at once (streamed when asked, with a usage chunk when include_usage is set).
 
     `POST /v1/cache/match` answers `state.match_matched_tokens` and is logged in `state.match_requests` only.
@@ -111,7 +114,16 @@ class StubUpstream:
         ]
 
     def _completion(self, body: dict[str, Any], path: str) -> dict[str, Any]:
-        if path.endswith("/chat/completions"):
+        if path.endswith("/chat/completions") and body.get("model") == "tool-calls":
+            call = {
+                "id": STUB_TOOL_CALL["id"],
+                "type": "function",
+                "function": {"name": STUB_TOOL_CALL["name"], "arguments": STUB_TOOL_CALL["arguments"]},
+            }
+            message = {"role": "assistant", "content": "Let me check.", "tool_calls": [call]}
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            kind = "chat.completion"
+        elif path.endswith("/chat/completions"):
             choice = {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
             kind = "chat.completion"
         else:
@@ -153,12 +165,38 @@ class StubUpstream:
                 await asyncio.sleep(0.05)
             self.state.disconnected.set()
             return
+        if model == "tool-calls":
+            arguments = STUB_TOOL_CALL["arguments"]
+            pieces = [
+                {
+                    "index": 0,
+                    "id": STUB_TOOL_CALL["id"],
+                    "type": "function",
+                    "function": {"name": STUB_TOOL_CALL["name"], "arguments": arguments[:10]},
+                },
+                {"index": 0, "function": {"arguments": arguments[10:]}},
+            ]
+            for piece in pieces:
+                chunk = self._chunk(body, path, "")
+                chunk["choices"][0]["delta"] = {"tool_calls": [piece]}
+                await send({"type": "http.response.body", "body": _sse(chunk), "more_body": True})
+            final_chunk = self._chunk(body, path, "", "tool_calls")
+            final_chunk["choices"][0]["delta"] = {}
+            await send({"type": "http.response.body", "body": _sse(final_chunk), "more_body": True})
+            await self._stream_end(send, body, model)
+            return
         if model == "held-stream":
             released = await asyncio.to_thread(self.state.release.wait, 20)
             self.state.released_before_end = released
         for text in (" wor", "ld"):
             await send({"type": "http.response.body", "body": _sse(self._chunk(body, path, text)), "more_body": True})
         await send({"type": "http.response.body", "body": _sse(self._chunk(body, path, "", "stop")), "more_body": True})
+        if model == "linger-after-done":
+            await self._stream_end(send, body, model, linger=True)
+            return
+        await self._stream_end(send, body, model)
+
+    async def _stream_end(self, send: Any, body: dict[str, Any], model: str, linger: bool = False) -> None:
         if (body.get("stream_options") or {}).get("include_usage"):
             final = {
                 "id": "cmpl-1",
@@ -170,7 +208,7 @@ class StubUpstream:
                 "prefix_cache": self._prefix_cache(body),
             }
             await send({"type": "http.response.body", "body": _sse(final), "more_body": True})
-        if model == "linger-after-done":
+        if linger:
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
             self.state.released_before_end = await asyncio.to_thread(self.state.release.wait, 20)
             await send({"type": "http.response.body", "body": b"", "more_body": False})

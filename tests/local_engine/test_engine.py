@@ -172,12 +172,14 @@ def test_seeded_sampling_is_reproducible_and_stop_strings_end_the_answer(make_en
         stopped = await run_to_end(
             engine, GenerationRequest(prompt(50), SamplingParams(**{**seeded.__dict__, "stop": (stop_at,)}))
         )
-        return first[1], second[1], stopped, stop_at
+        return first[1], second[1], stopped, stop_at, first[2]
 
-    first, second, stopped, stop_at = asyncio.run(scenario())
+    first, second, stopped, stop_at, unstopped = asyncio.run(scenario())
     assert first == second
     _, stopped_text, finished = stopped
     assert finished.finish_reason == "stop"
+    assert finished.matched_stop == stop_at
+    assert unstopped.matched_stop is None  # ended by max_tokens
     assert stop_at not in stopped_text and first.startswith(stopped_text)
 
 

@@ -1,0 +1,251 @@
+"""Messages requests to an upstream that speaks the OpenAI chat API (the local engine, vLLM, SGLang, OpenAI).
+
+The request was translated (`translate.to_chat_body`); the answer is translated back: a Message for a plain request,
+Anthropic's event sequence for a streamed one. Prompt-side usage is split as Anthropic reports it
+(`accounting.split_usage`) from the engine's prompt and matched tokens and the breakpoint positions measured while
+the upstream worked (`positions`). Without positions (an upstream without a dry-run match, or a failed one), cache
+reads are the upstream's cached tokens and writes are 0; without breakpoints nothing is reported as cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+
+from gateway.anthropic.accounting import CachePoint, CacheUsage, no_cache, split_usage
+from gateway.anthropic.errors import error_type_for_status, translate_upstream_error
+from gateway.anthropic.positions import DryRunFailed
+from gateway.anthropic.request import MessagesRequest
+from gateway.anthropic.stream import ChunkTranslator, error_event, message_start
+from gateway.anthropic.translate import matched_stop_of, message_content, stop_reason
+from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
+from gateway.errors import GatewayError
+from gateway.forwarding import map_transport_error, upstream_error_type
+from gateway.parsing import CHAT
+from gateway.recording import Outcome, RequestTracker
+from gateway.routing import Route
+from gateway.upstreams.base import UsageReport
+
+log = logging.getLogger(__name__)
+
+_DECODER = msgspec.json.Decoder()
+_ENCODER = msgspec.json.Encoder()
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+@dataclass
+class Exchange:
+    """One Messages request on its way to a chat upstream."""
+
+    client: httpx.AsyncClient
+    route: Route
+    request: MessagesRequest
+    payload: bytes  # the chat body as sent
+    tracker: RequestTracker
+    send: Send
+    message_id: str
+    min_cacheable_tokens: int
+    positions: asyncio.Task[list[CachePoint]] | None
+    start_perf: float
+
+    def response_headers(self, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
+        request_id = self.tracker.request_id.encode()
+        headers = [(b"x-request-id", request_id), (b"request-id", request_id)]
+        for name in self.route.adapter.passthrough_headers:
+            value = upstream.headers.get(name)
+            if value is not None:
+                headers.append((name.encode(), value.encode("latin-1")))
+        return headers
+
+    async def points(self) -> list[CachePoint] | None:
+        if self.positions is None:
+            return None
+        try:
+            return await self.positions
+        except DryRunFailed as exc:
+            log.warning("could not measure cache breakpoint positions: %s", exc)
+        except Exception:  # the usage report falls back; the answer must not fail because of it
+            log.exception("could not measure cache breakpoint positions")
+        return None
+
+    def cache_usage(self, usage: UsageReport, points: list[CachePoint] | None) -> CacheUsage:
+        """Anthropic's prompt-side usage for what the upstream reported; also fills in the record."""
+        report = self.tracker.cache_report
+        prompt = usage.prompt_tokens if usage.prompt_tokens is not None else (report and report.prompt_tokens)
+        matched = usage.cached_tokens if usage.cached_tokens is not None else (report and report.matched_tokens)
+        prompt, matched = int(prompt or 0), int(matched or 0)
+        if not self.request.breakpoints:
+            split = no_cache(prompt)
+        elif points is None:
+            split = CacheUsage(prompt - min(matched, prompt), min(matched, prompt), 0, 0, 0)
+        else:
+            split = split_usage(prompt, matched, points, self.min_cacheable_tokens)
+        known_prompt = usage.prompt_tokens is not None or (report is not None and report.prompt_tokens is not None)
+        self.tracker.usage = UsageReport(
+            prompt_tokens=split.prompt_tokens if known_prompt else None,
+            cached_tokens=split.cache_read_input_tokens if known_prompt else None,
+            completion_tokens=usage.completion_tokens,
+        )
+        self.tracker.cache_write_tokens = split.cache_creation_input_tokens if known_prompt else None
+        return split
+
+    async def open(self, *, stream: bool) -> httpx.Response:
+        self.tracker.sending_upstream()
+        request = self.route.request(CHAT, self.payload)
+        try:
+            upstream = await self.client.send(request, stream=stream)
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, self.route) from None
+        self.tracker.cache_report = self.route.adapter.cache_report(upstream.headers)
+        if self.tracker.explain is not None:
+            self.tracker.explain.upstream_status = upstream.status_code
+        return upstream
+
+    async def relay_error(self, upstream: httpx.Response, headers: list[tuple[bytes, bytes]]) -> Outcome:
+        body = upstream.content
+        outcome = self.tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
+        translated = translate_upstream_error(upstream.status_code, body)
+        await send_response(self.send, upstream.status_code, translated, [*headers, JSON_CONTENT_TYPE])
+        return outcome
+
+
+async def forward_plain(exchange: Exchange) -> Outcome:
+    upstream = await exchange.open(stream=False)
+    headers = exchange.response_headers(upstream)
+    if upstream.status_code >= 400:
+        return await exchange.relay_error(upstream, headers)
+    try:
+        payload = _DECODER.decode(upstream.content)
+    except msgspec.DecodeError:
+        payload = None
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise UpstreamBadAnswer(f"The upstream {exchange.route.name!r} answered without a chat completion.")
+    assert isinstance(payload, dict)
+    choice = choices[0]
+    explain = exchange.tracker.explain
+    if explain is not None and isinstance(payload.get("prefix_cache"), dict):
+        explain.prefix_cache = payload["prefix_cache"]
+    usage = exchange.route.adapter.usage(payload)
+    split = exchange.cache_usage(usage, await exchange.points())
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    reason, sequence = stop_reason(
+        choice.get("finish_reason"), matched_stop_of(choice), exchange.request.body.get("stop_sequences")
+    )
+    body = {
+        "id": exchange.message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": exchange.request.model,
+        "content": message_content(message),
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": split.as_dict(usage.completion_tokens or 0),
+    }
+    outcome = exchange.tracker.outcome = Outcome(upstream.status_code)
+    await send_response(exchange.send, 200, _ENCODER.encode(body), [*headers, JSON_CONTENT_TYPE])
+    return outcome
+
+
+class UpstreamBadAnswer(GatewayError):
+    """The upstream answered 2xx with something that is not a chat completion."""
+
+    status_code = 502
+    error_type = "upstream_unavailable"
+
+
+def _stream_start_usage(exchange: Exchange, points: list[CachePoint] | None) -> dict[str, Any]:
+    """The prompt-side usage for `message_start`, from the match headers (zeros when the upstream sends none)."""
+    report = exchange.tracker.cache_report
+    usage = UsageReport(
+        prompt_tokens=report.prompt_tokens if report is not None else None,
+        cached_tokens=report.matched_tokens if report is not None else None,
+    )
+    return exchange.cache_usage(usage, points).as_dict()
+
+
+async def forward_stream(exchange: Exchange) -> Outcome:
+    upstream = await exchange.open(stream=True)
+    try:
+        headers = exchange.response_headers(upstream)
+        if upstream.status_code >= 400:
+            try:
+                await upstream.aread()
+            except httpx.HTTPError as exc:
+                raise map_transport_error(exc, exchange.route) from None
+            return await exchange.relay_error(upstream, headers)
+        points = await exchange.points()
+        start = message_start(exchange.message_id, exchange.request.model, _stream_start_usage(exchange, points))
+        await exchange.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
+        await exchange.send({"type": "http.response.body", "body": start, "more_body": True})
+        return await _pump(exchange, upstream, points)
+    finally:
+        await upstream.aclose()
+
+
+async def _pump(exchange: Exchange, upstream: httpx.Response, points: list[CachePoint] | None) -> Outcome:
+    tracker = exchange.tracker
+    translator = ChunkTranslator(exchange.request.body.get("stop_sequences"))
+    usage: UsageReport | None = None
+    error: tuple[str, str, int] | None = None  # message, error type, recorded status
+    data: list[str] = []
+    try:
+        async for line in upstream.aiter_lines():
+            if line.startswith("data:"):
+                data.append(line[5:].removeprefix(" "))
+                continue
+            if line or not data:
+                continue
+            text, data = "\n".join(data), []
+            if text == "[DONE]":
+                break
+            try:
+                chunk = _DECODER.decode(text)
+            except msgspec.DecodeError:
+                continue
+            if not isinstance(chunk, dict):
+                continue
+            if isinstance(chunk.get("error"), dict):
+                failure = chunk["error"]
+                error_type = str(failure.get("type") or failure.get("code") or "upstream_error")
+                error = (
+                    str(failure.get("message") or "The upstream failed mid-stream."),
+                    error_type,
+                    upstream.status_code,
+                )
+                break
+            if exchange.route.adapter.has_usage(chunk):
+                usage = exchange.route.adapter.usage(chunk)
+                if tracker.explain is not None and isinstance(chunk.get("prefix_cache"), dict):
+                    tracker.explain.prefix_cache = chunk["prefix_cache"]
+            out = translator.feed(chunk)
+            if tracker.ttft_ms is None and translator.saw_content:
+                tracker.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
+            if out:
+                await exchange.send({"type": "http.response.body", "body": out, "more_body": True})
+    except httpx.HTTPError as exc:
+        failure_error = map_transport_error(exc, exchange.route)
+        log.warning("upstream stream from %s broke: %s", exchange.route.name, failure_error.message)
+        error = (failure_error.message, failure_error.error_type, failure_error.status_code)
+    if error is not None:
+        message, error_type, status_code = error
+        tracker.outcome = Outcome(status_code, error_type)
+        body = error_event(message, error_type_for_status(status_code if status_code >= 400 else 500))
+        await exchange.send({"type": "http.response.body", "body": body, "more_body": False})
+        return tracker.outcome
+    split = exchange.cache_usage(usage or UsageReport(), points)
+    final = split.as_dict((usage.completion_tokens if usage else None) or 0)
+    final.pop("cache_creation")
+    tracker.outcome = Outcome(upstream.status_code)
+    await exchange.send({"type": "http.response.body", "body": translator.finish(final), "more_body": False})
+    return tracker.outcome

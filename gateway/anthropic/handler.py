@@ -1,0 +1,275 @@
+"""`POST /v1/messages` and `POST /v1/messages/count_tokens` as raw ASGI handlers.
+
+auth (`x-api-key` or `Authorization: Bearer`, through the same key store as every endpoint) -> read body (bounded)
+-> parse and validate -> normalize (Anthropic's shape) -> route -> translate to the chat API and forward (local
+engine and OpenAI-compatible upstreams) or pass through (`anthropic` upstreams) -> record. Errors leave in Anthropic's
+shape. The record is the same as for chat requests (endpoint `messages`, cached tokens = cache reads) plus the cache
+writes and the retention class; the miss explanation compares the translated chat request with the tenant's history,
+so chat and Messages requests explain each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import msgspec
+
+from gateway.anthropic import MESSAGES, engine_forward, passthrough
+from gateway.anthropic.errors import body_for_gateway_error
+from gateway.anthropic.normalize import normalize
+from gateway.anthropic.positions import DryRunFailed, breakpoint_positions, dry_run
+from gateway.anthropic.request import MessagesRequest, parse_messages_request, too_deep
+from gateway.anthropic.translate import ChatStyle, to_chat_body
+from gateway.asgi_io import (
+    JSON_CONTENT_TYPE,
+    Receive,
+    Send,
+    header_values,
+    read_body,
+    run_until_disconnect,
+    send_response,
+)
+from gateway.auth import Principal
+from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, Unauthorized
+from gateway.explain.explainer import ExplainContext
+from gateway.fingerprint import prefix_hash, prompt_text
+from gateway.forwarding import map_transport_error
+from gateway.parsing import CHAT
+from gateway.proxy import CompletionProxy
+from gateway.recording import Outcome, RequestTracker
+from gateway.routing import Route
+from gateway.runtime import Runtime
+from gateway.upstreams.base import CLIENT_SALT_FIELDS
+
+_ENCODER = msgspec.json.Encoder()
+_AUTHORIZATION = b"authorization"
+_X_API_KEY = b"x-api-key"
+_CONTENT_LENGTH = b"content-length"
+_VERSION = b"anthropic-version"
+_BETA = b"anthropic-beta"
+_HEADERS = (_AUTHORIZATION, _X_API_KEY, _CONTENT_LENGTH, _VERSION, _BETA)
+ANTHROPIC_KIND = "anthropic"
+
+
+def authenticate(runtime: Runtime, headers: dict[bytes, str]) -> Principal:
+    """The caller, from `x-api-key` (Anthropic's header) or else `Authorization: Bearer`."""
+    api_key = headers.get(_X_API_KEY, "").strip()
+    authorization = headers.get(_AUTHORIZATION)
+    try:
+        return runtime.keys.authenticate(f"Bearer {api_key}" if api_key else authorization)
+    except Unauthorized:
+        if api_key or authorization:
+            raise
+        raise Unauthorized("You didn't provide an API key. Send it in the x-api-key header.") from None
+
+
+def check_chat_upstream(body: dict[str, Any], route: Route) -> None:
+    """Refuse what a chat upstream cannot honour: a final assistant message (Anthropic's prefill; the chat API starts a
+    new assistant turn instead) and extended thinking."""
+    last = len(body["messages"]) - 1
+    if body["messages"][last]["role"] == "assistant":
+        raise BadRequest(
+            f"messages[{last}]: a final assistant message (a prefill to continue) is not supported on the "
+            f"upstream {route.name!r}, whose chat API starts a new assistant turn",
+            param=f"messages[{last}]",
+        )
+    thinking = body.get("thinking")
+    if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
+        raise BadRequest(
+            f"thinking: extended thinking is not supported on the upstream {route.name!r}", param="thinking"
+        )
+
+
+def chat_style(runtime: Runtime, tenant: str) -> ChatStyle:
+    rules = runtime.config.tenant_settings(tenant).rules
+    return ChatStyle("tool_schema_key_order" in rules, "tool_call_arguments_key_order" in rules)
+
+
+def _passthrough_body(body: dict[str, Any]) -> bytes:
+    return _ENCODER.encode({k: v for k, v in body.items() if k not in CLIENT_SALT_FIELDS})
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved, so an unawaited failure is not logged as lost
+
+
+class MessagesProxy(CompletionProxy):
+    """`POST /v1/messages`."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__(runtime, MESSAGES)
+
+    def error_body(self, exc: GatewayError) -> bytes:
+        return body_for_gateway_error(exc)
+
+    async def _handle(
+        self, scope: dict[str, Any], receive: Receive, send: Any, tracker: RequestTracker, start_perf: float
+    ) -> Outcome:
+        if scope["method"] != "POST":
+            raise MethodNotAllowed(f"Method {scope['method']} is not allowed here; use POST.")
+        runtime = self._runtime
+        headers = header_values(scope, *_HEADERS)
+        principal = authenticate(runtime, headers)
+        tracker.tenant = principal.tenant
+        tracker.key_id = principal.key_id
+        raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))
+        request = parse_messages_request(raw)
+        tracker.model = request.model
+        tracker.stream = request.stream
+        tracker.retention_class = request.retention_class
+        route = runtime.router.route(request.model)
+        tracker.upstream = route.name
+        try:
+            return await self._forward(request, principal, route, headers, receive, send, tracker, start_perf)
+        except RecursionError:
+            # Deeply nested values (a tool schema, a tool input) that parsed but are too deep to normalize or encode.
+            raise too_deep() from None
+
+    async def _forward(
+        self,
+        request: MessagesRequest,
+        principal: Principal,
+        route: Route,
+        headers: dict[bytes, str],
+        receive: Receive,
+        send: Send,
+        tracker: RequestTracker,
+        start_perf: float,
+    ) -> Outcome:
+        runtime = self._runtime
+        settings = runtime.config.tenant_settings(principal.tenant)
+        normalized_body, tracker.applied_rules = normalize(request.body, settings)
+        normalized = replace(request, body=normalized_body)
+        if route.adapter.kind != ANTHROPIC_KIND:
+            check_chat_upstream(normalized_body, route)
+        style = chat_style(runtime, principal.tenant)
+        chat_body = to_chat_body(normalized_body, stream=request.stream, style=style)
+        salt = runtime.salts.salt_for(principal.tenant)
+        raw_chat = to_chat_body(request.body, stream=request.stream, style=style)
+        tracker.explain = ExplainContext(settings, CHAT, principal.tenant, chat_body, raw_chat, salt, route, False)
+        tracker.prefix_hash = prefix_hash(CHAT, chat_body)
+        if settings.store_prompt_text:
+            tracker.prompt_text = prompt_text(CHAT, chat_body)
+
+        if route.adapter.kind == ANTHROPIC_KIND:
+            upstream_headers = passthrough.upstream_headers(route.upstream, headers.get(_VERSION), headers.get(_BETA))
+            upstream_request = passthrough.upstream_request(
+                route, "messages", _passthrough_body(normalized_body), upstream_headers
+            )
+            if request.stream:
+                work = passthrough.forward_stream(runtime.client, route, upstream_request, tracker, send, start_perf)
+            else:
+                work = passthrough.forward_plain(runtime.client, route, upstream_request, tracker, send)
+            return await run_until_disconnect(work, receive)
+
+        positions = None
+        if normalized.breakpoints and route.adapter.supports_dry_run_match:
+            positions = asyncio.ensure_future(
+                breakpoint_positions(
+                    runtime.client, route, normalized_body, chat_body, normalized.breakpoints, salt, style
+                )
+            )
+            positions.add_done_callback(_retrieve)
+        try:
+            exchange = self._exchange(route, normalized, chat_body, salt, tracker, send, positions, start_perf)
+            forward = engine_forward.forward_stream if request.stream else engine_forward.forward_plain
+            return await run_until_disconnect(forward(exchange), receive)
+        finally:
+            if positions is not None and not positions.done():
+                positions.cancel()
+
+    def _exchange(
+        self,
+        route: Route,
+        request: MessagesRequest,
+        chat_body: dict[str, Any],
+        salt: str,
+        tracker: RequestTracker,
+        send: Send,
+        positions: asyncio.Task[Any] | None,
+        start_perf: float,
+    ) -> engine_forward.Exchange:
+        runtime = self._runtime
+        settings = runtime.config.tenant_settings(tracker.tenant)
+        body = route.adapter.apply_salt(chat_body, salt)
+        if route.adapter.kind == "openai":
+            body.pop("top_k", None)  # OpenAI's chat API has no top_k (vLLM and SGLang take it)
+        if request.stream:
+            body["stream_options"] = {"include_usage": True}
+        if settings.hash_chain:
+            route.adapter.ask_for_hash_chain(body, settings.hash_block_size)
+        return engine_forward.Exchange(
+            client=runtime.client,
+            route=route,
+            request=request,
+            payload=_ENCODER.encode(body),
+            tracker=tracker,
+            send=send,
+            message_id="msg_" + secrets.token_hex(12),
+            min_cacheable_tokens=runtime.config.messages.min_cacheable_for(request.model),
+            positions=positions,
+            start_perf=start_perf,
+        )
+
+
+class CountTokens:
+    """`POST /v1/messages/count_tokens`: the prompt's tokens as the upstream counts them (`{"input_tokens": N}`). The
+    local engine counts with a dry-run match; `anthropic` upstreams answer themselves; other kinds cannot count.
+    Not recorded as a request (nothing is generated); errors are counted in the metrics."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        request_id = "req_" + secrets.token_hex(12)
+        ids = [(b"x-request-id", request_id.encode()), (b"request-id", request_id.encode())]
+        try:
+            try:
+                status, body, content_type = await self._count(scope, receive)
+            except RecursionError:
+                raise too_deep() from None
+        except GatewayError as exc:
+            self._runtime.metrics.count_error(exc.error_type)
+            await send_response(send, exc.status_code, body_for_gateway_error(exc), [*ids, JSON_CONTENT_TYPE])
+            return
+        await send_response(send, status, body, [*ids, content_type])
+
+    async def _count(self, scope: dict[str, Any], receive: Receive) -> tuple[int, bytes, tuple[bytes, bytes]]:
+        if scope["method"] != "POST":
+            raise MethodNotAllowed(f"Method {scope['method']} is not allowed here; use POST.")
+        runtime = self._runtime
+        headers = header_values(scope, *_HEADERS)
+        principal = authenticate(runtime, headers)
+        raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))
+        request = parse_messages_request(raw, count_only=True)
+        route = runtime.router.route(request.model)
+        body, _ = normalize(request.body, runtime.config.tenant_settings(principal.tenant))
+        if route.adapter.kind == ANTHROPIC_KIND:
+            upstream_headers = passthrough.upstream_headers(route.upstream, headers.get(_VERSION), headers.get(_BETA))
+            upstream_request = passthrough.upstream_request(
+                route, "messages/count_tokens", _passthrough_body(body), upstream_headers
+            )
+            try:
+                upstream = await runtime.client.send(upstream_request)
+            except httpx.HTTPError as exc:
+                raise map_transport_error(exc, route) from None
+            content_type = upstream.headers.get("content-type", "application/json").encode("latin-1")
+            return upstream.status_code, upstream.content, (b"content-type", content_type)
+        if not route.adapter.supports_dry_run_match:
+            raise BadRequest(
+                f"count_tokens needs an upstream that can count tokens (kind local_engine or anthropic); the "
+                f"upstream {route.name!r} for model {request.model!r} is of kind {route.adapter.kind!r}",
+                param="model",
+            )
+        chat_body = to_chat_body(body, stream=False, style=chat_style(runtime, principal.tenant))
+        salt = runtime.salts.salt_for(principal.tenant)
+        try:
+            answer = await dry_run(runtime.client, route, chat_body, salt, chain=False)
+        except DryRunFailed as exc:
+            raise BadRequest(f"The upstream {route.name!r} could not count this request: {exc}") from None
+        return 200, _ENCODER.encode({"input_tokens": answer["prompt_tokens"]}), JSON_CONTENT_TYPE

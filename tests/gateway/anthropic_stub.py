@@ -1,0 +1,124 @@
+"""A scriptable Anthropic-compatible upstream (`POST /v1/messages`, `POST /v1/messages/count_tokens`) for the
+pass-through tests: it logs what it was sent and answers with fixed usage, streamed when asked.
+
+Models: `err-529` answers that status with an Anthropic error body; anything else answers "Hi there".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+STUB_USAGE = {
+    "input_tokens": 7,
+    "cache_creation_input_tokens": 30,
+    "cache_read_input_tokens": 100,
+    "cache_creation": {"ephemeral_5m_input_tokens": 30, "ephemeral_1h_input_tokens": 0},
+    "output_tokens": 3,
+}
+
+
+@dataclass
+class AnthropicStubState:
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+class AnthropicStub:
+    def __init__(self) -> None:
+        self.state = AnthropicStubState()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = json.loads(b"".join(chunks))
+        self.state.requests.append(body)
+        self.state.paths.append(scope["path"])
+        self.state.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        if scope["path"].endswith("/count_tokens"):
+            await self._json(send, 200, {"input_tokens": 137})
+            return
+        if body["model"].startswith("err-"):
+            error = {"type": "error", "error": {"type": "overloaded_error", "message": "stub is overloaded"}}
+            await self._json(send, int(body["model"][4:]), error)
+            return
+        message_id = "msg_stub1"
+        if not body.get("stream"):
+            answer = {
+                "id": message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": body["model"],
+                "content": [{"type": "text", "text": "Hi there"}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": STUB_USAGE,
+            }
+            await self._json(send, 200, answer)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        start_usage = {**STUB_USAGE, "output_tokens": 1}
+        message = {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": start_usage,
+        }
+        events = [
+            _event("message_start", {"type": "message_start", "message": message}),
+            _event(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            ),
+            _event("ping", {"type": "ping"}),
+            _event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+            ),
+            _event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " there"}},
+            ),
+            _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            _event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": 3},
+                },
+            ),
+            _event("message_stop", {"type": "message_stop"}),
+        ]
+        for event in events:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _json(send: Any, status: int, obj: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+        )
+        await send({"type": "http.response.body", "body": json.dumps(obj).encode(), "more_body": False})
