@@ -7,7 +7,7 @@ Existing rows keep NULL in every new column: their source is unknown, their open
 back to the bin edges.
 
 Revision ID: 0004
-Revises: 0007
+Revises: 0003
 Create Date: 2026-11-30
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0004"
-down_revision: str | None = "0007"
+down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

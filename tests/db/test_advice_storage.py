@@ -138,7 +138,7 @@ def test_candidate_catalog() -> None:
     assert candidate_info("future_rule").moves_content
 
 
-def test_migration_0007_adds_and_removes_the_advice_rollup(empty_db_url: str) -> None:
+def test_migration_0003_adds_and_removes_the_advice_rollup(empty_db_url: str) -> None:
     from sqlalchemy import inspect
 
     from db.migrate import downgrade, upgrade
@@ -150,7 +150,7 @@ def test_migration_0007_adds_and_removes_the_advice_rollup(empty_db_url: str) ->
         finally:
             engine.dispose()
 
-    upgrade(empty_db_url, "0007")
+    upgrade(empty_db_url, "0003")
     assert "hourly_advice" in tables()
     engine = create_sync_engine_for(empty_db_url)
     try:

@@ -22,7 +22,7 @@ TABLES = TABLES_0001 | {"request_chains", "hourly_prefix_rollups", "hourly_miss_
     "namespace_tenants",
     "engine_contexts",
 }
-TABLES |= {"hourly_advice"}  # 0007
+TABLES |= {"hourly_advice"}  # 0003
 
 
 def _tables(url: str) -> set[str]:
@@ -151,7 +151,7 @@ def test_0002_backfills_prefix_rollups_from_existing_rows_and_downgrades(
         engine.dispose()
 
 
-def test_0003_keeps_rows_with_plain_hashes_readable_and_downgrades(empty_db_url: str) -> None:
+def test_0005_keeps_rows_with_plain_hashes_readable_and_downgrades(empty_db_url: str) -> None:
     """Rows stored before keyed hashes keep their prefix_hash and read hash_key_version NULL."""
     upgrade(empty_db_url, "0002")
     engine = create_sync_engine_for(empty_db_url)

@@ -3,7 +3,7 @@ prompt and cached tokens.
 
 Starts empty: the estimates are made by a running gateway.
 
-Revision ID: 0007
+Revision ID: 0003
 Revises: 0002
 Create Date: 2026-11-30
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007"
+revision: str = "0003"
 down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

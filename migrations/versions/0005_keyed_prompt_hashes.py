@@ -4,7 +4,7 @@ Rows stored before this revision keep their plain hashes and read NULL: they sta
 themselves, never with keyed hashes. Rows the gateway stores from now on carry 1: keyed BLAKE2b under a per-tenant
 key derived from the gateway's server secret, so the database alone reveals nothing about the prompts.
 
-Revision ID: 0003
+Revision ID: 0005
 Revises: 0004
 Create Date: 2026-11-30
 """
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0003"
+revision: str = "0005"
 down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
