@@ -100,12 +100,15 @@ def advise_command(args: argparse.Namespace) -> int:
     from db.config import database_url_from_env
     from db.engine import create_sync_engine_for
     from db.queries.advice import advice
+    from db.readiness import require_schema
     from db.timeutil import parse_moment, utc_now
 
     if args.min_samples < 1:
         raise ValueError("--min-samples must be at least 1")
     since = parse_moment(args.since, utc_now())
-    engine = create_sync_engine_for(database_url_from_env(args.database_url))
+    url = database_url_from_env(args.database_url)
+    require_schema(url, explicit=args.database_url is not None)  # reading never creates a database
+    engine = create_sync_engine_for(url)
     try:
         with engine.connect() as conn:
             found = advice(conn, since, tenant=args.tenant, min_samples=args.min_samples)

@@ -90,3 +90,17 @@ def test_advise_json_hides_estimates_below_the_minimum(database_url: str, capsys
 def test_advise_refuses_a_bad_minimum(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["advise", "--database-url", database_url, "--min-samples", "0"]) == 2
     assert "--min-samples" in capsys.readouterr().err
+
+
+def test_advise_on_a_fresh_machine_says_what_to_run_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path}/missing.db"
+    assert main(["advise", "--database-url", url]) == 2
+    err = capsys.readouterr().err
+    assert "no database at" in err and "prefixscope db upgrade" in err and "Traceback" not in err
+    assert not (tmp_path / "missing.db").exists()
+    (tmp_path / "empty.db").touch()
+    assert main(["advise", "--database-url", f"sqlite:///{tmp_path}/empty.db", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert "has no prefixscope tables" in captured.err and captured.out == ""
