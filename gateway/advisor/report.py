@@ -69,7 +69,12 @@ def format_text(found: list[TenantAdvice]) -> str:
                     f"  -> with {candidate.title}: estimated {_pct(candidate.estimated_hit_rate)} "
                     f"(from {candidate.samples} samples)"
                 )
-        if not tenant.recommendations:
+        if tenant.needs_more_samples:
+            lines.append(
+                f"  not enough sampled requests yet to advise: {tenant.most_samples} of the {tenant.min_samples} "
+                "an estimate needs"
+            )
+        elif not tenant.recommendations:
             lines.append("  nothing to recommend: no rule that is off would raise the hit rate")
         for candidate in tenant.candidates:
             lines += candidate_lines(candidate)

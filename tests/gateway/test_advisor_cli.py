@@ -67,7 +67,17 @@ def test_advise_prints_each_tenant_and_candidate(database_url: str, capsys: pyte
     assert "saves per day: " in agents and "of prefill" in agents
     assert '      [tenants.agents]\n      rules = { hoist_volatile = true }\n      hoist_placement = "end"' in agents
     assert "[not enough samples] - 4 sampled requests" in steady
-    assert "nothing to recommend" in steady
+    # Four samples say nothing either way: no claim that no rule would help.
+    assert "nothing to recommend" not in steady
+    assert "not enough sampled requests yet to advise: 4 of the 10 an estimate needs" in steady
+
+
+def test_advise_with_enough_samples_and_no_gain_says_nothing_to_recommend(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["advise", "--database-url", database_url, "--tenant", "steady", "--min-samples", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to recommend" in out and "not enough sampled requests yet" not in out
 
 
 def test_advise_json_hides_estimates_below_the_minimum(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
