@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import data, data_advice, ui
-from db.advice import DEFAULT_MIN_SAMPLES
+from db.advice import DEFAULT_MIN_SAMPLES, MERGE_HINT
 
 settings = ui.load_settings()
 st.title("Rule advice")
@@ -93,3 +93,4 @@ for tenant in found:
         if c.moves_content:
             st.warning("This rule moves content: it changes what the model reads.", icon=":material/warning:")
         st.code("\n".join(c.toml_lines), language="toml")
+        st.caption(f"To enable it, add these lines to prefixscope.toml ({MERGE_HINT}).")

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from db.advice import MERGE_HINT
 from db.queries.advice import CandidateAdvice, TenantAdvice
 
 
@@ -48,7 +49,7 @@ def candidate_lines(candidate: CandidateAdvice) -> list[str]:
         f"{_duration_ms(candidate.prefill_ms_saved_per_day)} of prefill",
     ]
     if candidate.recommended:
-        lines.append("    to enable it, in prefixscope.toml:")
+        lines.append(f"    to enable it, in prefixscope.toml ({MERGE_HINT}):")
         lines += [f"      {line}" for line in candidate.toml_lines]
     return lines
 

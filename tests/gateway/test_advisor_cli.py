@@ -114,3 +114,18 @@ def test_advise_on_a_fresh_machine_says_what_to_run_and_creates_nothing(
     assert main(["advise", "--database-url", f"sqlite:///{tmp_path}/empty.db", "--json"]) == 2
     captured = capsys.readouterr()
     assert "has no prefixscope tables" in captured.err and captured.out == ""
+
+
+def test_advise_says_to_merge_the_lines_into_an_existing_tenant_table(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Appending `[tenants.agents]` to a file that already declares it makes the file fail to load: the advice says
+    to merge."""
+    import tomllib
+
+    assert main(["advise", "--database-url", database_url, "--tenant", "agents"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "to enable it" in line)
+    assert "merge into the tenant's table and rules if the file has them" in header
+    with pytest.raises(tomllib.TOMLDecodeError):  # what happens to a user who pastes without merging
+        tomllib.loads("[tenants.agents]\nstore_prompt_text = false\n[tenants.agents]\nhoist_volatile = true\n")
