@@ -54,9 +54,17 @@ def candidate_lines(candidate: CandidateAdvice) -> list[str]:
     return lines
 
 
-def format_text(found: list[TenantAdvice]) -> str:
+def format_text(found: list[TenantAdvice], tenant: str | None = None) -> str:
     if not found:
-        return "no rule advice in this range (set advice_sample_rate above 0 for the tenants to advise)"
+        if tenant is not None:
+            return (
+                f"no rule advice for tenant {tenant!r} in this range (check the name: `prefixscope stats --by tenant` "
+                "lists the tenants; advice needs advice_sample_rate above 0 and sampled requests)"
+            )
+        return (
+            "no rule advice in this range (the gateway samples a share of each tenant's requests, advice_sample_rate, "
+            "0.1 by default: send traffic through it or pick a longer --since)"
+        )
     blocks = []
     for tenant in found:
         head = (
@@ -120,5 +128,5 @@ def advise_command(args: argparse.Namespace) -> int:
             found = advice(conn, since, tenant=args.tenant, min_samples=args.min_samples)
     finally:
         engine.dispose()
-    print(json.dumps(to_json(found), indent=2) if args.json else format_text(found))
+    print(json.dumps(to_json(found), indent=2) if args.json else format_text(found, args.tenant))
     return 0

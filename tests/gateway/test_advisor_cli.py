@@ -129,3 +129,9 @@ def test_advise_says_to_merge_the_lines_into_an_existing_tenant_table(
     assert "merge into the tenant's table and rules if the file has them" in header
     with pytest.raises(tomllib.TOMLDecodeError):  # what happens to a user who pastes without merging
         tomllib.loads("[tenants.agents]\nstore_prompt_text = false\n[tenants.agents]\nhoist_volatile = true\n")
+
+
+def test_advise_for_an_unknown_tenant_names_it(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "--database-url", database_url, "--tenant", "agnets"]) == 0
+    out = capsys.readouterr().out
+    assert "no rule advice for tenant 'agnets'" in out and "check the name" in out
