@@ -75,6 +75,11 @@ class CandidateInfo:
         return lines
 
 
+# TOML forbids declaring a table or a key twice, so appending these lines to a file that already has the tenant's
+# table (or its `rules`) makes the whole file fail to load.
+MERGE_HINT: Final = "merge into the tenant's table and rules if the file has them: TOML rejects a second copy"
+
+
 def _toml_key(name: str) -> str:
     bare = name.replace("-", "").replace("_", "")
     if name and bare.isascii() and bare.isalnum():

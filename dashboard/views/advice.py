@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import data, data_advice, ui
-from db.advice import DEFAULT_MIN_SAMPLES
+from db.advice import DEFAULT_MIN_SAMPLES, MERGE_HINT
 
 settings = ui.load_settings()
 st.title("Rule advice")
@@ -41,7 +41,11 @@ for tenant in found:
     best = recommended[0] if recommended else None
     columns[1].metric(
         "Best estimate with one more rule",
-        ui.format_share(best.estimated_hit_rate) if best else "no gain",
+        ui.format_share(best.estimated_hit_rate)
+        if best
+        else "not enough samples"
+        if tenant.needs_more_samples
+        else "no gain",
         help="from the sampled requests; see the table for each candidate's sample size",
     )
     columns[2].metric("Prompt tokens per day", ui.format_tokens(tenant.prompt_tokens_per_day))
@@ -74,7 +78,12 @@ for tenant in found:
     hidden = sum(1 for c in tenant.candidates if not c.shown)
     if hidden:
         st.caption(f"{hidden} estimate(s) rest on fewer than {min_samples} sampled requests and are not shown.")
-    if not recommended:
+    if tenant.needs_more_samples:
+        st.info(
+            f"Not enough sampled requests yet to advise: {tenant.most_samples} of the {min_samples} an estimate "
+            "needs. The advisor samples a share of the tenant's requests (`advice_sample_rate`)."
+        )
+    elif not recommended:
         st.info("Nothing to recommend: no rule this tenant has not enabled would raise its hit rate.")
     for c in recommended:
         st.markdown(
@@ -84,3 +93,4 @@ for tenant in found:
         if c.moves_content:
             st.warning("This rule moves content: it changes what the model reads.", icon=":material/warning:")
         st.code("\n".join(c.toml_lines), language="toml")
+        st.caption(f"To enable it, add these lines to prefixscope.toml ({MERGE_HINT}).")

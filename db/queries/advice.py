@@ -61,6 +61,15 @@ class TenantAdvice:
     def recommendations(self) -> tuple[CandidateAdvice, ...]:
         return tuple(c for c in self.candidates if c.recommended)
 
+    @property
+    def needs_more_samples(self) -> bool:
+        """No candidate has enough sampled requests for an estimate yet: nothing can be said, either way."""
+        return bool(self.candidates) and not any(c.shown for c in self.candidates)
+
+    @property
+    def most_samples(self) -> int:
+        return max((c.samples for c in self.candidates), default=0)
+
 
 def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator else None

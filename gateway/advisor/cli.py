@@ -50,12 +50,18 @@ def register(commands: Any, bench_commands: Any) -> None:
 
 
 def run_advise(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from db.errors import DatabaseError
     from gateway.advisor.report import advise_command
 
     try:
         return advise_command(args)
-    except ValueError as exc:
+    except (DatabaseError, ValueError) as exc:
         print(f"prefixscope advise: {exc}", file=sys.stderr)
+        return 2
+    except SQLAlchemyError as exc:
+        print(f"prefixscope advise: database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
 
 

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from db.advice import MERGE_HINT
 from db.queries.advice import CandidateAdvice, TenantAdvice
 
 
@@ -48,14 +49,22 @@ def candidate_lines(candidate: CandidateAdvice) -> list[str]:
         f"{_duration_ms(candidate.prefill_ms_saved_per_day)} of prefill",
     ]
     if candidate.recommended:
-        lines.append("    to enable it, in prefixscope.toml:")
+        lines.append(f"    to enable it, in prefixscope.toml ({MERGE_HINT}):")
         lines += [f"      {line}" for line in candidate.toml_lines]
     return lines
 
 
-def format_text(found: list[TenantAdvice]) -> str:
+def format_text(found: list[TenantAdvice], tenant: str | None = None) -> str:
     if not found:
-        return "no rule advice in this range (set advice_sample_rate above 0 for the tenants to advise)"
+        if tenant is not None:
+            return (
+                f"no rule advice for tenant {tenant!r} in this range (check the name: `prefixscope stats --by tenant` "
+                "lists the tenants; advice needs advice_sample_rate above 0 and sampled requests)"
+            )
+        return (
+            "no rule advice in this range (the gateway samples a share of each tenant's requests, advice_sample_rate, "
+            "0.1 by default: send traffic through it or pick a longer --since)"
+        )
     blocks = []
     for tenant in found:
         head = (
@@ -69,7 +78,12 @@ def format_text(found: list[TenantAdvice]) -> str:
                     f"  -> with {candidate.title}: estimated {_pct(candidate.estimated_hit_rate)} "
                     f"(from {candidate.samples} samples)"
                 )
-        if not tenant.recommendations:
+        if tenant.needs_more_samples:
+            lines.append(
+                f"  not enough sampled requests yet to advise: {tenant.most_samples} of the {tenant.min_samples} "
+                "an estimate needs"
+            )
+        elif not tenant.recommendations:
             lines.append("  nothing to recommend: no rule that is off would raise the hit rate")
         for candidate in tenant.candidates:
             lines += candidate_lines(candidate)
@@ -100,16 +114,19 @@ def advise_command(args: argparse.Namespace) -> int:
     from db.config import database_url_from_env
     from db.engine import create_sync_engine_for
     from db.queries.advice import advice
+    from db.readiness import require_schema
     from db.timeutil import parse_moment, utc_now
 
     if args.min_samples < 1:
         raise ValueError("--min-samples must be at least 1")
     since = parse_moment(args.since, utc_now())
-    engine = create_sync_engine_for(database_url_from_env(args.database_url))
+    url = database_url_from_env(args.database_url)
+    require_schema(url, explicit=args.database_url is not None)  # reading never creates a database
+    engine = create_sync_engine_for(url)
     try:
         with engine.connect() as conn:
             found = advice(conn, since, tenant=args.tenant, min_samples=args.min_samples)
     finally:
         engine.dispose()
-    print(json.dumps(to_json(found), indent=2) if args.json else format_text(found))
+    print(json.dumps(to_json(found), indent=2) if args.json else format_text(found, args.tenant))
     return 0

@@ -1,10 +1,11 @@
 """The advisor's background sampler, bounded as the normalization uplift checker is.
 
-Every answered request joins its tenant's history (a reference, nothing copied). A share of them
-(`advice_sample_rate` per tenant) is sampled: its record is held while a background task estimates every candidate
-(`gateway.advisor.estimate`) and then submitted with the estimates attached, so the client never waits. At most
-`concurrency` estimates run at once and at most `max_pending` wait; past that a request is not sampled. `stop` waits
-(bounded) for the estimates in flight and submits the records of any it has to cancel, without advice.
+Every answered request of a tenant whose `advice_sample_rate` is above 0 joins its tenant's history (a reference,
+nothing copied; a tenant with advice off keeps none). A share of them (`advice_sample_rate` per tenant) is sampled:
+its record is held while a background task estimates every candidate (`gateway.advisor.estimate`) and then submitted
+with the estimates attached, so the client never waits. At most `concurrency` estimates run at once and at most
+`max_pending` wait; past that a request is not sampled. `stop` waits (bounded) for the estimates in flight and submits
+the records of any it has to cancel, without advice.
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ class AdviceSampler:
         if record.status_code >= 400:
             return False
         settings = context.settings
-        history = self.histories.for_tenant(context.tenant)
         rate = settings.advice_sample_rate
-        sampled = rate > 0 and self._random.random() < rate
+        if rate <= 0:
+            return False  # advice is off for this tenant: keep none of its requests in memory
+        history = self.histories.for_tenant(context.tenant)
+        sampled = self._random.random() < rate
         earlier = history.snapshot() if sampled else ()  # the requests before this one
         history.add(Entry(context.endpoint, context.raw_body, context.body))
         if not sampled or record.prompt_tokens is None or record.cached_tokens is None:

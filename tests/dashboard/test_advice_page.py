@@ -83,9 +83,15 @@ def test_each_tenant_shows_its_candidates_with_sample_sizes(run_page, advice_url
     codes = [code.value for code in app.code]
     assert codes[0] == '[tenants.agents]\nrules = { hoist_volatile = true }\nhoist_placement = "end"'
     assert len(codes) == 2  # both placements are recommended for agents, nothing for steady
+    assert any("merge into the tenant's table and rules if the file has them" in c.value for c in app.caption)
     assert any("changes what the model reads" in w.value for w in app.warning)
     today = [m.value for m in app.metric if m.label == "Token hit rate today"]
     assert today == ["10.0%", "80.0%"]
+    best = [m.value for m in app.metric if m.label == "Best estimate with one more rule"]
+    assert best == ["89.1%", "not enough samples"]
+    # Three samples say nothing either way: the page must not claim that no rule would help.
+    assert not any("Nothing to recommend" in info.value for info in app.info)
+    assert any("Not enough sampled requests yet to advise: 3 of the 10" in info.value for info in app.info)
 
 
 def test_lower_minimum_shows_the_small_sample_and_recommends_nothing(run_page, advice_url) -> None:

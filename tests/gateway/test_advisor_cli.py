@@ -67,7 +67,17 @@ def test_advise_prints_each_tenant_and_candidate(database_url: str, capsys: pyte
     assert "saves per day: " in agents and "of prefill" in agents
     assert '      [tenants.agents]\n      rules = { hoist_volatile = true }\n      hoist_placement = "end"' in agents
     assert "[not enough samples] - 4 sampled requests" in steady
-    assert "nothing to recommend" in steady
+    # Four samples say nothing either way: no claim that no rule would help.
+    assert "nothing to recommend" not in steady
+    assert "not enough sampled requests yet to advise: 4 of the 10 an estimate needs" in steady
+
+
+def test_advise_with_enough_samples_and_no_gain_says_nothing_to_recommend(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["advise", "--database-url", database_url, "--tenant", "steady", "--min-samples", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to recommend" in out and "not enough sampled requests yet" not in out
 
 
 def test_advise_json_hides_estimates_below_the_minimum(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,3 +100,38 @@ def test_advise_json_hides_estimates_below_the_minimum(database_url: str, capsys
 def test_advise_refuses_a_bad_minimum(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["advise", "--database-url", database_url, "--min-samples", "0"]) == 2
     assert "--min-samples" in capsys.readouterr().err
+
+
+def test_advise_on_a_fresh_machine_says_what_to_run_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path}/missing.db"
+    assert main(["advise", "--database-url", url]) == 2
+    err = capsys.readouterr().err
+    assert "no database at" in err and "prefixscope db upgrade" in err and "Traceback" not in err
+    assert not (tmp_path / "missing.db").exists()
+    (tmp_path / "empty.db").touch()
+    assert main(["advise", "--database-url", f"sqlite:///{tmp_path}/empty.db", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert "has no prefixscope tables" in captured.err and captured.out == ""
+
+
+def test_advise_says_to_merge_the_lines_into_an_existing_tenant_table(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Appending `[tenants.agents]` to a file that already declares it makes the file fail to load: the advice says
+    to merge."""
+    import tomllib
+
+    assert main(["advise", "--database-url", database_url, "--tenant", "agents"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "to enable it" in line)
+    assert "merge into the tenant's table and rules if the file has them" in header
+    with pytest.raises(tomllib.TOMLDecodeError):  # what happens to a user who pastes without merging
+        tomllib.loads("[tenants.agents]\nstore_prompt_text = false\n[tenants.agents]\nhoist_volatile = true\n")
+
+
+def test_advise_for_an_unknown_tenant_names_it(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "--database-url", database_url, "--tenant", "agnets"]) == 0
+    out = capsys.readouterr().out
+    assert "no rule advice for tenant 'agnets'" in out and "check the name" in out

@@ -209,7 +209,23 @@ def test_sampler_holds_sampled_records_until_their_estimate_is_done() -> None:
         ("hoist_volatile:after_system", 10),
         ("hoist_volatile:end", 10),
     }
-    assert len(sampler.histories.for_tenant("t")) == 3  # a, b and c were answered; d was not
+    # a and b were answered; c's settings turn advice off, so it is not remembered; d was not answered
+    assert len(sampler.histories.for_tenant("t")) == 2
+
+
+def test_a_tenant_with_advice_off_keeps_no_request_in_memory() -> None:
+    async def scenario() -> AdviceSampler:
+        submitted: list[RequestRecord] = []
+        sampler = AdviceSampler(lambda: toy_engine([]), rng=random.Random(0))
+        off = TenantSettings(advice_sample_rate=0.0)
+        for minute in range(5):
+            raw = body(f"2025-06-01T10:0{minute}:00Z", "Hi")
+            assert not sampler.observe(_context("quiet", off, raw), _record(request_id=str(minute)), submitted.append)
+        await sampler.stop()
+        return sampler
+
+    sampler = asyncio.run(scenario())
+    assert len(sampler.histories.for_tenant("quiet")) == 0
 
 
 def test_invalid_advice_sample_rate_is_a_config_error() -> None:
