@@ -75,10 +75,44 @@ def _print_state(args: argparse.Namespace) -> None:
         print(f"config    {Path(args.config).resolve()}", flush=True)
 
 
-def _up(args: argparse.Namespace) -> int:
-    if args.config is not None and not Path(args.config).is_file():
+def prepare(args: argparse.Namespace) -> int:
+    """Settle the gateway's config as the gateway would read it, before anything starts; 0, or 2 after a message.
+
+    The gateway reads `./prefixscope.toml` when no `--config` is given, so `up` does too (and says so). A config
+    that cannot be read is refused now rather than after the engine has loaded its model. A `database_url` in the
+    config is passed to every program, so the dashboard reads the database the gateway writes; as in the gateway,
+    `--database-url` and `$PREFIXSCOPE_DATABASE_URL` take precedence over the file.
+    """
+    if not _program_available("gateway.cli"):
+        if args.config is not None:
+            print("prefixscope up: --config is the gateway's, and the gateway is not installed", file=sys.stderr)
+            return 2
+        return 0
+    from gateway.cli import DEFAULT_CONFIG_FILE, ENV_DATABASE_URL
+    from gateway.config import load_config
+    from gateway.errors import ConfigError
+
+    if args.config is None and DEFAULT_CONFIG_FILE.is_file():
+        args.config = DEFAULT_CONFIG_FILE
+    if args.config is None:
+        return 0
+    if not Path(args.config).is_file():
         print(f"prefixscope up: no config file at {Path(args.config).resolve()}", file=sys.stderr)
         return 2
+    try:
+        config = load_config(Path(args.config))
+    except ConfigError as exc:
+        print(f"prefixscope up: {exc}", file=sys.stderr)
+        return 2
+    if args.database_url is None and not os.environ.get(ENV_DATABASE_URL) and config.database_url:
+        args.database_url = config.database_url
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    status = prepare(args)
+    if status:
+        return status
     programs = plan(args)
     problems = port_problems(args.host, _port_requests(args, programs))
     if problems:

@@ -195,3 +195,58 @@ def test_the_readme_works_from_a_clone() -> None:
     assert "../shared" not in readme
     for documented in ("--engine-port", "--gateway-port", "--dashboard-port", "ARGS=", "PREFIXSCOPE_HOME"):
         assert documented in readme
+
+
+def test_the_config_file_database_is_the_one_every_program_uses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `database_url` in the gateway's config reaches the dashboard too (and is the one `up` prints), so the
+    dashboard shows what the gateway records; the environment still wins over the file, as in the gateway."""
+    from prefixscope.stack import _print_state, prepare
+
+    monkeypatch.delenv("PREFIXSCOPE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("PREFIXSCOPE_HOME", str(tmp_path / "home"))
+    config = tmp_path / "team.toml"
+    config.write_text('[gateway]\ndatabase_url = "sqlite:////srv/team.db"\n')
+    args = build_parser().parse_args(["up", "--config", str(config)])
+    assert prepare(args) == 0
+    programs = {program.name: program for program in plan(args)}
+    for name in ("gateway", "dashboard"):
+        assert programs[name].argv[-2:] == ["--database-url", "sqlite:////srv/team.db"], name
+    _print_state(args)
+    assert "database  sqlite:////srv/team.db" in capsys.readouterr().out
+
+    monkeypatch.setenv("PREFIXSCOPE_DATABASE_URL", "sqlite:////srv/env.db")
+    args = build_parser().parse_args(["up", "--config", str(config)])
+    assert prepare(args) == 0
+    assert "--database-url" not in {p.name: p for p in plan(args)}["dashboard"].argv
+
+
+def test_a_config_file_in_the_working_directory_is_used_and_shown_as_the_gateway_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prefixscope.stack import _print_state, prepare
+
+    monkeypatch.delenv("PREFIXSCOPE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("PREFIXSCOPE_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prefixscope.toml").write_text('[gateway]\ndatabase_url = "sqlite:///here.db"\n')
+    args = build_parser().parse_args(["up"])
+    assert prepare(args) == 0
+    programs = {program.name: program for program in plan(args)}
+    assert programs["dashboard"].argv[-2:] == ["--database-url", "sqlite:///here.db"]
+    _print_state(args)
+    assert f"config    {tmp_path / 'prefixscope.toml'}" in capsys.readouterr().out
+
+
+def test_a_bad_config_file_is_refused_before_the_engine_loads(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[gateway]\nport = \n")
+    result = subprocess.run(
+        [sys.executable, "-m", "prefixscope", "up", "--config", str(config), "--engine-port", str(_free_port()),
+         "--gateway-port", str(_free_port()), "--dashboard-port", str(_free_port())],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PREFIXSCOPE_HOME": str(tmp_path / "home")},
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"prefixscope up: cannot read config {config}")
+
