@@ -250,3 +250,17 @@ def test_a_bad_config_file_is_refused_before_the_engine_loads(tmp_path: Path) ->
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"prefixscope up: cannot read config {config}")
 
+
+def test_ctrl_c_while_a_program_starts_ends_quietly(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the children too, often while one is still importing: no traceback."""
+    code = (
+        "import db.commands as commands\n"
+        "def interrupted(args):\n    raise KeyboardInterrupt\n"
+        "commands.stats = interrupted\n"
+        "from prefixscope.cli import main\n"
+        "raise SystemExit(main(['stats']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 130
+    assert result.stderr == "" and result.stdout == ""
