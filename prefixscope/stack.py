@@ -66,11 +66,11 @@ def _port_requests(args: argparse.Namespace, programs: list[Program]) -> list[Po
 
 def _print_state(args: argparse.Namespace) -> None:
     """Where this stack keeps its state, resolved (the same from any working directory)."""
-    from db.config import database_url_from_env
+    from db.config import database_url_from_env, shown_url
     from prefixscope.paths import state_dir
 
     print(f"state     {state_dir()}", flush=True)
-    print(f"database  {database_url_from_env(args.database_url)}", flush=True)
+    print(f"database  {shown_url(database_url_from_env(args.database_url))}", flush=True)
     if args.config:
         print(f"config    {Path(args.config).resolve()}", flush=True)
 

@@ -264,3 +264,28 @@ def test_ctrl_c_while_a_program_starts_ends_quietly(tmp_path: Path) -> None:
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 130
     assert result.stderr == "" and result.stdout == ""
+
+
+def test_a_database_password_is_never_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` and `dashboard` print the database they use at start-up, without its password (as the gateway does)."""
+    import dashboard.launch
+    from prefixscope.stack import _print_state
+
+    url = "postgresql+asyncpg://prefixscope:s3cret-pw@db.internal:5432/prefixscope"
+    _print_state(build_parser().parse_args(["up", "--database-url", url]))
+
+    class Streamlit:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(dashboard.launch.subprocess, "Popen", Streamlit)
+    monkeypatch.setattr(dashboard.launch.signal, "signal", lambda *args: None)
+    assert dashboard.launch.launch_dashboard(build_parser().parse_args(["dashboard", "--database-url", url])) == 0
+    out = capsys.readouterr().out
+    assert "s3cret-pw" not in out
+    assert out.count("postgresql+asyncpg://***@db.internal:5432/prefixscope") == 2
