@@ -17,6 +17,17 @@ from prefixscope.ports import PortRequest, port_problems
 from prefixscope.supervisor import Program, supervise
 
 
+def _port(text: str) -> int:
+    """A TCP port a program can listen on (argparse type): 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port number (1-65535)")
+    return port
+
+
 def _program_available(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
@@ -135,9 +146,9 @@ def register(commands, bench_commands) -> None:
     )
     add_engine_options(up)
     up.add_argument("--host", default="127.0.0.1", help="address every program listens on (default 127.0.0.1)")
-    up.add_argument("--engine-port", type=int, default=8001, help="engine port (default 8001)")
-    up.add_argument("--gateway-port", type=int, default=8080, help="gateway port (default 8080)")
-    up.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (default 8501)")
+    up.add_argument("--engine-port", type=_port, default=8001, help="engine port (default 8001)")
+    up.add_argument("--gateway-port", type=_port, default=8080, help="gateway port (default 8080)")
+    up.add_argument("--dashboard-port", type=_port, default=8501, help="dashboard port (default 8501)")
     up.add_argument("--config", type=Path, default=None, help="the gateway's TOML config (upstreams, tenants, rules)")
     up.add_argument(
         "--database-url",

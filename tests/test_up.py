@@ -289,3 +289,12 @@ def test_a_database_password_is_never_printed(
     out = capsys.readouterr().out
     assert "s3cret-pw" not in out
     assert out.count("postgresql+asyncpg://***@db.internal:5432/prefixscope") == 2
+
+
+@pytest.mark.parametrize("port", ["0", "70000", "-1"])
+def test_a_port_out_of_range_is_refused_by_the_parser(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for option in ("--engine-port", "--gateway-port", "--dashboard-port"):
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(["up", option, port])
+        assert exited.value.code == 2
+        assert f"argument {option}: {port} is not a port number (1-65535)" in capsys.readouterr().err
