@@ -55,16 +55,17 @@ def plan(args: argparse.Namespace) -> list[Program]:
     command = [sys.executable, "-m", "prefixscope"]
     database = ["--database-url", args.database_url] if args.database_url else []
     host = args.host
-    engine_url = f"http://{host}:{args.engine_port}"
+    url_host = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
+    engine_url = f"http://{url_host}:{args.engine_port}"
     engine_argv = command + ["engine", *_engine_options(args), "--host", host, "--port", str(args.engine_port)]
     programs = [Program("engine", engine_argv, engine_url + "/health", engine_url + "/v1")]
     if _program_available("gateway.cli"):
-        gateway_url = f"http://{host}:{args.gateway_port}"
+        gateway_url = f"http://{url_host}:{args.gateway_port}"
         argv = command + ["gateway", "--host", host, "--port", str(args.gateway_port), "--upstream", engine_url]
         argv += ["--config", str(args.config)] if args.config else []
         programs.append(Program("gateway", argv + database, gateway_url + "/health", gateway_url + "/v1"))
     if _program_available("dashboard.cli"):
-        dashboard_url = f"http://{host}:{args.dashboard_port}"
+        dashboard_url = f"http://{url_host}:{args.dashboard_port}"
         argv = command + ["dashboard", "--host", host, "--port", str(args.dashboard_port), "--engine", engine_url]
         programs.append(Program("dashboard", argv + database, dashboard_url + "/_stcore/health", dashboard_url))
     return programs

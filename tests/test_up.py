@@ -298,3 +298,13 @@ def test_a_port_out_of_range_is_refused_by_the_parser(port: str, capsys: pytest.
             build_parser().parse_args(["up", option, port])
         assert exited.value.code == 2
         assert f"argument {option}: {port} is not a port number (1-65535)" in capsys.readouterr().err
+
+
+def test_an_ipv6_address_makes_valid_urls() -> None:
+    programs = {p.name: p for p in plan(build_parser().parse_args(["up", "--host", "::1"]))}
+    assert programs["engine"].health_url == "http://[::1]:8001/health"
+    assert programs["engine"].argv[-4:] == ["--host", "::1", "--port", "8001"]
+    assert programs["gateway"].argv[-2:] == ["--upstream", "http://[::1]:8001"]
+    assert programs["gateway"].public_url == "http://[::1]:8080/v1"
+    assert programs["dashboard"].argv[-2:] == ["--engine", "http://[::1]:8001"]
+    assert programs["dashboard"].health_url == "http://[::1]:8501/_stcore/health"
