@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dashboard.settings import DashboardSettings, settings_from_env, settings_to_env
+from db.config import shown_url
 
 APP_SCRIPT = Path(__file__).resolve().parent / "app.py"
 # The directory holding the `dashboard` and `db` packages: the child must import them even from a source checkout.
@@ -87,7 +88,8 @@ def launch_dashboard(args: argparse.Namespace) -> int:
     if settings.price_file is not None and not settings.price_file.is_file():
         print(f"prefixscope dashboard: price file {settings.price_file} does not exist", file=sys.stderr)
         return 2
-    print(f"prefixscope dashboard: http://{args.host}:{args.port} (database {settings.database_url})", flush=True)
+    shown = shown_url(settings.database_url)
+    print(f"prefixscope dashboard: http://{args.host}:{args.port} (database {shown})", flush=True)
     process = subprocess.Popen(streamlit_command(args.host, args.port), env=child_environment(settings))
     # Stopping `prefixscope dashboard` (Ctrl-C, or SIGTERM from a supervisor) must stop Streamlit too.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: process.terminate())

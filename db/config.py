@@ -8,6 +8,7 @@ for the flavour it needs with `async_url` or `sync_url`.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +47,11 @@ def database_url_from_env(explicit: str | None = None) -> str:
     url = explicit or os.environ.get(ENV_DATABASE_URL) or default_database_url()
     backend_of(url)
     return url
+
+
+def shown_url(url: str) -> str:
+    """`url` fit to print or log: any user name and password are replaced by `***`."""
+    return re.sub(r"//[^@/]*@", "//***@", url)
 
 
 def _scheme(url: str) -> str:

@@ -17,6 +17,7 @@ from alembic.script import ScriptDirectory
 
 from db.config import sqlite_path
 from db.engine import create_sync_engine_for
+from db.errors import DatabaseConfigError
 
 # One "setup plugin" INFO line per Alembic plugin opens every migration otherwise; the "Running upgrade" lines stay.
 logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
@@ -43,7 +44,12 @@ def _run(url: str, action: str, revision: str) -> None:
     path = sqlite_path(url)
     if path is not None and action == "upgrade":
         # Creating the schema is the natural moment to create the SQLite file's directory.
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in the way, no permission: say so in one line
+            raise DatabaseConfigError(
+                f"cannot create the directory {path.parent} for the database {path}: {exc.strerror}"
+            ) from exc
     config = alembic_config(url)
     engine = create_sync_engine_for(url)
     try:

@@ -104,7 +104,11 @@ def run_gateway(args: argparse.Namespace) -> int:
         _print_paths(config, config_path, database_url)
     from gateway.server import serve
 
-    serve(config, database_url, log_level=args.log_level)
+    try:
+        serve(config, database_url, log_level=args.log_level)
+    except ConfigError as exc:  # found while building the app: the server secret file, say
+        print(f"prefixscope gateway: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -28,6 +28,12 @@ Example `prefixscope.toml`::
     timeout = 600                       # seconds
     # api_key = "sk-..."
 
+    [[upstreams]]                       # every upstream a route names must be listed
+    name = "openai"
+    url = "https://api.openai.com"
+    kind = "openai"
+    # api_key = "sk-..."
+
     [routes]                            # model -> upstream name; other models go to default_upstream
     "gpt-4o-mini" = "openai"
 

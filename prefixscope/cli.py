@@ -52,6 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        # Ctrl-C: a terminal sends it to every program `prefixscope up` started too, often while one is still
+        # importing or loading its model. Stopping is what the user asked for; no traceback, the usual status.
+        return 130
     return int(result or 0)
 
 

@@ -167,6 +167,9 @@ class _RichBar:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=Console(file=state._stream),
+            # Standard output is the command's result (`export-trace --out - > trace.jsonl`): rich must not
+            # capture it and print it on the bar's stream.
+            redirect_stdout=False,
         )
         self._task = self._progress.add_task(state.description, total=state.total)
 

@@ -21,6 +21,17 @@ from prefixscope.ports import PortRequest, port_problems
 from prefixscope.supervisor import Program, supervise
 
 
+def _port(text: str) -> int:
+    """A TCP port a program can listen on (argparse type): 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port number (1-65535)")
+    return port
+
+
 def _program_available(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
@@ -48,17 +59,18 @@ def plan(args: argparse.Namespace) -> list[Program]:
     command = [sys.executable, "-m", "prefixscope"]
     database = ["--database-url", args.database_url] if args.database_url else []
     host = args.host
-    engine_url = f"http://{host}:{args.engine_port}"
+    url_host = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
+    engine_url = f"http://{url_host}:{args.engine_port}"
     engine_argv = command + ["engine", *_engine_options(args), "--host", host, "--port", str(args.engine_port)]
     programs = [Program("engine", engine_argv, engine_url + "/health", engine_url + "/v1")]
     if _program_available("gateway.cli"):
-        gateway_url = f"http://{host}:{args.gateway_port}"
+        gateway_url = f"http://{url_host}:{args.gateway_port}"
         argv = command + ["gateway", "--host", host, "--port", str(args.gateway_port), "--upstream", engine_url]
         argv += ["--config", str(args.config)] if args.config else []
         argv += ["--open"] if args.open else []
         programs.append(Program("gateway", argv + database, gateway_url + "/health", gateway_url + "/v1"))
     if _program_available("dashboard.cli"):
-        dashboard_url = f"http://{host}:{args.dashboard_port}"
+        dashboard_url = f"http://{url_host}:{args.dashboard_port}"
         argv = command + ["dashboard", "--host", host, "--port", str(args.dashboard_port), "--engine", engine_url]
         programs.append(Program("dashboard", argv + database, dashboard_url + "/_stcore/health", dashboard_url))
     return programs
@@ -71,11 +83,11 @@ def _port_requests(args: argparse.Namespace, programs: list[Program]) -> list[Po
 
 def _print_state(args: argparse.Namespace) -> None:
     """Where this stack keeps its state, resolved (the same from any working directory)."""
-    from db.config import database_url_from_env
+    from db.config import database_url_from_env, shown_url
     from prefixscope.paths import state_dir
 
     print(f"state     {state_dir()}", flush=True)
-    print(f"database  {database_url_from_env(args.database_url)}", flush=True)
+    print(f"database  {shown_url(database_url_from_env(args.database_url))}", flush=True)
     if args.config:
         print(f"config    {Path(args.config).resolve()}", flush=True)
 
@@ -102,10 +114,44 @@ def shared_secrets_env(environ: dict[str, str]) -> dict[str, str]:
     }
 
 
-def _up(args: argparse.Namespace) -> int:
-    if args.config is not None and not Path(args.config).is_file():
+def prepare(args: argparse.Namespace) -> int:
+    """Settle the gateway's config as the gateway would read it, before anything starts; 0, or 2 after a message.
+
+    The gateway reads `./prefixscope.toml` when no `--config` is given, so `up` does too (and says so). A config
+    that cannot be read is refused now rather than after the engine has loaded its model. A `database_url` in the
+    config is passed to every program, so the dashboard reads the database the gateway writes; as in the gateway,
+    `--database-url` and `$PREFIXSCOPE_DATABASE_URL` take precedence over the file.
+    """
+    if not _program_available("gateway.cli"):
+        if args.config is not None:
+            print("prefixscope up: --config is the gateway's, and the gateway is not installed", file=sys.stderr)
+            return 2
+        return 0
+    from gateway.cli import DEFAULT_CONFIG_FILE, ENV_DATABASE_URL
+    from gateway.config import load_config
+    from gateway.errors import ConfigError
+
+    if args.config is None and DEFAULT_CONFIG_FILE.is_file():
+        args.config = DEFAULT_CONFIG_FILE
+    if args.config is None:
+        return 0
+    if not Path(args.config).is_file():
         print(f"prefixscope up: no config file at {Path(args.config).resolve()}", file=sys.stderr)
         return 2
+    try:
+        config = load_config(Path(args.config))
+    except ConfigError as exc:
+        print(f"prefixscope up: {exc}", file=sys.stderr)
+        return 2
+    if args.database_url is None and not os.environ.get(ENV_DATABASE_URL) and config.database_url:
+        args.database_url = config.database_url
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    status = prepare(args)
+    if status:
+        return status
     programs = plan(args)
     problems = port_problems(args.host, _port_requests(args, programs))
     if problems:
@@ -133,9 +179,9 @@ def register(commands, bench_commands) -> None:
     )
     add_engine_options(up)
     up.add_argument("--host", default="127.0.0.1", help="address every program listens on (default 127.0.0.1)")
-    up.add_argument("--engine-port", type=int, default=8001, help="engine port (default 8001)")
-    up.add_argument("--gateway-port", type=int, default=8080, help="gateway port (default 8080)")
-    up.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (default 8501)")
+    up.add_argument("--engine-port", type=_port, default=8001, help="engine port (default 8001)")
+    up.add_argument("--gateway-port", type=_port, default=8080, help="gateway port (default 8080)")
+    up.add_argument("--dashboard-port", type=_port, default=8501, help="dashboard port (default 8501)")
     up.add_argument("--config", type=Path, default=None, help="the gateway's TOML config (upstreams, tenants, rules)")
     up.add_argument(
         "--database-url",

@@ -86,6 +86,16 @@ def test_on_a_terminal_a_bar() -> None:
     assert "bench engine: prefix cache" in text and "3/3" in text and "requests" in text and "━" in text
 
 
+def test_output_written_during_a_bar_stays_on_standard_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """`export-trace --out - > trace.jsonl` on a terminal: the bar is on stderr, the trace must still reach the file."""
+    out = Terminal()
+    with progress("export-trace", unit="requests", stream=out) as bar:
+        for line in bar.iterate(['{"hash_ids": [1]}', '{"hash_ids": [2]}']):
+            sys.stdout.write(line + "\n")
+    assert capsys.readouterr().out == '{"hash_ids": [1]}\n{"hash_ids": [2]}\n'
+    assert "hash_ids" not in out.getvalue()
+
+
 def test_durations_read_naturally() -> None:
     assert [format_duration(s) for s in (0, 59.4, 61, 3599, 3725)] == ["0s", "59s", "1m01s", "59m59s", "1h02m"]
 

@@ -195,3 +195,116 @@ def test_the_readme_works_from_a_clone() -> None:
     assert "../shared" not in readme
     for documented in ("--engine-port", "--gateway-port", "--dashboard-port", "ARGS=", "PREFIXSCOPE_HOME"):
         assert documented in readme
+
+
+def test_the_config_file_database_is_the_one_every_program_uses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `database_url` in the gateway's config reaches the dashboard too (and is the one `up` prints), so the
+    dashboard shows what the gateway records; the environment still wins over the file, as in the gateway."""
+    from prefixscope.stack import _print_state, prepare
+
+    monkeypatch.delenv("PREFIXSCOPE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("PREFIXSCOPE_HOME", str(tmp_path / "home"))
+    config = tmp_path / "team.toml"
+    config.write_text('[gateway]\ndatabase_url = "sqlite:////srv/team.db"\n')
+    args = build_parser().parse_args(["up", "--config", str(config)])
+    assert prepare(args) == 0
+    programs = {program.name: program for program in plan(args)}
+    for name in ("gateway", "dashboard"):
+        assert programs[name].argv[-2:] == ["--database-url", "sqlite:////srv/team.db"], name
+    _print_state(args)
+    assert "database  sqlite:////srv/team.db" in capsys.readouterr().out
+
+    monkeypatch.setenv("PREFIXSCOPE_DATABASE_URL", "sqlite:////srv/env.db")
+    args = build_parser().parse_args(["up", "--config", str(config)])
+    assert prepare(args) == 0
+    assert "--database-url" not in {p.name: p for p in plan(args)}["dashboard"].argv
+
+
+def test_a_config_file_in_the_working_directory_is_used_and_shown_as_the_gateway_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prefixscope.stack import _print_state, prepare
+
+    monkeypatch.delenv("PREFIXSCOPE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("PREFIXSCOPE_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prefixscope.toml").write_text('[gateway]\ndatabase_url = "sqlite:///here.db"\n')
+    args = build_parser().parse_args(["up"])
+    assert prepare(args) == 0
+    programs = {program.name: program for program in plan(args)}
+    assert programs["dashboard"].argv[-2:] == ["--database-url", "sqlite:///here.db"]
+    _print_state(args)
+    assert f"config    {tmp_path / 'prefixscope.toml'}" in capsys.readouterr().out
+
+
+def test_a_bad_config_file_is_refused_before_the_engine_loads(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[gateway]\nport = \n")
+    result = subprocess.run(
+        [sys.executable, "-m", "prefixscope", "up", "--config", str(config), "--engine-port", str(_free_port()),
+         "--gateway-port", str(_free_port()), "--dashboard-port", str(_free_port())],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PREFIXSCOPE_HOME": str(tmp_path / "home")},
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"prefixscope up: cannot read config {config}")
+
+
+def test_ctrl_c_while_a_program_starts_ends_quietly(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the children too, often while one is still importing: no traceback."""
+    code = (
+        "import db.commands as commands\n"
+        "def interrupted(args):\n    raise KeyboardInterrupt\n"
+        "commands.stats = interrupted\n"
+        "from prefixscope.cli import main\n"
+        "raise SystemExit(main(['stats']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 130
+    assert result.stderr == "" and result.stdout == ""
+
+
+def test_a_database_password_is_never_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` and `dashboard` print the database they use at start-up, without its password (as the gateway does)."""
+    import dashboard.launch
+    from prefixscope.stack import _print_state
+
+    url = "postgresql+asyncpg://prefixscope:s3cret-pw@db.internal:5432/prefixscope"
+    _print_state(build_parser().parse_args(["up", "--database-url", url]))
+
+    class Streamlit:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(dashboard.launch.subprocess, "Popen", Streamlit)
+    monkeypatch.setattr(dashboard.launch.signal, "signal", lambda *args: None)
+    assert dashboard.launch.launch_dashboard(build_parser().parse_args(["dashboard", "--database-url", url])) == 0
+    out = capsys.readouterr().out
+    assert "s3cret-pw" not in out
+    assert out.count("postgresql+asyncpg://***@db.internal:5432/prefixscope") == 2
+
+
+@pytest.mark.parametrize("port", ["0", "70000", "-1"])
+def test_a_port_out_of_range_is_refused_by_the_parser(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for option in ("--engine-port", "--gateway-port", "--dashboard-port"):
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(["up", option, port])
+        assert exited.value.code == 2
+        assert f"argument {option}: {port} is not a port number (1-65535)" in capsys.readouterr().err
+
+
+def test_an_ipv6_address_makes_valid_urls() -> None:
+    programs = {p.name: p for p in plan(build_parser().parse_args(["up", "--host", "::1"]))}
+    assert programs["engine"].health_url == "http://[::1]:8001/health"
+    assert programs["engine"].argv[-4:] == ["--host", "::1", "--port", "8001"]
+    assert programs["gateway"].argv[-2:] == ["--upstream", "http://[::1]:8001"]
+    assert programs["gateway"].public_url == "http://[::1]:8080/v1"
+    assert programs["dashboard"].argv[-2:] == ["--engine", "http://[::1]:8001"]
+    assert programs["dashboard"].health_url == "http://[::1]:8501/_stcore/health"

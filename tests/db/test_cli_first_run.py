@@ -198,3 +198,16 @@ def test_output_cut_short_by_the_reader_ends_quietly(tmp_path: Path, argv: tuple
     err = process.stderr.read().decode()
     assert process.wait(timeout=120) == 0
     assert first.strip() and err == ""
+
+
+@pytest.mark.parametrize("argv", [("keys", "create", "--tenant", "acme"), ("db", "upgrade"), ("demo-data", "--rows", "1")])
+def test_a_state_directory_that_cannot_be_made_is_one_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
+) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("not a directory\n")
+    monkeypatch.setenv(ENV_HOME, str(taken))
+    monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith(f"prefixscope: error: cannot create the directory {taken} for the database {taken}/")

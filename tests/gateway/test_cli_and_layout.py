@@ -58,6 +58,28 @@ def test_bad_config_exits_with_an_error(tmp_path):
     assert "prefixscope gateway:" in result.stderr
 
 
+def test_a_state_directory_that_cannot_hold_the_secret_exits_with_one_line(tmp_path):
+    import os
+    import socket
+
+    taken = tmp_path / "a-file"
+    taken.write_text("not a directory\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "prefixscope", "gateway", "--port", str(port), "--log-level", "warning"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PREFIXSCOPE_HOME": str(taken), "PREFIXSCOPE_DATABASE_URL": ""},
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        f"prefixscope gateway: cannot read the server secret file {taken / 'gateway_secret'}: "
+        f"[Errno 20] Not a directory: '{taken / 'gateway_secret'}'"
+    )
+
+
 def test_prefixscope_gateway_command_serves_and_records(tmp_path, stub, stub_url):
     """The real command line: start, serve one request, stop with SIGTERM, find the row."""
     import signal

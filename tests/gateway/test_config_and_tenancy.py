@@ -170,3 +170,15 @@ def test_secret_file_with_loose_mode_is_tightened(tmp_path: Path):
     path.chmod(0o644)
     assert load_or_create_secret(path) == "abc"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_the_documented_example_config_loads(tmp_path: Path) -> None:
+    """The README sends users to the example in gateway/config.py's docstring: copied as is, it must load."""
+    import gateway.config
+
+    example = gateway.config.__doc__.split("Example `prefixscope.toml`::", 1)[1]
+    path = tmp_path / "prefixscope.toml"
+    path.write_text("\n".join(line[4:] for line in example.splitlines()))
+    config = load_config(path)
+    assert config.default_upstream == "local"
+    assert "acme" in config.tenants
