@@ -43,6 +43,12 @@ MISS_REASONS: Final = (
 )
 
 
+# Routing policies over a replica set, and where a cache-aware prediction came from: `precise` the engine's published
+# cache events, `approximate` what the gateway itself sent to that replica, `none` no index knew the replica.
+ROUTING_POLICIES: Final = ("cache_aware", "round_robin", "least_loaded")
+ROUTING_INDEX_SOURCES: Final = ("precise", "approximate", "none")
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """One request as seen by the gateway.
@@ -83,6 +89,12 @@ class RequestRecord:
     normalization_gain_tokens: int | None = None
     # The prompt's block hash chain, for the what-if simulator (recorded while the tenant's `hash_chain` is on).
     chain: RequestChain | None = None
+    # When the upstream is a replica set: the replica that served the request (its URL), the routing policy, the
+    # cached tokens the router predicted there, and where that prediction came from (`ROUTING_INDEX_SOURCES`).
+    replica: str | None = None
+    routing_policy: str | None = None
+    predicted_match_tokens: int | None = None
+    routing_index_source: str | None = None
 
     @property
     def cache_hit(self) -> bool | None:

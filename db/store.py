@@ -62,6 +62,10 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "divergence_char_offset": record.divergence_char_offset,
         "recomputed_tokens": record.recomputed_tokens,
         "normalization_gain_tokens": record.normalization_gain_tokens,
+        "replica": None if record.replica is None else record.replica[:200],
+        "routing_policy": record.routing_policy,
+        "predicted_match_tokens": record.predicted_match_tokens,
+        "routing_index_source": record.routing_index_source,
     }
 
 
@@ -117,6 +121,10 @@ def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
         recomputed_tokens=row.recomputed_tokens,
         normalization_gain_tokens=row.normalization_gain_tokens,
         chain=chain,
+        replica=getattr(row, "replica", None),
+        routing_policy=getattr(row, "routing_policy", None),
+        predicted_match_tokens=getattr(row, "predicted_match_tokens", None),
+        routing_index_source=getattr(row, "routing_index_source", None),
     )
 
 
