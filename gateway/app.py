@@ -27,6 +27,7 @@ from gateway.models_api import list_models
 from gateway.parsing import CHAT, COMPLETIONS
 from gateway.proxy import CompletionProxy
 from gateway.recording import Recorder, RecordSink
+from gateway.replicas.health_view import replica_health
 from gateway.routing import Router
 from gateway.runtime import Runtime
 from gateway.stats_api import make_stats_handler
@@ -80,12 +81,14 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         recorder=recorder,
         metrics=metrics,
     )
+    metrics.replicas.watch(lambda: runtime.router.replica_sets.values())
     explainer = recorder.explainer = Explainer(UpliftChecker(lambda: runtime.client, recorder.record))
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         runtime.client = make_http_client(config)
         await storage.start()
+        await runtime.router.start()
         try:
             await keys.start()
             if freeze_gc_after_start:
@@ -99,6 +102,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             try:
                 await explainer.stop()  # the uplift checks in flight submit their records
             finally:
+                await runtime.router.stop()
                 await runtime.client.aclose()
                 await storage.stop()
 
@@ -120,7 +124,10 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             "status": "ok" if keys.loaded else "starting",
             "open_mode": keys.open_mode,
             "api_keys": keys.num_active_keys,
-            "upstreams": [{"name": u.name, "kind": u.kind, "url": u.url} for u in config.upstreams],
+            "upstreams": [
+                {"name": u.name, "kind": u.kind, "url": u.url, **replica_health(runtime.router, u.name)}
+                for u in config.upstreams
+            ],
             "records": {
                 name: int(getattr(counters, name, 0))
                 for name in ("queued", "written", "spilled", "replayed", "dropped", "pending_spill")

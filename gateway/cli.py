@@ -28,7 +28,19 @@ def register(commands: Any, bench_commands: Any) -> None:
     )
     gateway.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
     gateway.add_argument("--port", type=int, default=None, help="listen port (default 8080)")
-    gateway.add_argument("--upstream", default=None, metavar="URL", help="URL of the default upstream engine")
+    gateway.add_argument(
+        "--upstream",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="URL of the default upstream engine; repeat it for a replica set (routed by --routing)",
+    )
+    gateway.add_argument(
+        "--routing",
+        default=None,
+        choices=("cache_aware", "round_robin", "least_loaded"),
+        help="routing policy over the default upstream's replicas (default: cache_aware for several)",
+    )
     gateway.add_argument(
         "--database-url", default=None, help=f"database URL (default: ${ENV_DATABASE_URL}, the config, or SQLite)"
     )
@@ -68,7 +80,13 @@ def run_gateway(args: argparse.Namespace) -> int:
     try:
         config = load_config(
             config_path,
-            ConfigOverrides(host=args.host, port=args.port, upstream_url=args.upstream),
+            ConfigOverrides(
+                host=args.host,
+                port=args.port,
+                upstream_url=args.upstream[0] if args.upstream and len(args.upstream) == 1 else None,
+                replica_urls=tuple(args.upstream) if args.upstream and len(args.upstream) > 1 else (),
+                routing=args.routing,
+            ),
         )
         database_url = resolve_database_url(args.database_url, config.database_url)
     except (ConfigError, ValueError) as exc:

@@ -86,6 +86,11 @@ class RequestTracker:
         "outcome",
         "finished",
         "explain",
+        "replica",
+        "routing_policy",
+        "predicted_match_tokens",
+        "routing_index_source",
+        "failovers",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -110,6 +115,20 @@ class RequestTracker:
         self.outcome: Outcome | None = None
         self.finished = False
         self.explain: ExplainContext | None = None
+        self.replica: str | None = None
+        self.routing_policy: str | None = None
+        self.predicted_match_tokens: int | None = None
+        self.routing_index_source: str | None = None
+        self.failovers = 0
+
+    def placed(self, placement: Any) -> None:
+        """A replica set chose where this request goes (`gateway.replicas.replica_set.Placement`)."""
+        self.replica = placement.replica.url if placement.replica is not None else None
+        self.routing_policy = placement.policy
+        self.predicted_match_tokens = placement.predicted_match_tokens
+        self.routing_index_source = placement.index_source
+        if self.explain is not None:
+            self.explain.route = placement.route  # the uplift check asks the replica that served the request
 
     def sending_upstream(self) -> None:
         """The request is about to go upstream: look up its nearest earlier request while the upstream works."""
@@ -165,6 +184,10 @@ class RequestTracker:
             recomputed_tokens=None if explanation is None else explanation.recomputed_tokens,
             normalization_gain_tokens=explained.normalization_gain_tokens,
             chain=explained.chain,
+            replica=self.replica,
+            routing_policy=self.routing_policy,
+            predicted_match_tokens=self.predicted_match_tokens,
+            routing_index_source=self.routing_index_source,
         )
         if explained.uplift is not None and explainer is not None and explainer.uplift.defer(record, explained.uplift):
             return  # the check's task submits the record
