@@ -59,6 +59,19 @@ def register(commands: Any, bench_commands: Any) -> None:
     bench.add_argument("--stream", action="store_true", help="use streamed requests")
     bench.set_defaults(handler=run_bench)
 
+    routing = bench_commands.add_parser(
+        "routing",
+        help="cache-aware routing against round robin over 2 and 3 engine replicas",
+        description="Start engine replicas with pools of about half the working set and replay the same requests "
+        "under cache_aware and round_robin routing; print hit rate, TTFT and load per replica with a verdict.",
+    )
+    routing.add_argument("--model", default="smollm2", help="engine model: smollm2 or a local model directory")
+    routing.add_argument("--replicas", default="2,3", help="replica counts to run, comma-separated")
+    routing.add_argument("--prompts", type=int, default=4, help="K distinct system prompts")
+    routing.add_argument("--prompt-tokens", type=int, default=1500, help="approximate tokens per system prompt")
+    routing.add_argument("--rounds", type=int, default=10, help="requests per system prompt")
+    routing.set_defaults(handler=run_routing_bench)
+
 
 def resolve_database_url(explicit: str | None, from_config: str | None) -> str:
     """--database-url, then $PREFIXSCOPE_DATABASE_URL, then the config file, then db's default."""
@@ -107,5 +120,19 @@ def run_bench(args: argparse.Namespace) -> int:
             duration_s=args.duration,
             num_connections=args.connections,
             stream=args.stream,
+        )
+    )
+
+
+def run_routing_bench(args: argparse.Namespace) -> int:
+    from gateway.bench.routing import RoutingBenchConfig, run
+
+    return run(
+        RoutingBenchConfig(
+            model=args.model,
+            replica_counts=tuple(int(n) for n in args.replicas.split(",")),
+            num_prompts=args.prompts,
+            prompt_tokens=args.prompt_tokens,
+            rounds=args.rounds,
         )
     )
