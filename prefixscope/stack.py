@@ -40,15 +40,24 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, list[str], str, str]]:
     command = [sys.executable, "-m", "prefixscope"]
     database = ["--database-url", args.database_url] if args.database_url else []
     host = args.host
-    engine_url = f"http://{host}:{args.engine_port}"
-    engine_argv = command + ["engine", "--model", args.model, "--device", args.device, "--host", host,
-                             "--port", str(args.engine_port)]
-    if args.kv_cache_tokens:
-        engine_argv += ["--kv-cache-tokens", str(args.kv_cache_tokens)]
-    plan = [("engine", engine_argv, engine_url + "/health", engine_url + "/v1")]
+    plan, engine_urls = [], []
+    num_replicas = max(1, getattr(args, "replicas", 1))
+    for replica in range(num_replicas):  # replicas take consecutive ports, each with its own KV pool
+        port = args.engine_port + replica
+        engine_url = f"http://{host}:{port}"
+        engine_argv = command + ["engine", "--model", args.model, "--device", args.device, "--host", host,
+                                 "--port", str(port)]
+        if args.kv_cache_tokens:
+            engine_argv += ["--kv-cache-tokens", str(args.kv_cache_tokens)]
+        name = "engine" if num_replicas == 1 else f"engine{replica + 1}"
+        plan.append((name, engine_argv, engine_url + "/health", engine_url + "/v1"))
+        engine_urls.append(engine_url)
+    engine_url = engine_urls[0]
     if _program_available("gateway.cli"):
         gateway_url = f"http://{host}:{args.gateway_port}"
-        argv = command + ["gateway", "--host", host, "--port", str(args.gateway_port), "--upstream", engine_url]
+        argv = command + ["gateway", "--host", host, "--port", str(args.gateway_port)]
+        for url in engine_urls:
+            argv += ["--upstream", url]
         plan.append(("gateway", argv + database, gateway_url + "/health", gateway_url + "/v1"))
     if _program_available("dashboard.cli"):
         dashboard_url = f"http://{host}:{args.dashboard_port}"
@@ -100,7 +109,10 @@ def register(commands, bench_commands) -> None:
     up = commands.add_parser("up", help="start the engine, gateway and dashboard together")
     up.add_argument("--model", default="smollm2")
     up.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    up.add_argument("--kv-cache-tokens", type=int, default=None)
+    up.add_argument("--kv-cache-tokens", type=int, default=None, help="KV pool of each engine (tokens)")
+    up.add_argument(
+        "--replicas", type=int, default=1, help="engines to start (ports from --engine-port up), routed cache-aware"
+    )
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--engine-port", type=int, default=8001)
     up.add_argument("--gateway-port", type=int, default=8080)
