@@ -69,7 +69,7 @@ def register(commands: Any, bench_commands: Any) -> None:
     routing.add_argument("--replicas", default="2,3", help="replica counts to run, comma-separated")
     routing.add_argument("--prompts", type=int, default=4, help="K distinct system prompts")
     routing.add_argument("--prompt-tokens", type=int, default=1500, help="approximate tokens per system prompt")
-    routing.add_argument("--rounds", type=int, default=10, help="requests per system prompt")
+    routing.add_argument("--rounds", type=int, default=20, help="requests per system prompt")
     routing.set_defaults(handler=run_routing_bench)
 
 

@@ -36,7 +36,7 @@ class RoutingBenchConfig:
     replica_counts: tuple[int, ...] = (2, 3)
     num_prompts: int = 4
     prompt_tokens: int = 1500
-    rounds: int = 10
+    rounds: int = 20
     pool_share: float = 0.6  # each pool holds this share of the working set
     seed: int = 0
 
@@ -139,6 +139,7 @@ def _run_policy(
                 ttfts.append(ttft_ms)
                 prompt_total += prompt_tokens
                 cached_total += cached_tokens
+            time.sleep(0.5)  # the last record reaches the counters just after its response
             per_replica = _replica_requests(client.get(f"{gateway_url}/metrics").text)
         return {
             "token_hit_rate": round(cached_total / prompt_total, 4) if prompt_total else 0.0,
@@ -196,6 +197,11 @@ def run(config: RoutingBenchConfig) -> int:
                 for n, i in enumerate(order)
             ]
             urls = [url for url, _ in engines]
+            for url in urls:  # the first forward passes of a process are slow: keep them out of both runs
+                for n in range(3):
+                    warm = {"model": model, "messages": [{"role": "user", "content": f"warm-up {n} " * 200}],
+                            "max_tokens": 1}
+                    httpx.post(f"{url}/v1/chat/completions", json=warm, timeout=600)
             by_policy = {policy: _run_policy(policy, urls, sequence, workdir) for policy in ("cache_aware", "round_robin")}
             aware, rr = by_policy["cache_aware"], by_policy["round_robin"]
             verdict = {

@@ -3,7 +3,9 @@
 `place` predicts, for every healthy replica, how many of the request's prompt tokens it holds (from the engine's
 cache events when they are followed, else from what the gateway itself sent there), and lets the policy
 (`gateway.replicas.policy`) choose. For the precise index the request's token block hashes come from one engine's
-dry-run match (`POST /v1/cache/match` with `return_hash_chain`), since the gateway has no tokenizer.
+dry-run match (`POST /v1/cache/match` with `return_hash_chain`), since the gateway has no tokenizer; a prompt whose
+first text block this gateway sent to no replica lately is taken as a new prefix and placed by load without that
+round trip (with several gateways in front of one set, each knows only its own traffic there).
 """
 
 from __future__ import annotations
@@ -138,7 +140,9 @@ class ReplicaSet:
             pool = [Candidate(r.position, r.load) for r in candidates]
             chosen = choose(self.policy, pool, self.settings, self._turn, 0)
             return self._placed(chosen.position, chosen.reason, None, None, text, namespace, None, now, excluded)
-        tokens = await self._token_chain(client, candidates, body)
+        # What no replica was sent recently is a new prefix: route it by load without asking an engine to hash it.
+        known = any(r.approximate.match_blocks(namespace, text.hashes[:1], now) for r in candidates)
+        tokens = await self._token_chain(client, candidates, body) if known or not text.hashes else None
         prompt_tokens = tokens[1] if tokens else round(text.num_chars * self.tokens_per_char)
         predictions = {r.position: self._predict(r, namespace, text, tokens, prompt_tokens, now) for r in candidates}
         pool = [
