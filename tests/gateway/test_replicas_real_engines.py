@@ -268,3 +268,26 @@ def test_round_robin_and_least_loaded_are_recorded(fresh):
         assert {(r.routing_policy, r.predicted_match_tokens, r.routing_index_source) for r in records} == {
             ("round_robin", None, None)
         }
+
+
+@pytest.mark.real_model
+def test_smollm2_replicas_keep_a_prefix_on_one_replica_with_exact_predictions():
+    engines = [EngineProcess("smollm2", "--kv-cache-tokens", "4096") for _ in range(2)]
+    try:
+        urls = [engine.wait_healthy() for engine in engines]
+        with running_gateway(replica_config(urls)) as gateway:
+            wait_synced(gateway.url)
+            system = "You are the help desk of a library. " + system_prompt(uuid.uuid4().hex[:8])
+            for n, question in enumerate(["Opening hours?", "Can I renew a loan?", "Where are the maps?"]):
+                body = {"model": "smollm2", "max_tokens": 2,
+                        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+                response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=300)
+                assert response.status_code == 200, response.text
+            records = gateway.wait_records(3)
+            assert records[1].replica == records[2].replica == records[0].replica
+            for record in records[1:]:
+                assert record.routing_index_source == "precise" and record.cached_tokens > 0
+                assert record.predicted_match_tokens == record.cached_tokens - record.cached_tokens % 16
+    finally:
+        for engine in engines:
+            engine.stop()
