@@ -81,6 +81,10 @@ class RequestRow:
     divergence_char_offset: int | None = None
     recomputed_tokens: int | None = None
     normalization_gain_tokens: int | None = None
+    replica: str | None = None
+    routing_policy: str | None = None
+    predicted_match_tokens: int | None = None
+    routing_index_source: str | None = None
 
     @property
     def cache_hit(self) -> bool | None:
