@@ -1,4 +1,5 @@
-"""The Replicas page's data: hit rate and load per replica over time, and the router's accuracy (`db.queries.replicas`)."""
+"""The Replicas page's data: hit rate and load per replica over time, and the router's accuracy
+(`db.queries.replicas`)."""
 
 from __future__ import annotations
 

@@ -234,7 +234,9 @@ def apply_overrides(config: GatewayConfig, overrides: ConfigOverrides) -> Gatewa
 
 
 def _override_replicas(upstream: UpstreamConfig, overrides: ConfigOverrides) -> UpstreamConfig:
-    replicas = parse_replicas(upstream.name, list(overrides.replica_urls)) if overrides.replica_urls else upstream.replicas
+    replicas = upstream.replicas
+    if overrides.replica_urls:
+        replicas = parse_replicas(upstream.name, list(overrides.replica_urls))
     url = replicas[0] if replicas else upstream.url
     routing = parse_policy(upstream.name, overrides.routing, len(replicas))
     return replace(upstream, url=url, replicas=replicas, routing=routing)

@@ -202,7 +202,9 @@ def run(config: RoutingBenchConfig) -> int:
                     warm = {"model": model, "messages": [{"role": "user", "content": f"warm-up {n} " * 200}],
                             "max_tokens": 1}
                     httpx.post(f"{url}/v1/chat/completions", json=warm, timeout=600)
-            by_policy = {policy: _run_policy(policy, urls, sequence, workdir) for policy in ("cache_aware", "round_robin")}
+            by_policy = {
+                policy: _run_policy(policy, urls, sequence, workdir) for policy in ("cache_aware", "round_robin")
+            }
             aware, rr = by_policy["cache_aware"], by_policy["round_robin"]
             verdict = {
                 "hit_rate_at_least_0.85": aware["token_hit_rate"] >= TARGET_HIT_RATE,

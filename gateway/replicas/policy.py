@@ -51,7 +51,8 @@ def choose(
     if policy == "least_loaded":
         return Choice(least_loaded(candidates, turn).position, "least_loaded")
     loads = [c.load for c in candidates]
-    if max(loads) - min(loads) > settings.balance_abs_threshold and max(loads) > min(loads) * settings.balance_rel_threshold:
+    gap = max(loads) - min(loads)
+    if gap > settings.balance_abs_threshold and max(loads) > min(loads) * settings.balance_rel_threshold:
         return Choice(_emptiest_of_least_loaded(candidates).position, "balance")
     best = max(candidates, key=lambda c: (c.matched_blocks - settings.load_penalty_blocks * c.load, -c.load,
                                           -c.indexed_blocks, -c.position))

@@ -35,7 +35,8 @@ class CacheEvent:
     block_hashes: tuple[int, ...]
 
     def as_dict(self) -> dict:
-        return {"seq": self.seq, "kind": self.kind, "namespace": self.namespace, "block_hashes": list(self.block_hashes)}
+        hashes = list(self.block_hashes)
+        return {"seq": self.seq, "kind": self.kind, "namespace": self.namespace, "block_hashes": hashes}
 
 
 class CacheEventLog:

@@ -46,7 +46,8 @@ def test_replica_history_and_router_accuracy_queries(replicas_url):
         history = replica_history(conn, since)
         accuracy = router_accuracy(conn, since)
     engine.dispose()
-    assert [(row.replica, row.requests, row.prompt_tokens, row.cached_tokens, row.request_share) for row in history] == [
+    rows = [(row.replica, row.requests, row.prompt_tokens, row.cached_tokens, row.request_share) for row in history]
+    assert rows == [
         (A, 2, 2000, 960, 2 / 3),
         (B, 1, 1000, 0, 1 / 3),
         (A, 1, 1000, 976, 1 / 4),

@@ -56,7 +56,8 @@ def fresh(engines: list[EngineProcess]) -> list[EngineProcess]:
 
 
 def replica_config(urls: list[str], **router: object):
-    settings = RouterSettings(**{"health_interval_s": 0.5, "event_poll_interval_s": 0.05, **router})  # type: ignore[arg-type]
+    values = {"health_interval_s": 0.5, "event_poll_interval_s": 0.05, **router}
+    settings = RouterSettings(**values)  # type: ignore[arg-type]
     upstream = UpstreamConfig(
         name="pool", url=urls[0], kind="local_engine", timeout_s=60.0, replicas=tuple(urls), routing="cache_aware",
         router=settings,
@@ -186,6 +187,10 @@ def test_two_tenants_with_the_same_prompt_are_indexed_apart(fresh):
         assert len(snapshot["namespaces"]) == 1
 
 
+def _one_token(messages: list[dict]) -> dict:
+    return {"model": "tiny", "messages": messages, "max_tokens": 1}
+
+
 def _follower_replica(url: str) -> Replica:
     return Replica(UpstreamConfig(name="pool", url=url, replicas=(url,)), url, 0)
 
@@ -205,11 +210,11 @@ def test_the_precise_index_follows_evictions(fresh):
             nonce = uuid.uuid4().hex[:8]
             prompts = [[{"role": "user", "content": system_prompt(f"{nonce}-{i}")}] for i in range(6)]
             first_chain = _engine_chain(url, prompts[0])
-            await client.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": prompts[0], "max_tokens": 1})
+            await client.post(f"{url}/v1/chat/completions", json=_one_token(prompts[0]))
             await poll_once(client, replica)
             assert replica.precise.match_blocks("", first_chain, 0.0) == len(first_chain)
             for messages in prompts[1:]:  # about 170 tokens each into a 640-token pool: the first prompt is evicted
-                await client.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 1})
+                await client.post(f"{url}/v1/chat/completions", json=_one_token(messages))
             while await poll_once(client, replica):
                 pass
             assert replica.events_synced
@@ -243,8 +248,7 @@ def test_a_gap_in_the_events_triggers_a_resync(tiny_model):
                 nonce = uuid.uuid4().hex[:8]
                 for i in range(4):  # four stored events: the follower's cursor falls out of the window
                     messages = [{"role": "user", "content": system_prompt(f"{nonce}-{i}")}]
-                    await client.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": messages,
-                                                                             "max_tokens": 1})
+                    await client.post(f"{url}/v1/chat/completions", json=_one_token(messages))
                 assert await poll_once(client, replica) == 0
                 assert (replica.events_synced, replica.gaps) == (False, 1)
                 assert await resync(client, replica) and replica.resyncs == 2

@@ -42,7 +42,8 @@ def test_eviction_publishes_the_blocks_that_lost_a_token():
     store(cache, allocator, "n", range(200, 232))  # needs 32 slots: evicts the LRU leaf (tokens 20..32 of range(32))
     events = cache.events.since(after, 100)["events"]
     removed = [e for e in events if e["kind"] == "removed"]
-    assert removed == [{"seq": after + 1, "kind": "removed", "namespace": "n", "block_hashes": [chain("n", range(32))[1]]}]
+    block_1 = chain("n", range(32))[1]
+    assert removed == [{"seq": after + 1, "kind": "removed", "namespace": "n", "block_hashes": [block_1]}]
     held = set(cache.events.snapshot()["namespaces"]["n"])
     expected = {chain("n", range(32))[0], *chain("n", [*range(20), *range(100, 112)]), *chain("n", range(200, 232))}
     assert held == expected
