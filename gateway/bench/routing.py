@@ -103,7 +103,10 @@ def _stream_one(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[f
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if ttft_ms is None and chunk.get("choices"):
+            choices = chunk.get("choices") or []
+            # The first token, not the opening chunk that only names the role (sent before the prefill).
+            if ttft_ms is None and choices and ((choices[0].get("delta") or {}).get("content")
+                                                or choices[0].get("finish_reason")):
                 ttft_ms = (time.perf_counter() - start) * 1000.0
             if chunk.get("usage"):
                 usage = chunk["usage"]
