@@ -23,6 +23,7 @@ pages = [
     st.Page(VIEWS / "why_misses.py", title="Why misses", icon=":material/troubleshoot:", url_path="why-misses"),
     st.Page(VIEWS / "advice.py", title="Rule advice", icon=":material/lightbulb:", url_path="advice"),
     st.Page(VIEWS / "what_if.py", title="What-if", icon=":material/science:", url_path="what-if"),
+    st.Page(VIEWS / "replicas.py", title="Replicas", icon=":material/hub:", url_path="replicas"),
     st.Page(VIEWS / "engine.py", title="Engine cache", icon=":material/memory:", url_path="engine"),
     st.Page(VIEWS / "cost.py", title="Cost", icon=":material/payments:", url_path="cost"),
 ]

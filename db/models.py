@@ -126,6 +126,10 @@ class RequestRecordRow(Base):
     hash_key_version: Mapped[int | None] = mapped_column(SmallInteger)
     cache_write_tokens: Mapped[int | None] = mapped_column(Integer)
     retention_class: Mapped[str | None] = mapped_column(String(16))
+    replica: Mapped[str | None] = mapped_column(String(200))
+    routing_policy: Mapped[str | None] = mapped_column(String(16))
+    predicted_match_tokens: Mapped[int | None] = mapped_column(Integer)
+    routing_index_source: Mapped[str | None] = mapped_column(String(16))
 
     # The explorer filters by one of these and pages newest first.
     __table_args__ = (
@@ -134,6 +138,7 @@ class RequestRecordRow(Base):
         Index("ix_requests_miss_kind_created_at", "miss_kind", "created_at"),
         Index("ix_requests_prefix_hash_created_at", "prefix_hash", "created_at"),
         Index("ix_requests_miss_reason_created_at", "miss_reason", "created_at"),
+        Index("ix_requests_replica_created_at", "replica", "created_at"),
         # Only the rows that kept their prompt: finds a prefix's newest stored prompt (its label) at once, even for a
         # prefix with a million requests and no stored prompt at all.
         Index(

@@ -64,6 +64,12 @@ def _field_names() -> tuple[str, ...]:
     return tuple(f.name for f in fields(RequestRecord))
 
 
+# Routing policies over a replica set, and where a cache-aware prediction came from: `precise` the engine's published
+# cache events, `approximate` what the gateway itself sent to that replica, `none` no index knew the replica.
+ROUTING_POLICIES: Final = ("cache_aware", "round_robin", "least_loaded")
+ROUTING_INDEX_SOURCES: Final = ("precise", "approximate", "none")
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """One request as seen by the gateway.
@@ -126,6 +132,12 @@ class RequestRecord:
     # longest retention class (`RETENTION_CLASSES`) the request's cache breakpoints asked for (None without any).
     cache_write_tokens: int | None = None
     retention_class: str | None = None
+    # When the upstream is a replica set: the replica that served the request (its URL), the routing policy, the
+    # cached tokens the router predicted there, and where that prediction came from (`ROUTING_INDEX_SOURCES`).
+    replica: str | None = None
+    routing_policy: str | None = None
+    predicted_match_tokens: int | None = None
+    routing_index_source: str | None = None
 
     @property
     def cache_hit(self) -> bool | None:

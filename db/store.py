@@ -71,6 +71,10 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "hash_key_version": record.hash_key_version,
         "cache_write_tokens": record.cache_write_tokens,
         "retention_class": record.retention_class,
+        "replica": None if record.replica is None else record.replica[:200],
+        "routing_policy": record.routing_policy,
+        "predicted_match_tokens": record.predicted_match_tokens,
+        "routing_index_source": record.routing_index_source,
     }
 
 
@@ -132,6 +136,10 @@ def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
         hash_key_version=getattr(row, "hash_key_version", None),
         cache_write_tokens=row.cache_write_tokens,
         retention_class=row.retention_class,
+        replica=getattr(row, "replica", None),
+        routing_policy=getattr(row, "routing_policy", None),
+        predicted_match_tokens=getattr(row, "predicted_match_tokens", None),
+        routing_index_source=getattr(row, "routing_index_source", None),
     )
 
 

@@ -33,6 +33,7 @@ from gateway.parsing import CHAT, COMPLETIONS
 from gateway.proxy import CompletionProxy
 from gateway.record_keys import RecordHasher
 from gateway.recording import Recorder, RecordSink
+from gateway.replicas.health_view import replica_health
 from gateway.routing import Router
 from gateway.runtime import Runtime
 from gateway.stats_api import make_stats_handler
@@ -94,6 +95,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         recorder=recorder,
         metrics=metrics,
     )
+    metrics.replicas.watch(lambda: runtime.router.replica_sets.values())
     explainer = recorder.explainer = Explainer(UpliftChecker(lambda: runtime.client, recorder.record))
     advisor = recorder.advisor = AdviceSampler(lambda: runtime.client)
     engine_context = EngineContextPoller(lambda: runtime.client, storage, config.upstreams)
@@ -102,6 +104,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         runtime.client = make_http_client(config)
         await storage.start()
+        await runtime.router.start()
         try:
             await keys.start()
             engine_context.start()
@@ -118,6 +121,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 await advisor.stop()  # the rule advice estimates in flight submit their records
                 await explainer.stop()  # the uplift checks in flight submit their records
             finally:
+                await runtime.router.stop()
                 await runtime.client.aclose()
                 await storage.stop()
 
@@ -151,7 +155,10 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             "open_mode": keys.open_mode,
             "api_keys": keys.num_active_keys,
             "key_snapshot_age_s": None if (age := keys.snapshot_age_s) is None else round(age, 1),
-            "upstreams": [{"name": u.name, "kind": u.kind, "url": u.url} for u in config.upstreams],
+            "upstreams": [
+                {"name": u.name, "kind": u.kind, "url": u.url, **replica_health(runtime.router, u.name)}
+                for u in config.upstreams
+            ],
             "durability": config.recorder.durability,
             "database_available": bool(getattr(counters, "database_available", True)),
             "records": {

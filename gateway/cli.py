@@ -30,7 +30,19 @@ def register(commands: Any, bench_commands: Any) -> None:
     )
     gateway.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
     gateway.add_argument("--port", type=int, default=None, help="listen port (default 8080)")
-    gateway.add_argument("--upstream", default=None, metavar="URL", help="URL of the default upstream engine")
+    gateway.add_argument(
+        "--upstream",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="URL of the default upstream engine; repeat it for a replica set (routed by --routing)",
+    )
+    gateway.add_argument(
+        "--routing",
+        default=None,
+        choices=("cache_aware", "round_robin", "least_loaded"),
+        help="routing policy over the default upstream's replicas (default: cache_aware for several)",
+    )
     gateway.add_argument(
         "--database-url", default=None, help=f"database URL (default: ${ENV_DATABASE_URL}, the config, or SQLite)"
     )
@@ -62,6 +74,19 @@ def register(commands: Any, bench_commands: Any) -> None:
     )
     bench.set_defaults(handler=run_bench)
 
+    routing = bench_commands.add_parser(
+        "routing",
+        help="cache-aware routing against round robin over 2 and 3 engine replicas",
+        description="Start engine replicas with pools of about half the working set and replay the same requests "
+        "under cache_aware and round_robin routing; print hit rate, TTFT and load per replica with a verdict.",
+    )
+    routing.add_argument("--model", default="smollm2", help="engine model: smollm2 or a local model directory")
+    routing.add_argument("--replicas", default="2,3", help="replica counts to run, comma-separated")
+    routing.add_argument("--prompts", type=int, default=4, help="K distinct system prompts")
+    routing.add_argument("--prompt-tokens", type=int, default=1500, help="approximate tokens per system prompt")
+    routing.add_argument("--rounds", type=int, default=20, help="requests per system prompt")
+    routing.set_defaults(handler=run_routing_bench)
+
 
 def resolve_database_url(explicit: str | None, from_config: str | None) -> str:
     """--database-url, then $PREFIXSCOPE_DATABASE_URL, then the config file, then db's default."""
@@ -90,7 +115,9 @@ def run_gateway(args: argparse.Namespace) -> int:
             ConfigOverrides(
                 host=args.host,
                 port=args.port,
-                upstream_url=args.upstream,
+                upstream_url=args.upstream[0] if args.upstream and len(args.upstream) == 1 else None,
+                replica_urls=tuple(args.upstream) if args.upstream and len(args.upstream) > 1 else (),
+                routing=args.routing,
                 open_mode=args.open or None,
                 upstream_api_key=os.environ.get(ENV_UPSTREAM_API_KEY) or None,
             ),
@@ -136,5 +163,19 @@ def run_bench(args: argparse.Namespace) -> int:
             num_connections=args.connections,
             stream=args.stream,
             durability=args.durability,
+        )
+    )
+
+
+def run_routing_bench(args: argparse.Namespace) -> int:
+    from gateway.bench.routing import RoutingBenchConfig, run
+
+    return run(
+        RoutingBenchConfig(
+            model=args.model,
+            replica_counts=tuple(int(n) for n in args.replicas.split(",")),
+            num_prompts=args.prompts,
+            prompt_tokens=args.prompt_tokens,
+            rounds=args.rounds,
         )
     )

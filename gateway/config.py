@@ -25,6 +25,8 @@ Example `prefixscope.toml`::
     name = "local"
     url = "http://127.0.0.1:8001"
     kind = "local_engine"               # local_engine | openai | vllm | sglang | anthropic
+    # replicas = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]   # a replica set instead of `url`
+    # routing = "cache_aware"           # cache_aware | round_robin | least_loaded (see gateway/replicas/settings.py)
     timeout = 600                       # seconds
     # api_key = "sk-..."
 
@@ -63,6 +65,7 @@ from typing import Any
 
 from gateway.anthropic.settings import MessagesSettings, parse_messages_settings
 from gateway.errors import ConfigError
+from gateway.replicas.settings import RouterSettings, parse_policy, parse_replicas, parse_router_settings
 from gateway.tenant_settings import (  # noqa: F401 - re-exported: the rule names belong to the configuration
     ALL_RULES,
     HOIST_PLACEMENTS,
@@ -92,6 +95,10 @@ class UpstreamConfig:
     api_key: str | None = None
     timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
+    # A replica set (several engines serving the same model) and how to route over it (`gateway.replicas`).
+    replicas: tuple[str, ...] = ()
+    routing: str = "round_robin"
+    router: RouterSettings = RouterSettings()
 
     @property
     def api_base(self) -> str:
@@ -169,6 +176,8 @@ class ConfigOverrides:
     host: str | None = None
     port: int | None = None
     upstream_url: str | None = None
+    replica_urls: tuple[str, ...] = ()  # several --upstream URLs: the default upstream becomes a replica set
+    routing: str | None = None
     database_url: str | None = None
     server_secret: str | None = None
     open_mode: bool | None = None  # --open
@@ -270,16 +279,35 @@ def apply_overrides(config: GatewayConfig, overrides: ConfigOverrides) -> Gatewa
         changes["upstreams"] = tuple(
             replace(u, url=overrides.upstream_url) if u.name == config.default_upstream else u for u in config.upstreams
         )
+    if overrides.replica_urls or overrides.routing is not None:
+        changes["upstreams"] = tuple(
+            _override_replicas(u, overrides) if u.name == config.default_upstream else u
+            for u in changes.get("upstreams", config.upstreams)
+        )
     return replace(config, **changes) if changes else config
+
+
+def _override_replicas(upstream: UpstreamConfig, overrides: ConfigOverrides) -> UpstreamConfig:
+    replicas = upstream.replicas
+    if overrides.replica_urls:
+        replicas = parse_replicas(upstream.name, list(overrides.replica_urls))
+    url = replicas[0] if replicas else upstream.url
+    routing = parse_policy(upstream.name, overrides.routing, len(replicas))
+    return replace(upstream, url=url, replicas=replicas, routing=routing)
 
 
 def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
     values = dict(item)
+    replicas = parse_replicas(str(values.get("name")), values.pop("replicas")) if "replicas" in values else ()
+    if replicas:
+        values.setdefault("url", replicas[0])
     try:
         name = str(values.pop("name"))
         url = str(values.pop("url"))
     except KeyError as exc:
         raise ConfigError(f"an [[upstreams]] entry lacks {exc.args[0]!r}") from exc
+    routing = parse_policy(name, values.pop("routing", None), len(replicas))
+    router = parse_router_settings(name, dict(values.pop("router", {})))
     kind = str(values.pop("kind", "local_engine"))
     if kind not in UPSTREAM_KINDS:
         raise ConfigError(f"upstream {name!r}: kind must be one of {UPSTREAM_KINDS}, not {kind!r}")
@@ -299,6 +327,9 @@ def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
         api_key=None if api_key is None else str(api_key),
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
+        replicas=replicas,
+        routing=routing,
+        router=router,
     )
 
 

@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from db.records import RequestRecord
+from gateway.replicas.replica_metrics import ReplicaMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The writer's counters exported as `prefixscope_gateway_records_<name>` (and in /health under "records").
@@ -111,6 +112,7 @@ class GatewayMetrics:
             "1 while the gateway runs open (auth = \"none\"): no API key is checked.",
             registry=self.registry,
         )
+        self.replicas = ReplicaMetrics(self.registry)
         # labels() is comparatively slow; children are cached per label tuple.
         self._children: dict[tuple[Any, ...], Any] = {}
 
@@ -146,6 +148,8 @@ class GatewayMetrics:
                 self._child(self.recomputed_tokens, record.miss_reason).inc(record.recomputed_tokens)
         if record.normalization_gain_tokens:
             self.normalization_gain_tokens.inc(record.normalization_gain_tokens)
+        if record.replica is not None:
+            self.replicas.observe(record)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

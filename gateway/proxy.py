@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
@@ -29,6 +30,8 @@ from gateway.fingerprint import prefix_hash, prompt_text
 from gateway.forwarding import forward_plain, forward_stream
 from gateway.parsing import parse_request
 from gateway.recording import Outcome, RequestTracker
+from gateway.replicas.dispatch import forward_routed
+from gateway.routing import Route
 from gateway.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -142,17 +145,19 @@ class CompletionProxy:
             tracker.prompt_text = prompt_text(self._endpoint, normalized.request)
         payload = _ENCODER.encode(body)
 
-        if parsed.stream:
-            work = forward_stream(
-                runtime.client,
-                route,
-                self._endpoint,
-                payload,
-                tracker,
-                send,
-                client_wants_usage=parsed.client_wants_usage,
-                start_perf=start_perf,
-            )
-        else:
-            work = forward_plain(runtime.client, route, self._endpoint, payload, tracker, send)
+        def forward(target: Route) -> Awaitable[Outcome]:
+            if parsed.stream:
+                return forward_stream(
+                    runtime.client,
+                    target,
+                    self._endpoint,
+                    payload,
+                    tracker,
+                    send,
+                    client_wants_usage=parsed.client_wants_usage,
+                    start_perf=start_perf,
+                )
+            return forward_plain(runtime.client, target, self._endpoint, payload, tracker, send)
+
+        work = forward_routed(runtime.router, runtime.client, route, self._endpoint, body, salt, tracker, send, forward)
         return await run_until_disconnect(work, receive)

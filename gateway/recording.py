@@ -108,6 +108,11 @@ class RequestTracker:
         "namespace_label",
         "cache_write_tokens",
         "retention_class",
+        "replica",
+        "routing_policy",
+        "predicted_match_tokens",
+        "routing_index_source",
+        "failovers",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -136,6 +141,20 @@ class RequestTracker:
         # Messages API only: prompt tokens written to the cache, and the longest lifetime class a breakpoint asked for.
         self.cache_write_tokens: int | None = None
         self.retention_class: str | None = None
+        self.replica: str | None = None
+        self.routing_policy: str | None = None
+        self.predicted_match_tokens: int | None = None
+        self.routing_index_source: str | None = None
+        self.failovers = 0
+
+    def placed(self, placement: Any) -> None:
+        """A replica set chose where this request goes (`gateway.replicas.replica_set.Placement`)."""
+        self.replica = placement.replica.url if placement.replica is not None else None
+        self.routing_policy = placement.policy
+        self.predicted_match_tokens = placement.predicted_match_tokens
+        self.routing_index_source = placement.index_source
+        if self.explain is not None:
+            self.explain.route = placement.route  # the uplift check asks the replica that served the request
 
     def sending_upstream(self) -> None:
         """The request is about to go upstream: look up its nearest earlier request while the upstream works."""
@@ -207,6 +226,10 @@ class RequestTracker:
             hash_key_version=None if hasher is None else KEY_VERSION,
             cache_write_tokens=self.cache_write_tokens,
             retention_class=self.retention_class,
+            replica=self.replica,
+            routing_policy=self.routing_policy,
+            predicted_match_tokens=self.predicted_match_tokens,
+            routing_index_source=self.routing_index_source,
         )
         recorder = self._recorder
 

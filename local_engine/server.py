@@ -13,6 +13,7 @@ from litestar.params import FromQuery
 from litestar.response import Response, Stream
 
 from local_engine.access import access_guard
+from local_engine.cache_events_api import cache_events, cache_events_snapshot
 from local_engine.config import ServerConfig
 from local_engine.engine import Engine
 from local_engine.engine_types import Finished, GenerationRequest, TokenDelta
@@ -205,7 +206,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Litestar:
     """The ASGI app; the caller starts and stops the engine."""
     return Litestar(
         route_handlers=[chat_completions, completions, models, health, metrics, cache_stats, cache_tree, cache_match,
-                        cache_flush, openapi],
+                        cache_flush, openapi, cache_events, cache_events_snapshot],
         state=State({"engine": engine, "server_config": config, "started_at": int(time.time()),
                      "openapi": openapi_document()}),
         openapi_config=None,

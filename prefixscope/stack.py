@@ -60,12 +60,21 @@ def plan(args: argparse.Namespace) -> list[Program]:
     database = ["--database-url", args.database_url] if args.database_url else []
     host = args.host
     url_host = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
-    engine_url = f"http://{url_host}:{args.engine_port}"
-    engine_argv = command + ["engine", *_engine_options(args), "--host", host, "--port", str(args.engine_port)]
-    programs = [Program("engine", engine_argv, engine_url + "/health", engine_url + "/v1")]
+    programs, engine_urls = [], []
+    num_replicas = max(1, args.replicas)
+    for replica in range(num_replicas):  # replicas take consecutive ports, each with its own KV pool
+        port = args.engine_port + replica
+        engine_url = f"http://{url_host}:{port}"
+        engine_argv = command + ["engine", *_engine_options(args), "--host", host, "--port", str(port)]
+        name = "engine" if num_replicas == 1 else f"engine{replica + 1}"
+        programs.append(Program(name, engine_argv, engine_url + "/health", engine_url + "/v1"))
+        engine_urls.append(engine_url)
+    engine_url = engine_urls[0]
     if _program_available("gateway.cli"):
         gateway_url = f"http://{url_host}:{args.gateway_port}"
-        argv = command + ["gateway", "--host", host, "--port", str(args.gateway_port), "--upstream", engine_url]
+        argv = command + ["gateway", "--host", host, "--port", str(args.gateway_port)]
+        for url in engine_urls:
+            argv += ["--upstream", url]
         argv += ["--config", str(args.config)] if args.config else []
         argv += ["--open"] if args.open else []
         programs.append(Program("gateway", argv + database, gateway_url + "/health", gateway_url + "/v1"))
@@ -78,7 +87,13 @@ def plan(args: argparse.Namespace) -> list[Program]:
 
 def _port_requests(args: argparse.Namespace, programs: list[Program]) -> list[PortRequest]:
     ports = {"engine": args.engine_port, "gateway": args.gateway_port, "dashboard": args.dashboard_port}
-    return [PortRequest(p.name, ports[p.name], f"--{p.name}-port") for p in programs if p.name in ports]
+    # Replicas engine1, engine2, ... take consecutive ports from --engine-port.
+    ports |= {f"engine{n}": args.engine_port + n - 1 for n in range(1, max(1, args.replicas) + 1)}
+    return [
+        PortRequest(p.name, ports[p.name], "--" + p.name.rstrip("0123456789") + "-port")
+        for p in programs
+        if p.name in ports
+    ]
 
 
 def _print_state(args: argparse.Namespace) -> None:
@@ -187,6 +202,9 @@ def register(commands, bench_commands) -> None:
         "--database-url",
         default=None,
         help="default: $PREFIXSCOPE_DATABASE_URL, else prefixscope.db in the state directory ($PREFIXSCOPE_HOME)",
+    )
+    up.add_argument(
+        "--replicas", type=int, default=1, help="engines to start (ports from --engine-port up), routed cache-aware"
     )
     up.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for each program")
     up.add_argument(

@@ -11,7 +11,7 @@ from prefixscope.stack import plan, shared_secrets_env
 def _args(**changes) -> argparse.Namespace:
     values = dict(model="smollm2", device="cpu", kv_cache_tokens=None, host="127.0.0.1", engine_port=8001,
                   gateway_port=8080, dashboard_port=8501, database_url=None, start_timeout=1.0, open=False,
-                  config=None)
+                  config=None, replicas=1)
     values.update(changes)
     return argparse.Namespace(**values)
 

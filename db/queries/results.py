@@ -91,6 +91,10 @@ class RequestRow:
     ttft_source: str | None = None
     divergence_source: str | None = None
     template_tokens: int | None = None
+    replica: str | None = None
+    routing_policy: str | None = None
+    predicted_match_tokens: int | None = None
+    routing_index_source: str | None = None
 
     @property
     def cache_hit(self) -> bool | None:

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from local_engine.cache.events import CacheEventLog
 from local_engine.cache.eviction import eviction_policy
 from local_engine.cache.ghost_index import GhostIndex, prefix_hash
 from local_engine.cache.radix_node import RadixNode, child_key, common_prefix_tokens
@@ -53,6 +54,7 @@ class RadixCache:
         self.protected_tokens = 0
         self.evicted_tokens_total = 0
         self.expired_tokens_total = 0
+        self.events = CacheEventLog()  # what was stored and removed, as block hashes, for cache-aware routers
 
     # ---- lookup -------------------------------------------------------------------------------------------------
 
@@ -149,6 +151,7 @@ class RadixCache:
                 leaf = RadixNode(node, token_ids[position:stored], slots[position:stored].clone(), now)
                 node.children[child_key(token_ids, position, self.page_size)] = leaf
                 self.evictable_tokens += leaf.num_tokens
+                self.events.stored(namespace, token_ids[:stored], position)
                 return InsertResult(num_cached_tokens=position, num_stored_tokens=stored, node=leaf)
             same = common_prefix_tokens(child.key, token_ids, position, stored, self.page_size)
             if same < child.num_tokens:
@@ -189,6 +192,8 @@ class RadixCache:
         """Drop every unlocked prefix in every namespace; returns the number of tokens freed."""
         removed = self._remove_leaves(lambda node: True, None, expired=False, remember=False)
         self._ghosts.clear()
+        if self.cached_tokens == 0:
+            self.events.cleared()
         return sum(prefix.num_tokens for prefix in removed)
 
     def _remove_leaves(
@@ -223,6 +228,7 @@ class RadixCache:
         else:
             self.evicted_tokens_total += leaf.num_tokens
         leaf.parent = None
+        self.events.removed(namespace, path, leaf.num_tokens)
         return EvictedPrefix(namespace, tuple(path), leaf.num_tokens, expired)
 
     # ---- introspection ------------------------------------------------------------------------------------------

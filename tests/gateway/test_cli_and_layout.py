@@ -18,7 +18,7 @@ def test_gateway_commands_are_registered():
     args = parser.parse_args(
         ["gateway", "--port", "9999", "--upstream", "http://127.0.0.1:1", "--database-url", "sqlite:///x.db"]
     )
-    assert (args.port, args.upstream, args.database_url) == (9999, "http://127.0.0.1:1", "sqlite:///x.db")
+    assert (args.port, args.upstream, args.database_url) == (9999, ["http://127.0.0.1:1"], "sqlite:///x.db")
     assert callable(args.handler)
     bench = parser.parse_args(["bench", "gateway", "--duration", "1"])
     assert bench.duration == 1 and callable(bench.handler)

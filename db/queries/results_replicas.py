@@ -1,0 +1,31 @@
+"""Results of the replica queries (`db.queries.replicas`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class ReplicaBucket:
+    bucket_start: datetime
+    replica: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    request_share: float  # of all routed requests in the bucket
+
+    @property
+    def token_hit_rate(self) -> float | None:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+
+@dataclass(frozen=True)
+class RouterAccuracy:
+    replica: str
+    index_source: str  # precise | approximate | none
+    requests: int
+    predicted_tokens: int
+    actual_cached_tokens: int
+    hit_miss_agreement: float  # share of requests where predicted > 0 exactly when actual > 0
+    mean_abs_error_tokens: float

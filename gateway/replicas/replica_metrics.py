@@ -1,0 +1,98 @@
+"""Prometheus figures per replica: requests, predicted and actual cached tokens (counted per finished record), and
+load, health, index sizes, resyncs and failovers (read from the replica sets at scrape time)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from db.records import RequestRecord
+
+
+class ReplicaMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("upstream", "replica")
+        self.requests = Counter(
+            "prefixscope_gateway_replica_requests", "Requests served per replica.", labels, registry=registry
+        )
+        self.predicted_tokens = Counter(
+            "prefixscope_gateway_replica_predicted_cached_tokens",
+            "Prompt tokens the router predicted the replica had cached (cache_aware routing).",
+            labels,
+            registry=registry,
+        )
+        self.cached_tokens = Counter(
+            "prefixscope_gateway_replica_cached_tokens",
+            "Prompt tokens the replica reported it served from cache.",
+            labels,
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "prefixscope_gateway_replica_prompt_tokens", "Prompt tokens per replica.", labels, registry=registry
+        )
+        self._registry = registry
+
+    def observe(self, record: RequestRecord) -> None:
+        if record.replica is None:
+            return
+        labels = (record.upstream, record.replica)
+        self.requests.labels(*labels).inc()
+        if record.predicted_match_tokens:
+            self.predicted_tokens.labels(*labels).inc(record.predicted_match_tokens)
+        if record.cached_tokens:
+            self.cached_tokens.labels(*labels).inc(record.cached_tokens)
+        if record.prompt_tokens:
+            self.prompt_tokens.labels(*labels).inc(record.prompt_tokens)
+
+    def watch(self, replica_sets: Callable[[], Iterable[Any]]) -> None:
+        self._registry.register(_ReplicaStateCollector(replica_sets))
+
+
+class _ReplicaStateCollector(Collector):
+    def __init__(self, replica_sets: Callable[[], Iterable[Any]]) -> None:
+        self._replica_sets = replica_sets
+
+    def collect(self) -> Iterator[Any]:
+        labels = ["upstream", "replica"]
+        load = GaugeMetricFamily("prefixscope_gateway_replica_load", "Requests in flight per replica.", labels=labels)
+        healthy = GaugeMetricFamily(
+            "prefixscope_gateway_replica_healthy", "1 while the replica is in rotation.", labels=labels
+        )
+        synced = GaugeMetricFamily(
+            "prefixscope_gateway_replica_events_synced",
+            "1 while the router follows the replica's cache events (its precise index is current).",
+            labels=labels,
+        )
+        blocks = GaugeMetricFamily(
+            "prefixscope_gateway_replica_indexed_blocks", "Blocks in the router's index per replica.",
+            labels=[*labels, "index"],
+        )
+        taken_out = CounterMetricFamily(
+            "prefixscope_gateway_replica_taken_out", "Times the replica was taken out of rotation.", labels=labels
+        )
+        resyncs = CounterMetricFamily(
+            "prefixscope_gateway_replica_event_resyncs", "Index rebuilds from the replica's snapshot.", labels=labels
+        )
+        gaps = CounterMetricFamily(
+            "prefixscope_gateway_replica_event_gaps", "Event gaps (or engine restarts) detected.", labels=labels
+        )
+        failovers = CounterMetricFamily(
+            "prefixscope_gateway_failovers", "Requests retried on another replica.", labels=["upstream"]
+        )
+        for replica_set in self._replica_sets():
+            failovers.add_metric([replica_set.name], float(replica_set.failovers))
+            for replica in replica_set.replicas:
+                key = [replica_set.name, replica.url]
+                load.add_metric(key, float(replica.load))
+                healthy.add_metric(key, 1.0 if replica.healthy else 0.0)
+                synced.add_metric(key, 1.0 if replica.events_synced else 0.0)
+                blocks.add_metric([*key, "precise"], float(replica.precise.num_blocks()))
+                blocks.add_metric([*key, "approximate"], float(replica.approximate.num_blocks()))
+                taken_out.add_metric(key, float(replica.taken_out))
+                resyncs.add_metric(key, float(replica.resyncs))
+                gaps.add_metric(key, float(replica.gaps))
+        yield from (load, healthy, synced, blocks, taken_out, resyncs, gaps, failovers)

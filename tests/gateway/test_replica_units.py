@@ -1,0 +1,126 @@
+"""Replica routing without engines: the policy's balance rules, both indexes, the text chain and the configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import ConfigOverrides, load_config, parse_config
+from gateway.errors import ConfigError
+from gateway.replicas.index import ApproximateIndex, PreciseIndex
+from gateway.replicas.policy import Candidate, choose
+from gateway.replicas.settings import RouterSettings
+from gateway.replicas.text_chain import prompt_material, text_chain
+
+SETTINGS = RouterSettings(balance_abs_threshold=4, balance_rel_threshold=1.5, min_match_share=0.3)
+
+
+def test_cache_aware_prefers_the_longest_match():
+    pool = [Candidate(0, 1, 2, 32, 100), Candidate(1, 1, 60, 960, 100), Candidate(2, 0, 0, 0, 0)]
+    assert choose("cache_aware", pool, SETTINGS, 0, 1000).position == 1
+    assert choose("cache_aware", pool, SETTINGS, 0, 1000).reason == "cache"
+
+
+def test_a_new_prefix_goes_to_the_least_loaded_then_emptiest():
+    pool = [Candidate(0, 2, 0, 0, 0), Candidate(1, 1, 0, 0, 50), Candidate(2, 1, 0, 0, 10)]
+    choice = choose("cache_aware", pool, SETTINGS, 0, 1000)
+    assert (choice.position, choice.reason) == (2, "load")
+
+
+def test_a_match_below_the_minimum_share_routes_by_load():
+    pool = [Candidate(0, 3, 18, 290, 100), Candidate(1, 0, 0, 0, 100)]  # 290 < 0.3 * 1000
+    assert choose("cache_aware", pool, SETTINGS, 0, 1000).position == 1
+    pool = [Candidate(0, 3, 19, 310, 100), Candidate(1, 0, 0, 0, 100)]
+    assert choose("cache_aware", pool, SETTINGS, 0, 1000).position == 0
+
+
+def test_an_imbalance_beyond_both_thresholds_routes_by_load():
+    pool = [Candidate(0, 10, 60, 960, 100), Candidate(1, 5, 0, 0, 100)]  # gap 5 > 4 and 10 > 1.5 * 5
+    assert choose("cache_aware", pool, SETTINGS, 0, 1000) .reason == "balance"
+    pool = [Candidate(0, 10, 60, 960, 100), Candidate(1, 7, 0, 0, 100)]  # 10 <= 1.5 * 7: not imbalanced
+    assert choose("cache_aware", pool, SETTINGS, 0, 1000).position == 0
+
+
+def test_the_load_penalty_breaks_near_ties():
+    pool = [Candidate(0, 3, 60, 960, 100), Candidate(1, 0, 59, 944, 100)]
+    assert choose("cache_aware", pool, SETTINGS, 0, 1000).position == 1
+
+
+def test_round_robin_and_least_loaded():
+    pool = [Candidate(0, 3), Candidate(1, 0), Candidate(2, 0)]
+    assert [choose("round_robin", pool, SETTINGS, turn, 0).position for turn in range(4)] == [0, 1, 2, 0]
+    assert [choose("least_loaded", pool, SETTINGS, turn, 0).position for turn in range(3)] == [1, 2, 1]
+
+
+def test_precise_index_events_and_pending_blocks():
+    index = PreciseIndex()
+    index.reset({"a": [1, 2]})
+    index.apply({"kind": "stored", "namespace": "a", "block_hashes": [3]})
+    assert index.match_blocks("a", [1, 2, 3, 4], 0.0) == 3
+    assert index.match_blocks("b", [1, 2, 3], 0.0) == 0  # another namespace sees nothing
+    index.expect("a", [1, 2, 3, 4, 5], expires_at=10.0)
+    assert index.match_blocks("a", [1, 2, 3, 4, 5], 5.0) == 5
+    assert index.match_blocks("a", [1, 2, 3, 4, 5], 11.0) == 3  # unconfirmed blocks lapse
+    index.apply({"kind": "removed", "namespace": "a", "block_hashes": [2, 4]})
+    assert index.match_blocks("a", [1, 2, 3, 4, 5], 5.0) == 1
+    index.apply({"kind": "cleared", "namespace": None, "block_hashes": []})
+    assert index.match_blocks("a", [1], 0.0) == 0 and index.num_blocks() == 0
+
+
+def test_approximate_index_ages_by_ttl_and_capacity():
+    index = ApproximateIndex(capacity_blocks=4, ttl_s=10.0)
+    index.record("a", [1, 2, 3], now=0.0)
+    index.record("b", [1, 2], now=5.0)  # capacity 4: block ("a", 1) goes first
+    assert index.match_blocks("a", [1, 2, 3], 6.0) == 0
+    assert index.match_blocks("b", [1, 2], 6.0) == 2
+    assert index.match_blocks("b", [1, 2], 16.0) == 0  # older than the TTL
+    assert index.num_blocks() == 0
+
+
+def test_text_chain_is_namespaced_and_shares_prefix_blocks():
+    body = {"messages": [{"role": "system", "content": "x" * 200}, {"role": "user", "content": "hi"}]}
+    other = {"messages": [{"role": "system", "content": "x" * 200}, {"role": "user", "content": "bye"}]}
+    first = text_chain("salt-a", "m", prompt_material("chat.completions", body), 64)
+    second = text_chain("salt-a", "m", prompt_material("chat.completions", other), 64)
+    tenant_b = text_chain("salt-b", "m", prompt_material("chat.completions", body), 64)
+    assert first.hashes[:3] == second.hashes[:3] and first.hashes != second.hashes
+    assert not set(first.hashes) & set(tenant_b.hashes)
+    assert len(first.hashes) == first.num_chars // 64
+
+
+def test_replica_sets_in_the_config_file_and_on_the_command_line():
+    config = parse_config(
+        {
+            "upstreams": [
+                {
+                    "name": "pool",
+                    "replicas": ["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
+                    "router": {"min_match_share": 0.5, "health_interval": 1},
+                }
+            ]
+        }
+    )
+    pool = config.upstream("pool")
+    assert (pool.url, pool.routing, pool.router.min_match_share, pool.router.health_interval_s) == (
+        "http://127.0.0.1:8001", "cache_aware", 0.5, 1.0
+    )
+    overridden = load_config(
+        None, ConfigOverrides(replica_urls=("http://127.0.0.1:1", "http://127.0.0.1:2"), routing="least_loaded")
+    )
+    local = overridden.upstream("local")
+    assert (local.replicas, local.routing) == (("http://127.0.0.1:1", "http://127.0.0.1:2"), "least_loaded")
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"name": "p", "replicas": []},
+        {"name": "p", "replicas": ["ftp://x"]},
+        {"name": "p", "replicas": ["http://a", "http://a"]},
+        {"name": "p", "replicas": ["http://a"], "routing": "random"},
+        {"name": "p", "replicas": ["http://a"], "router": {"min_match_share": 2}},
+        {"name": "p", "replicas": ["http://a"], "router": {"unknown": 1}},
+    ],
+)
+def test_bad_replica_config_is_refused(entry):
+    with pytest.raises(ConfigError):
+        parse_config({"upstreams": [entry]})

@@ -1,0 +1,34 @@
+"""`prefixscope up --replicas N`: N engines on consecutive ports, each with its own pool, behind one gateway."""
+
+from __future__ import annotations
+
+from prefixscope.cli import build_parser
+from prefixscope.ports import PortRequest
+from prefixscope.stack import _port_requests, plan
+
+
+def test_up_with_replicas_starts_one_engine_per_replica_behind_the_gateway():
+    args = build_parser().parse_args(["up", "--replicas", "3", "--engine-port", "9101", "--kv-cache-tokens", "4096"])
+    programs = {p.name: p.argv for p in plan(args)}
+    engines = [name for name in programs if name.startswith("engine")]
+    assert engines == ["engine1", "engine2", "engine3"]
+    for number, name in enumerate(engines):
+        argv = programs[name]
+        assert argv[argv.index("--port") + 1] == str(9101 + number)
+        assert argv[argv.index("--kv-cache-tokens") + 1] == "4096"
+    gateway = programs["gateway"]
+    upstreams = [gateway[i + 1] for i, value in enumerate(gateway) if value == "--upstream"]
+    assert upstreams == ["http://127.0.0.1:9101", "http://127.0.0.1:9102", "http://127.0.0.1:9103"]
+
+
+def test_up_without_replicas_is_one_engine():
+    args = build_parser().parse_args(["up"])
+    names = [p.name for p in plan(args)]
+    assert names[0] == "engine" and "engine2" not in names
+
+
+def test_every_replica_port_is_checked_before_start():
+    args = build_parser().parse_args(["up", "--replicas", "2", "--engine-port", "9101"])
+    requests = _port_requests(args, plan(args))
+    assert PortRequest("engine1", 9101, "--engine-port") in requests
+    assert PortRequest("engine2", 9102, "--engine-port") in requests
