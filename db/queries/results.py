@@ -91,6 +91,8 @@ class RequestRow:
     ttft_source: str | None = None
     divergence_source: str | None = None
     template_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    retention_class: str | None = None
     replica: str | None = None
     routing_policy: str | None = None
     predicted_match_tokens: int | None = None

@@ -93,6 +93,7 @@ def deployment(engine_url: str, tmp_path: Path) -> Iterator[Deployment]:
         engine_url,
         upstreams=(UpstreamConfig(name="engine", url=engine_url, kind="local_engine", timeout_s=300.0),),
         default_upstream="engine",
+        auth="keys",
     )
     config = replace(config, messages=MessagesSettings(1024, {MODEL: MIN_CACHEABLE}))
     with running_gateway(config, db_storage(database_url, tmp_path)) as gw:

@@ -171,7 +171,7 @@ def test_two_tenants_with_the_same_prompt_are_indexed_apart(fresh):
     urls = [p.url for p in fresh]
     storage = FakeStorage()
     keys = {tenant: storage.add_key(f"k{tenant}", tenant) for tenant in ("acme", "globex")}
-    with running_gateway(replica_config(urls), storage) as gateway:
+    with running_gateway(replace(replica_config(urls), auth="keys"), storage) as gateway:
         wait_synced(gateway.url)
         system = system_prompt(uuid.uuid4().hex[:8])
         chat(gateway.url, system, "same question", keys["acme"])

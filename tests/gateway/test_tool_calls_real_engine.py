@@ -37,6 +37,7 @@ def test_tool_calling_loop_through_the_gateway(engine_url, tmp_path):
     config = gateway_config(
         engine_url, upstreams=(UpstreamConfig(name="engine", url=engine_url, kind="local_engine", timeout_s=300.0),),
         default_upstream="engine",
+        auth="keys",
     )
     with running_gateway(config, db_storage(database_url, tmp_path)) as gw:
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=keys["agent"], max_retries=0, timeout=300)
