@@ -15,7 +15,14 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eviction", default="lru", choices=["lru", "fifo", "lfu"])
     parser.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="drop prefixes unused this long")
     parser.add_argument("--no-prefix-cache", action="store_true", help="serve without reuse (A/B baseline)")
-    parser.add_argument("--max-active-requests", type=int, default=8)
+    parser.add_argument(
+        "--max-num-seqs", "--max-active-requests", dest="max_num_seqs", type=int, default=32,
+        help="running requests batched into each step",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=512,
+        help="tokens per step (decode tokens plus prefill chunks); longer prompts are prefilled in chunks",
+    )
 
 
 def engine_config_from(args: argparse.Namespace):
@@ -30,7 +37,9 @@ def engine_config_from(args: argparse.Namespace):
         eviction=args.eviction,
         ttl_s=args.ttl,
         prefix_cache=not args.no_prefix_cache,
-        max_active_requests=args.max_active_requests,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        shutdown_grace_s=getattr(args, "shutdown_grace_s", 10.0),
     )
 
 
@@ -77,6 +86,10 @@ def register(commands, bench_commands) -> None:
     serve.add_argument("--port", type=int, default=8001)
     serve.add_argument("--admin-token", default=None, help="required by POST /v1/cache/flush")
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument(
+        "--shutdown-grace-s", type=float, default=10.0,
+        help="on SIGTERM, stop admitting and give in-flight requests this long to finish before cancelling them",
+    )
     serve.set_defaults(handler=_serve)
 
     bench = bench_commands.add_parser("engine", help="TTFT on cache hits vs misses, against the no-cache baseline")
