@@ -25,6 +25,10 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
 def engine_config_from(args: argparse.Namespace):
     from local_engine.config import EngineConfig
 
@@ -46,12 +50,11 @@ def engine_config_from(args: argparse.Namespace):
 def _serve(args: argparse.Namespace) -> int:
     import os
 
-    import uvicorn
-
     from local_engine.config import ServerConfig
     from local_engine.engine import Engine
     from local_engine.model_loader import load_model, resolve_device
     from local_engine.server import create_app
+    from local_engine.shutdown import serve
 
     config = engine_config_from(args)
     loaded = load_model(config.model, resolve_device(config.device))
@@ -67,7 +70,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     engine.start()
     try:
-        uvicorn.run(create_app(engine, server_config), host=args.host, port=args.port, log_level=args.log_level)
+        serve(create_app(engine, server_config), engine, args.host, args.port, args.log_level, config.shutdown_grace_s)
     finally:
         engine.stop()
     return 0
@@ -99,4 +102,10 @@ def register(commands, bench_commands) -> None:
     bench.add_argument("--turns-per-prefix", type=int, default=4, help="requests per system prompt")
     bench.add_argument("--max-tokens", type=int, default=16)
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--concurrency", type=_int_list, default=[1, 8, 32],
+        help="requests in flight in the concurrent shared-prefix workload, comma-separated ('' skips it)",
+    )
+    bench.add_argument("--bench-max-tokens", type=_int_list, default=[32, 128], help="max_tokens of each run")
+    bench.add_argument("--requests-per-run", type=int, default=4, help="requests per run (at least C)")
     bench.set_defaults(handler=_bench, kv_cache_tokens=None)

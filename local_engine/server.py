@@ -13,6 +13,7 @@ from litestar.params import FromQuery
 from litestar.response import Response, Stream
 
 from local_engine.config import ServerConfig
+from local_engine.disconnect import cancel_on_disconnect
 from local_engine.engine import Engine
 from local_engine.engine_types import Finished, GenerationRequest, TokenDelta
 from local_engine.errors import EngineError, Forbidden, InvalidRequest, Unauthorized
@@ -41,11 +42,12 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
     if not parsed.stream:
         try:
             texts, finished = [], None
-            async for event in handle.stream():
-                if isinstance(event, TokenDelta):
-                    texts.append(event.text)
-                else:
-                    finished = event
+            async with cancel_on_disconnect(handle, request.receive):
+                async for event in handle.stream():
+                    if isinstance(event, TokenDelta):
+                        texts.append(event.text)
+                    else:
+                        finished = event
         finally:
             handle.cancel()  # a no-op once finished; releases everything if the client went away
         return Response(completion_body(parsed, response_id, "".join(texts), finished, report), headers=headers)
