@@ -3,9 +3,10 @@ through its slot table. No per-request copy of the KV exists; the pool is the on
 
 Plain torch (gather the slots, then scaled-dot-product attention), so it runs on CPU and CUDA alike. Decode-only
 sequences (one query token each) are attended together in one padded batch; prefill chunks are attended one by one
-with a causal mask offset by the tokens already in the pool. Both forms were measured against one variable-length
-packed call on CPU: the padded decode batch is the faster one for 8 and more sequences, and a packed call pays for
-a mask over every pair of packed tokens.
+with a causal mask offset by the tokens already in the pool. On CPU, for ~1.7k-token contexts of SmolLM2's shape,
+one padded SDPA call over the decode sequences took 0.27x (8 sequences) and 0.41x (32) the time of one call per
+sequence, and the same for a single sequence; a single variable-length packed call would need a mask over every pair
+of packed tokens and context slots.
 """
 
 from __future__ import annotations

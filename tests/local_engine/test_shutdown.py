@@ -54,7 +54,7 @@ def test_sigterm_finishes_or_cancels_in_flight_requests_and_exits_zero(tmp_path,
         long_request = threading.Thread(target=_post, args=(base_url, long_body, results, "long"))
         long_request.start()
         assert wait_until(
-            lambda: httpx.get(base_url + "/v1/cache", timeout=5).json()["completion_tokens_total"] > 0, timeout_s=60
+            lambda: httpx.get(base_url + "/v1/cache", timeout=5).json()["active_requests"] == 1, timeout_s=60
         )
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
