@@ -1,8 +1,10 @@
-"""`prefixscope bench engine`: time-to-first-token on repeated long system prompts, with and without the cache.
+"""`prefixscope bench engine`: time-to-first-token on repeated long system prompts, with and without the cache,
+then throughput and latency with many requests in flight (bench_concurrent).
 
 The workload is what agents and support bots send: a few distinct ~2k-token system prompts, each followed by short
 user turns, interleaved. The first request of each prompt is a miss; the rest can reuse its KV. The same workload
-then runs on NoPrefixCache as the baseline. Prints one JSON object.
+then runs on NoPrefixCache as the baseline. Prints one JSON object with a pass/fail verdict per target; progress
+goes to stderr.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 from dataclasses import replace
@@ -33,7 +36,7 @@ def system_prompt(tokenizer, index: int, num_tokens: int, seed: int) -> str:
     return tokenizer.decode(token_ids)
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -45,8 +48,8 @@ def _percentile(values: list[float], q: float) -> float | None:
 def _summary(values: list[float]) -> dict:
     return {
         "n": len(values),
-        "p50_ms": _round(_percentile(values, 0.5)),
-        "p95_ms": _round(_percentile(values, 0.95)),
+        "p50_ms": _round(percentile(values, 0.5)),
+        "p95_ms": _round(percentile(values, 0.95)),
     }
 
 
@@ -104,6 +107,7 @@ def _measure(engine, workload, max_tokens: int, label: str) -> dict:
 
 
 def run_engine_benchmark(args: argparse.Namespace) -> int:
+    from local_engine.bench_concurrent import concurrency_verdicts, run_concurrent_workload
     from local_engine.chat_prompt import chat_prompt_token_ids
     from local_engine.cli import engine_config_from
     from local_engine.engine import Engine
@@ -131,6 +135,22 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
     cached = _measure(Engine(config, loaded), workload, args.max_tokens, "prefix cache")
     baseline = _measure(Engine(replace(config, prefix_cache=False), loaded), workload, args.max_tokens, "no cache")
     hit_p50, miss_p50 = cached["ttft_repeated"]["p50_ms"], cached["ttft_first_seen"]["p50_ms"]
+    concurrent = None
+    if args.concurrency:
+        engine = Engine(config, loaded)
+        engine.start()
+        try:
+            concurrent = run_concurrent_workload(engine, tokenizer, args)
+        finally:
+            engine.stop()
+    hit_over_miss = round(hit_p50 / miss_p50, 4)
+    bookkeeping = cached["bookkeeping_share_of_engine_time"]
+    verdicts = {
+        "hit_ttft_over_miss_ttft_p50": {"value": hit_over_miss, "target": "<= 0.05", "pass": hit_over_miss <= 0.05},
+        "bookkeeping_share_of_engine_time": {"value": bookkeeping, "target": "<= 0.01", "pass": bookkeeping <= 0.01},
+    }
+    if concurrent:
+        verdicts.update(concurrency_verdicts(concurrent))
     report = {
         "model": loaded.model_id,
         "device": str(loaded.device),
@@ -142,11 +162,17 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
             "requests": len(workload),
             "max_tokens": args.max_tokens,
             "page_size": config.page_size,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
         },
         "prefix_cache": cached,
         "no_prefix_cache": baseline,
-        "hit_ttft_over_miss_ttft_p50": round(hit_p50 / miss_p50, 4),
+        "hit_ttft_over_miss_ttft_p50": hit_over_miss,
         "repeated_ttft_speedup_vs_no_cache_p50": round(baseline["ttft_repeated"]["p50_ms"] / hit_p50, 2),
+        "concurrent_shared_prefix": concurrent,
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        "verdicts": verdicts,
+        "pass": all(v["pass"] for v in verdicts.values()),
     }
     print(json.dumps(report, indent=2))
     return 0

@@ -15,7 +15,18 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eviction", default="lru", choices=["lru", "fifo", "lfu"])
     parser.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="drop prefixes unused this long")
     parser.add_argument("--no-prefix-cache", action="store_true", help="serve without reuse (A/B baseline)")
-    parser.add_argument("--max-active-requests", type=int, default=8)
+    parser.add_argument(
+        "--max-num-seqs", "--max-active-requests", dest="max_num_seqs", type=int, default=32,
+        help="running requests batched into each step",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=512,
+        help="tokens per step (decode tokens plus prefill chunks); longer prompts are prefilled in chunks",
+    )
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
 
 
 # Public: `prefixscope up` offers the same options and passes them on to the engine it starts.
@@ -34,7 +45,9 @@ def engine_config_from(args: argparse.Namespace):
         eviction=args.eviction,
         ttl_s=args.ttl,
         prefix_cache=not args.no_prefix_cache,
-        max_active_requests=args.max_active_requests,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        shutdown_grace_s=getattr(args, "shutdown_grace_s", 10.0),
     )
 
 
@@ -42,13 +55,12 @@ def _serve(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    import uvicorn
-
     from local_engine.config import ServerConfig
     from local_engine.engine import Engine
     from local_engine.model_loader import load_model, resolve_device
     from local_engine.access import ENV_API_KEY, check_bind
     from local_engine.server import create_app
+    from local_engine.shutdown import serve
 
     api_key = args.api_key or os.environ.get(ENV_API_KEY) or None
     refusal = check_bind(args.host, api_key, args.insecure)
@@ -69,7 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     engine.start()
     try:
-        uvicorn.run(create_app(engine, server_config), host=args.host, port=args.port, log_level=args.log_level)
+        serve(create_app(engine, server_config), engine, args.host, args.port, args.log_level, config.shutdown_grace_s)
     finally:
         engine.stop()
     return 0
@@ -98,6 +110,10 @@ def register(commands, bench_commands) -> None:
         "--insecure", action="store_true", help="allow listening on a non-loopback address without an API key"
     )
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument(
+        "--shutdown-grace-s", type=float, default=10.0,
+        help="on SIGTERM, stop admitting and give in-flight requests this long to finish before cancelling them",
+    )
     serve.set_defaults(handler=_serve)
 
     bench = bench_commands.add_parser("engine", help="TTFT on cache hits vs misses, against the no-cache baseline")
@@ -107,4 +123,10 @@ def register(commands, bench_commands) -> None:
     bench.add_argument("--turns-per-prefix", type=int, default=4, help="requests per system prompt")
     bench.add_argument("--max-tokens", type=int, default=16)
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--concurrency", type=_int_list, default=[1, 8, 32],
+        help="requests in flight in the concurrent shared-prefix workload, comma-separated ('' skips it)",
+    )
+    bench.add_argument("--bench-max-tokens", type=_int_list, default=[32, 128], help="max_tokens of each run")
+    bench.add_argument("--requests-per-run", type=int, default=4, help="requests per run (at least C)")
     bench.set_defaults(handler=_bench, kv_cache_tokens=None)

@@ -15,7 +15,9 @@ class EngineConfig:
     eviction: str = "lru"
     ttl_s: float | None = None
     prefix_cache: bool = True  # False serves with NoPrefixCache, the A/B baseline
-    max_active_requests: int = 8  # sequences decoding at once (interleaved step by step)
+    max_num_seqs: int = 32  # running requests batched into each step
+    max_num_batched_tokens: int = 512  # tokens per step: decode tokens plus prefill chunks
+    shutdown_grace_s: float = 10.0  # on SIGTERM, in-flight requests may finish this long before being cancelled
     max_waiting_requests: int = 256  # beyond this new requests get a 503
 
     def __post_init__(self) -> None:

@@ -1,9 +1,10 @@
-"""The engine: one worker thread runs every request as tokenize -> match -> lock -> allocate -> prefill the suffix
--> decode -> insert -> unlock -> report.
+"""The engine: a worker thread runs steps; each step is one forward pass over one batch of running requests.
 
-Requests wait in a queue; up to `max_active_requests` are admitted and decoded one step each in turn, so a long
-answer does not hold up the first token of the next request. The radix tree, the allocator and the pool are touched
-only under `tree_lock`, which the HTTP side also takes for its read-only cache views.
+A request goes tokenize -> queue -> admit (radix match + lock + slots for the uncached rest) -> prefill, in chunks
+within the step token budget -> decode, one token per step, batched with every other running request -> insert
+prompt + output into the tree -> unlock -> report. K/V live only in the pool: attention reads each request's
+context through its slot table and writes new K/V straight into its slots. The Scheduler decides what runs in each
+step; SequenceKV does the tree and slot work under `tree_lock`, which the HTTP side also takes for its cache views.
 """
 
 from __future__ import annotations
@@ -23,16 +24,13 @@ from local_engine.engine_counters import EngineCounters
 from local_engine.engine_types import Finished, GenerationRequest, MatchReport, RequestHandle, TokenDelta
 from local_engine.errors import CapacityExceeded, EngineError, EngineStopped, InvalidRequest
 from local_engine.model_loader import LoadedModel
-from local_engine.model_runner import ModelRunner
+from local_engine.model_runner import ModelRunner, ScheduledChunk
 from local_engine.sampling import Sampler
+from local_engine.scheduler import Scheduler, SchedulerConfig, StepPlan
 from local_engine.sequence import Sequence
-
+from local_engine.sequence_kv import SequenceKV
 
 log = logging.getLogger(__name__)
-
-
-class _Deferred(Exception):
-    """Admission must wait: the pool is full of other active requests' KV, which they will release."""
 
 
 class Engine:
@@ -54,10 +52,13 @@ class Engine:
         self.runner = ModelRunner(loaded.model, self.pool)
         self.counters = EngineCounters()
         self.tree_lock = threading.Lock()
+        self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.kv)
+        self.num_steps = 0
         self._wakeup = threading.Condition()
-        self._waiting: deque[Sequence] = deque()
-        self._active: list[Sequence] = []
+        self._incoming: deque[Sequence] = deque()
         self._stopping = False
+        self._drain_deadline: float | None = None  # set by begin_drain: no new requests, finish by this time
         self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
@@ -66,11 +67,24 @@ class Engine:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop now: requests still in flight fail with EngineStopped; every lock and slot is released."""
         with self._wakeup:
             self._stopping = True
             self._wakeup.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Stop admitting (new submits get EngineStopped); requests in flight may finish within `grace_s` seconds,
+        then the rest are cancelled and the worker exits. Returns at once; `wait_drained` waits for the end."""
+        with self._wakeup:
+            if self._drain_deadline is None:
+                self._drain_deadline = time.monotonic() + grace_s
+            self._wakeup.notify_all()
+
+    def wait_drained(self, timeout_s: float) -> bool:
+        self._thread.join(timeout=timeout_s)
+        return not self._thread.is_alive()
 
     # ---- requests -----------------------------------------------------------------------------------------------
 
@@ -89,6 +103,8 @@ class Engine:
         if not request.prompt_token_ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
         self.check_fits_window(len(request.prompt_token_ids), request.sampling.max_tokens)
+        if len(request.prompt_token_ids) > self.allocator.num_slots:
+            raise _too_big(len(request.prompt_token_ids), self.allocator.num_slots)
         handle = RequestHandle(asyncio.get_running_loop())
         sequence = Sequence(
             request=request,
@@ -97,11 +113,11 @@ class Engine:
             sampler=Sampler(request.sampling),
         )
         with self._wakeup:
-            if self._stopping:
+            if self._stopping or self._drain_deadline is not None:
                 raise EngineStopped("the engine is shutting down")
-            if len(self._waiting) >= self.config.max_waiting_requests:
+            if len(self._incoming) + len(self.scheduler.waiting) >= self.config.max_waiting_requests:
                 raise CapacityExceeded("too many requests are waiting; retry later")
-            self._waiting.append(sequence)
+            self._incoming.append(sequence)
             self._wakeup.notify()
         try:
             await asyncio.shield(handle.report)
@@ -115,128 +131,83 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._wakeup:
-                while not self._stopping and not self._waiting and not self._active:
+                while not self._stopping and not self._incoming and not self.scheduler.has_work():
+                    if self._drain_deadline is not None:
+                        break
                     self._wakeup.wait()
                 if self._stopping:
                     break
-            busy_start = time.perf_counter()
-            self._admit_waiting()
-            for sequence in list(self._active):
-                self._guarded(sequence, self._step)
-            self.counters.engine_busy_s += time.perf_counter() - busy_start
-        for sequence in list(self._active) + list(self._waiting):
-            self._release(sequence)
-            sequence.handle._fail(EngineStopped("the engine stopped"))
-
-    def _admit_waiting(self) -> None:
-        while len(self._active) < self.config.max_active_requests:
-            with self._wakeup:
-                if not self._waiting:
-                    return
-                sequence = self._waiting.popleft()
-            try:
-                self._guarded(sequence, self._admit)
-            except _Deferred:
-                with self._wakeup:
-                    self._waiting.appendleft(sequence)
-                return
-
-    def _guarded(self, sequence: Sequence, action) -> None:
-        """Run one step of a request; an error ends that request alone, never the worker."""
-        try:
-            action(sequence)
-        except _Deferred:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the error goes back to the client; the engine keeps serving
-            if not isinstance(exc, EngineError):
-                log.exception("request failed in the engine")
-            error = exc if isinstance(exc, EngineError) else EngineError(f"generation failed: {exc}")
-            self.counters.failed_requests += 1
-            self._release(sequence)
-            if sequence in self._active:
-                self._active.remove(sequence)
-            sequence.handle._fail(error)
-
-    def _alloc_slots(self, num_tokens: int) -> torch.Tensor | None:
-        """Caller holds `tree_lock`. Evicts unlocked prefixes when the free list is short."""
-        slots = self.allocator.alloc(num_tokens)
-        if slots is None:
-            self.cache.evict(num_tokens - self.allocator.num_free)
-            slots = self.allocator.alloc(num_tokens)
-        return slots
-
-    def _admit(self, sequence: Sequence) -> None:
-        if sequence.handle.cancelled:
-            sequence.handle._fail(EngineError("cancelled before it started", code="cancelled"))
-            return
-        prompt = list(sequence.prompt)
-        started = time.perf_counter()
-        with self.tree_lock:
-            match = self.cache.match(sequence.namespace, prompt)
-            self.cache.lock(match.node)
-            suffix_slots = self._alloc_slots(len(prompt) - match.matched_tokens)
-            if suffix_slots is None:
-                self.cache.unlock(match.node)
-                if self._active:
-                    raise _Deferred()
-                raise CapacityExceeded(
-                    f"the prompt needs {len(prompt) - match.matched_tokens} KV slots but the pool holds "
-                    f"{self.allocator.num_slots} and only {self.allocator.num_free} could be freed",
-                    code="kv_cache_full",
+                draining_done = self._drain_deadline is not None and (
+                    time.monotonic() >= self._drain_deadline
+                    or not (self._incoming or self.scheduler.has_work())
                 )
-        sequence.locked_node = match.node
-        sequence.pending_slots = suffix_slots
-        sequence.matched_tokens = match.matched_tokens
-        sequence.admitted_s = time.perf_counter()
-        sequence.bookkeeping_s += sequence.admitted_s - started
-        self._active.append(sequence)
-        self.counters.count_admission(match.miss_kind, len(prompt), match.matched_tokens)
-        sequence.handle._resolve_report(MatchReport(len(prompt), match.matched_tokens, match.miss_kind))
+                if draining_done:
+                    break
+                while self._incoming:
+                    self.scheduler.add(self._incoming.popleft())
+            busy_start = time.perf_counter()
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 - a failed step fails its requests, never the worker
+                log.exception("engine step failed")
+                self._fail_all(EngineError("generation failed in the engine"))
+            self.counters.engine_busy_s += time.perf_counter() - busy_start
+        with self._wakeup:
+            leftover = list(self._incoming)
+            self._incoming.clear()
+        self._fail_all(EngineStopped("the engine stopped"), extra=leftover)
 
-        capacity = len(prompt) + sequence.request.sampling.max_tokens
-        sequence.working = self.runner.new_working_kv(match.slots, capacity)
-        output = self.runner.forward(sequence.working, prompt[match.matched_tokens :])
-        sequence.prefill_s = time.perf_counter() - sequence.admitted_s
-        self.counters.count_prefill(len(prompt) - match.matched_tokens, sequence.prefill_s)
+    def step(self) -> None:
+        """One scheduling decision and one forward pass (the worker's loop body; tests may drive it directly)."""
+        for sequence in list(self.scheduler.running) + list(self.scheduler.waiting):
+            if sequence.handle.cancelled:
+                self._finish(sequence, "cancelled")
+        plan = self.scheduler.schedule()
+        self._apply_admissions(plan)
+        if plan.chunks:
+            self._forward(plan)
+        self.num_steps += 1
 
-        started, kv_write_before = time.perf_counter(), sequence.kv_write_s
-        with self.tree_lock:
-            self._store(sequence, prompt, match.slots, suffix_slots, match.matched_tokens)
-            sequence.pending_slots = None
-        sequence.bookkeeping_s += time.perf_counter() - started - (sequence.kv_write_s - kv_write_before)
-        self._accept_token(sequence, sequence.sampler.next_token(output.logits))
+    def _apply_admissions(self, plan: StepPlan) -> None:
+        for sequence in plan.rejected:
+            self._fail(sequence, _too_big(len(sequence.token_ids), self.allocator.num_slots))
+        for sequence, match in plan.admitted:
+            if sequence.num_preemptions == 0:
+                sequence.matched_tokens = match.matched_tokens
+                self.counters.count_admission(match.miss_kind, len(sequence.prompt), match.matched_tokens)
+                sequence.handle._resolve_report(MatchReport(len(sequence.prompt), match.matched_tokens,
+                                                            match.miss_kind))
+        self.counters.preemptions += len(plan.preempted)
 
-    def _store(self, sequence: Sequence, token_ids: list[int], known_slots, new_slots, num_known: int) -> None:
-        """Caller holds `tree_lock`. Index `token_ids` whose first `num_known` are already in the tree under
-        `known_slots`; `new_slots` are fresh slots for the rest. Writes back only what the tree keeps, frees the
-        rest, and moves this request's lock to the stored node."""
-        result = self.cache.insert(sequence.namespace, token_ids, torch.cat([known_slots, new_slots]))
-        keep_from = max(num_known, result.num_cached_tokens)
-        keep_to = max(keep_from, result.num_stored_tokens)
-        copy_started = time.perf_counter()
-        self.runner.write_back(sequence.working, keep_from, keep_to, new_slots[keep_from - num_known : keep_to - num_known])
-        # Copying KV into the pool is model-runner work, not tree bookkeeping: keep the two apart in the timings.
-        sequence.kv_write_s += time.perf_counter() - copy_started
-        self.allocator.free(new_slots[: keep_from - num_known])
-        self.allocator.free(new_slots[keep_to - num_known :])
-        self.cache.lock(result.node)
-        self.cache.unlock(sequence.locked_node)
-        sequence.locked_node = result.node
-        sequence.stored_prompt_tokens = max(sequence.stored_prompt_tokens, result.num_stored_tokens)
-
-    def _step(self, sequence: Sequence) -> None:
-        if sequence.handle.cancelled:
-            self._finish(sequence, "cancelled")
-            return
+    def _forward(self, plan: StepPlan) -> None:
+        chunks = []
+        for sequence, num_tokens in plan.chunks:
+            start = sequence.num_computed_tokens
+            end = start + num_tokens
+            chunks.append(ScheduledChunk(sequence.token_ids[start:end], sequence.slot_table[:end],
+                                         end == len(sequence.token_ids)))
         started = time.perf_counter()
-        output = self.runner.forward(sequence.working, [sequence.last_token])
-        sequence.decode_s += time.perf_counter() - started
-        self._accept_token(sequence, sequence.sampler.next_token(output.logits))
+        logits = self.runner.forward(chunks)
+        sampling = [(sequence, chunk) for (sequence, _), chunk in zip(plan.chunks, chunks) if chunk.needs_logits]
+        greedy = logits.argmax(dim=-1).tolist() if logits.shape[0] else []
+        elapsed = time.perf_counter() - started
+        num_prefill = sum(n for s, n in plan.chunks if n > 1 or s.num_computed_tokens < len(s.prompt))
+        self.counters.count_prefill(num_prefill, elapsed * num_prefill / plan.num_tokens)
+        for sequence, num_tokens in plan.chunks:
+            sequence.num_computed_tokens += num_tokens
+        for row, (sequence, _) in enumerate(sampling):
+            if sequence.needs_store:
+                self.kv.store(sequence)  # the prompt (or, after preemption, everything so far) is computed
+                sequence.needs_store = False
+            token = greedy[row] if sequence.sampler.is_greedy else sequence.sampler.next_token(logits[row])
+            self._accept_token(sequence, token)
 
     def _accept_token(self, sequence: Sequence, token_id: int) -> None:
-        if not sequence.generated:
-            sequence.first_token_s = time.perf_counter()
-        sequence.generated.append(token_id)
+        now = time.perf_counter()
+        if sequence.num_generated == 0:
+            sequence.first_token_s = now
+            sequence.prefill_s = now - sequence.admitted_s
+        sequence.token_ids.append(token_id)
         params = sequence.request.sampling
         if token_id in self.loaded.eos_token_ids and not params.ignore_eos:
             self._emit_text(sequence, sequence.detokenizer.flush())
@@ -246,7 +217,7 @@ class Engine:
         if sequence.detokenizer.stopped:
             self._emit_text(sequence, text)
             self._finish(sequence, "stop")
-        elif len(sequence.generated) >= params.max_tokens:
+        elif sequence.num_generated >= params.max_tokens:
             self._emit_text(sequence, text + sequence.detokenizer.flush())
             self._finish(sequence, "length")
         else:
@@ -256,51 +227,41 @@ class Engine:
         sequence.handle._emit(TokenDelta(text, (sequence.last_token,)))
 
     def _finish(self, sequence: Sequence, reason: str) -> None:
+        if sequence.admission_id < 0 and reason == "cancelled":
+            self.scheduler.remove(sequence)
+            sequence.handle._fail(EngineError("cancelled before it started", code="cancelled"))
+            return
         sequence.finish_reason = reason
-        started, kv_write_before = time.perf_counter(), sequence.kv_write_s
-        with self.tree_lock:
-            self._store_output(sequence)
-        sequence.bookkeeping_s += time.perf_counter() - started - (sequence.kv_write_s - kv_write_before)
-        self._release(sequence)
-        self._active.remove(sequence)
+        if sequence.first_token_s:
+            sequence.decode_s = time.perf_counter() - sequence.first_token_s
+        if sequence.locked_node is not None or sequence.num_slots:
+            # Index prompt + output so a follow-up turn reuses the answer's KV too.
+            self.kv.store(sequence)
+            self.kv.release(sequence)
+        self.scheduler.remove(sequence)
         timings = sequence.timings()
-        self.counters.count_finish(len(sequence.generated), timings)
+        self.counters.count_finish(sequence.num_generated, timings)
         sequence.handle._emit(
             Finished(
                 reason,
                 len(sequence.prompt),
-                len(sequence.generated),
+                sequence.num_generated,
                 sequence.matched_tokens,
                 timings,
                 sequence.detokenizer.matched_stop,
             )
         )
 
-    def _store_output(self, sequence: Sequence) -> None:
-        """Caller holds `tree_lock`. Index prompt + output so a follow-up turn reuses the answer's KV too."""
-        token_ids = sequence.computed_token_ids()
-        base = sequence.stored_prompt_tokens
-        if isinstance(self.cache, NoPrefixCache) or len(token_ids) - base < self.cache.page_size:
-            return
-        new_slots = self._alloc_slots(len(token_ids) - base)
-        if new_slots is None:
-            return  # no room: the answer is simply not cached
-        # The stored prompt is locked by this request, so the tree still holds exactly `base` tokens of it.
-        known = self.cache.match(sequence.namespace, token_ids[: base + 1], dry_run=True)
-        self._store(sequence, token_ids, known.slots, new_slots, base)
+    def _fail(self, sequence: Sequence, error: EngineError) -> None:
+        if sequence.locked_node is not None or sequence.num_slots:
+            self.kv.release(sequence)
+        self.scheduler.remove(sequence)
+        self.counters.failed_requests += 1
+        sequence.handle._fail(error)
 
-    def _release(self, sequence: Sequence) -> None:
-        """Drop the request's lock on the tree, its unstored slots and its working KV."""
-        with self.tree_lock:
-            if sequence.locked_node is not None:
-                self.cache.unlock(sequence.locked_node)
-                sequence.locked_node = None
-            if sequence.pending_slots is not None:
-                self.allocator.free(sequence.pending_slots)
-                sequence.pending_slots = None
-        if sequence.working is not None:
-            self.runner.release(sequence.working)
-            sequence.working = None
+    def _fail_all(self, error: EngineError, extra: list[Sequence] = ()) -> None:
+        for sequence in list(self.scheduler.running) + list(self.scheduler.waiting) + list(extra):
+            self._fail(sequence, error)
 
     # ---- read-only views for the HTTP side ----------------------------------------------------------------------
 
@@ -313,8 +274,8 @@ class Engine:
         with self.tree_lock:
             stats = self.cache.stats().as_dict()
         stats.update(self.counters.derived())
-        stats["active_requests"] = len(self._active)
-        stats["waiting_requests"] = len(self._waiting)
+        stats["active_requests"] = len(self.scheduler.running)
+        stats["waiting_requests"] = len(self.scheduler.waiting) + len(self._incoming)
         stats["pool_bytes"] = self.pool.num_bytes
         return stats
 
@@ -327,7 +288,15 @@ class Engine:
             return self.cache.flush()
 
     def check_integrity(self) -> None:
-        """For tests, between requests: every slot is free, cached or held by an admitted request."""
+        """For tests, between steps: every slot is free, cached or held by a running request."""
         with self.tree_lock:
-            pending = sum(s.pending_slots.numel() for s in self._active if s.pending_slots is not None)
-            self.cache.check_integrity(num_slots_outside_tree=pending)
+            held = self.kv.num_slots_outside_tree(self.scheduler.running)
+            self.cache.check_integrity(num_slots_outside_tree=held)
+
+
+def _too_big(num_tokens: int, num_slots: int) -> CapacityExceeded:
+    return CapacityExceeded(
+        f"the request needs {num_tokens} KV slots but the pool holds {num_slots} and it cannot fit even with every "
+        f"unused prefix evicted",
+        code="kv_cache_full",
+    )

@@ -24,6 +24,7 @@ class EngineCounters:
     bookkeeping_s: float = 0.0
     decode_s: float = 0.0
     engine_busy_s: float = 0.0
+    preemptions: int = 0  # running requests sent back to the queue because the pool ran dry
 
     def count_admission(self, miss_kind: MissKind, prompt_tokens: int, cached_tokens: int) -> None:
         self.requests_by_miss_kind[miss_kind.value] += 1
@@ -47,6 +48,7 @@ class EngineCounters:
             "prompt_tokens_total": self.prompt_tokens,
             "cached_tokens_total": self.cached_tokens,
             "completion_tokens_total": self.completion_tokens,
+            "preemptions_total": self.preemptions,
             "token_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
             # Measured speed of computing prompt tokens: what a cached token saves, for the dashboard.
             "prefill_tokens_per_s": self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else None,

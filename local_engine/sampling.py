@@ -30,6 +30,11 @@ class Sampler:
             else:
                 self._generator.seed()
 
+    @property
+    def is_greedy(self) -> bool:
+        """Greedy requests take the argmax, which the engine computes for a whole batch at once."""
+        return self._generator is None
+
     def next_token(self, logits: torch.Tensor) -> int:
         """`logits`: `[vocab]` float32."""
         if self._generator is None:

@@ -15,6 +15,7 @@ from litestar.response import Response, Stream
 from local_engine.access import access_guard
 from local_engine.cache_events_api import cache_events, cache_events_snapshot
 from local_engine.config import ServerConfig
+from local_engine.disconnect import cancel_on_disconnect
 from local_engine.engine import Engine
 from local_engine.engine_types import Finished, GenerationRequest, TokenDelta
 from local_engine.errors import EngineError, Forbidden, InvalidRequest, Unauthorized
@@ -52,11 +53,12 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
     if not parsed.stream:
         try:
             texts, finished = [], None
-            async for event in handle.stream():
-                if isinstance(event, TokenDelta):
-                    texts.append(event.text)
-                else:
-                    finished = event
+            async with cancel_on_disconnect(handle, request.receive):
+                async for event in handle.stream():
+                    if isinstance(event, TokenDelta):
+                        texts.append(event.text)
+                    else:
+                        finished = event
         finally:
             handle.cancel()  # a no-op once finished; releases everything if the client went away
         headers[HEADER_TTFT_MS] = f"{finished.timings.ttft_ms:.3f}"

@@ -8,7 +8,7 @@ from openai import OpenAI
 
 from local_engine.cache import KVPool, SlotAllocator
 from local_engine.chat_prompt import chat_prompt_token_ids
-from local_engine.model_runner import ModelRunner
+from local_engine.model_runner import ModelRunner, ScheduledChunk
 
 from .server_fixtures import served_engine
 
@@ -41,13 +41,13 @@ def test_suffix_logits_on_cached_kv_equal_a_full_recompute(smollm2_loaded):
     runner = ModelRunner(model, KVPool(ModelRunner.pool_config_for(model, torch.device("cpu"), torch.float32), 1024))
     tokens = chat_prompt_token_ids(smollm2_loaded.tokenizer, messages("Can I return shoes after two weeks?"), None)
     slots = SlotAllocator(1024).alloc(len(tokens))
-    full = runner.new_working_kv(torch.empty(0, dtype=torch.int64), len(tokens))
-    full_logits = runner.forward(full, tokens, all_logits=True).logits
-    runner.write_back(full, 0, len(tokens), slots)
+    with torch.inference_mode():
+        full_logits = model(input_ids=torch.tensor([tokens])).logits[0]
+    runner.forward([ScheduledChunk(tokens, slots, True)])
     matched = len(tokens) - 12
-    cached = runner.new_working_kv(slots[:matched], len(tokens))
-    suffix_logits = runner.forward(cached, tokens[matched:], all_logits=True).logits
-    assert (suffix_logits - full_logits[matched:]).abs().max().item() <= 1e-4
+    for end in range(matched + 1, len(tokens) + 1):
+        suffix_logits = runner.forward([ScheduledChunk(tokens[matched:end], slots[:end], True)])
+        assert (suffix_logits[0] - full_logits[end - 1]).abs().max().item() <= 1e-4
 
 
 def test_openai_chat_completion_hits_the_cache_on_the_second_call(openai_client):

@@ -180,6 +180,20 @@ def test_a_client_disconnecting_mid_stream_releases_locks_and_slots(server):
     engine.check_integrity()
 
 
+def test_a_non_streamed_request_whose_client_went_away_is_cancelled(server):
+    base_url, engine = server
+    generated_before = engine.counters.completion_tokens
+    request = chat(cache_salt="gone", max_tokens=3000, ignore_eos=True)
+    with httpx.Client(base_url=base_url, timeout=60) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            # The client gives up long before 3000 tokens and closes the connection.
+            http.post("/v1/chat/completions", json=request, timeout=httpx.Timeout(60, read=1.0))
+    assert wait_until(lambda: engine.cache_stats()["active_requests"] == 0, timeout_s=60)
+    assert engine.counters.completion_tokens - generated_before < 3000
+    assert engine.cache.protected_tokens == 0
+    engine.check_integrity()
+
+
 def test_a_request_too_large_for_the_pool_is_a_503_and_others_still_work(tiny_loaded):
     with served_engine(tiny_loaded, kv_cache_tokens=64) as (base_url, _):
         with httpx.Client(base_url=base_url, timeout=60) as http:
