@@ -176,7 +176,10 @@ class SpillFile:
         if not lines:
             return
         self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.rejected_path.open("a", encoding="utf-8") as handle:
+        # Owner-only like the spill file: these are the same records (prompt text included when it is stored).
+        fd = os.open(self.rejected_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)  # a file left readable by an earlier version is closed too
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.writelines(line + "\n" for line in lines)
             handle.flush()
             os.fsync(handle.fileno())

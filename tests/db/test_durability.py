@@ -205,3 +205,17 @@ async def test_spill_first_removes_journal_segments_once_their_records_are_home(
     assert list(directory.glob("requests.jsonl.journal.*")) == []
     assert writer.counters().written == 60 and writer.counters().journal_failures == 0
     assert sorted(db_helpers.stored_ids(url)) == sorted(item.request_id for item in records)
+
+
+def test_rejected_records_are_kept_private_like_the_spill_file(tmp_path: Path, make_record: MakeRecord) -> None:
+    """The `.rejected` file holds the same records as the spill file (prompt text included when stored), so it is
+    created owner-only (0600) like the spill file and the journal, whatever the umask."""
+    old_umask = os.umask(0o022)
+    try:
+        spill = SpillFile(tmp_path / "spill.jsonl")
+        spill.append([make_record()])
+        spill.reject([make_record().to_json()])
+    finally:
+        os.umask(old_umask)
+    assert spill.path.stat().st_mode & 0o777 == 0o600
+    assert spill.rejected_path.stat().st_mode & 0o777 == 0o600
