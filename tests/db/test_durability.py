@@ -251,3 +251,33 @@ async def test_a_journal_left_by_a_dead_process_does_not_stop_a_start_on_a_full_
     assert sorted(db_helpers.stored_ids(url)) == sorted(item.request_id for item in records)
     assert survivor.counters().lost == 0
     assert Journal(config.spill_path).leftover_paths() == []
+
+
+def test_a_torn_spill_tail_on_a_full_disk_does_not_stop_a_start(
+    tmp_path: Path, make_record: MakeRecord, monkeypatch
+) -> None:
+    """A process died mid-append and left a torn last line; the next start cannot end that line because the disk
+    is full. Opening the spill file must not fail (the writer, and the gateway with it, would not start): the torn
+    tail is left out of replay and cut before the next append."""
+    import db.spill
+
+    path = tmp_path / "spill.jsonl"
+    kept = make_record()
+    path.write_text(kept.to_json() + "\n" + make_record().to_json()[:40])
+
+    def full(fd: int, payload: bytes, write: object = None) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(db.spill, "write_all", full)
+    spill = SpillFile(path)  # does not raise
+    assert spill.pending == 1
+    chunk = spill.read_chunk(10)
+    assert (chunk.records, chunk.bad_lines) == ([kept], [])
+    monkeypatch.undo()
+    after = make_record()
+    spill.append([after])
+    assert spill.torn_tails_cut == 1
+    assert [json.loads(line)["request_id"] for line in path.read_text().splitlines()] == [
+        kept.request_id,
+        after.request_id,
+    ]
