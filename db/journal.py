@@ -180,14 +180,28 @@ class Journal:
         except OSError:
             logger.exception("could not remove a finished journal segment")
 
-    def recover_into(self, spill: SpillFile) -> None:
-        """Move what a previous process left in the journal into the spill file, to be replayed (blocking I/O)."""
+    def recover_into(self, spill: SpillFile) -> bool:
+        """Move what a previous process left in the journal into the spill file, to be replayed (blocking I/O).
+
+        Returns whether everything was moved. A segment that cannot be moved now (a full disk) stays where it is,
+        whole, and so do the segments after it; call again later."""
         for path in self.leftover_paths():
-            lines = self.read_lines(path)
-            spill.append_lines(lines)
-            path.unlink()
+            try:
+                lines = self.read_lines(path)
+                spill.append_lines(lines)
+            except OSError as exc:
+                logger.error(
+                    "could not move the journaled records of %s into the spill file %s (%s); they stay in the "
+                    "journal and are moved once it can take them",
+                    path,
+                    spill.path,
+                    exc,
+                )
+                return False
+            path.unlink(missing_ok=True)  # should this fail, the next move repeats lines: replay skips duplicates
             if lines:
                 logger.warning("recovered %d journaled records from %s into the spill file", len(lines), path)
+        return True
 
     async def sync_forever(self, interval_s: float) -> None:
         """fsync what was appended, at most `interval_s` seconds after it was, until cancelled."""

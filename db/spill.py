@@ -76,11 +76,11 @@ class SpillFile:
         self.path = path
         self.rejected_path = path.with_name(path.name + ".rejected")
         self._offset = 0
-        self._pending = self._recover()
         self._tail_may_be_torn = False
         self.torn_tails_cut = 0
         # The write function; tests replace it to make a write fail part-way (a disk that fills up).
         self.write: Callable[[int, bytes], int] = os.write
+        self._pending = self._recover()
 
     @property
     def pending(self) -> int:
@@ -91,11 +91,21 @@ class SpillFile:
         """Count the lines a previous process left, and end a torn last line so appends start on a fresh one."""
         if not self.path.exists():
             return 0
-        with self.path.open("rb+") as handle:
-            data = handle.read()
-            if data and not data.endswith(b"\n"):
-                handle.write(b"\n")
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+                try:
+                    write_all(fd, b"\n")
+                finally:
+                    os.close(fd)
                 data += b"\n"
+            except OSError as exc:
+                # Not even one byte fits (a full disk): leave the torn line out of replay; the next append cuts it.
+                self._tail_may_be_torn = True
+                data = data[: data.rfind(b"\n") + 1]
+                logger.error("could not end the torn last line of the spill file %s (%s); it is cut before the next "
+                             "append", self.path, exc)
         return sum(1 for line in data.splitlines() if line.strip())
 
     def append(self, records: Sequence[RequestRecord]) -> None:
@@ -176,7 +186,10 @@ class SpillFile:
         if not lines:
             return
         self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.rejected_path.open("a", encoding="utf-8") as handle:
+        # Owner-only like the spill file: these are the same records (prompt text included when it is stored).
+        fd = os.open(self.rejected_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)  # a file left readable by an earlier version is closed too
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.writelines(line + "\n" for line in lines)
             handle.flush()
             os.fsync(handle.fileno())

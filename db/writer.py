@@ -76,6 +76,8 @@ class RecordWriter:
         self._recreated = self._written_in_file = self._replayed_in_file = 0
         self._journal = Journal(config.spill_path) if config.durability == "spill_first" else None
         self._journaled: deque[bool] = deque()
+        self._journal_leftovers = False  # a dead process's journal segments not yet moved into the spill file
+        self._next_leftover_try = 0.0
         self._sync_task: asyncio.Task[None] | None = None
 
     # -- the request path -------------------------------------------------------------------------------------
@@ -131,7 +133,7 @@ class RecordWriter:
         if self._engine is None:
             self._engine = create_async_engine_for(self.config.database_url)
         if self._journal is not None:
-            await asyncio.to_thread(self._journal.recover_into, self._spill)
+            self._journal_leftovers = not await asyncio.to_thread(self._journal.recover_into, self._spill)
             self._sync_task = asyncio.create_task(
                 self._journal.sync_forever(self.config.journal_fsync_interval_s), name="prefixscope-journal-sync"
             )
@@ -179,12 +181,25 @@ class RecordWriter:
                         self._queue.task_done()
             if self._stopping and self._queue.empty():
                 break
+            if self._journal_leftovers:
+                await self._retry_journal_leftovers()
             try:
                 await self._maybe_replay()
             except Exception:  # noqa: BLE001
                 logger.exception("unexpected error replaying the spill file")
                 self._next_probe = asyncio.get_running_loop().time() + self.config.replay_interval_s
         await self._replay_all()
+
+    async def _retry_journal_leftovers(self) -> None:
+        """Move a dead process's journal into the spill file, once it can take it (tried every replay interval)."""
+        loop = asyncio.get_running_loop()
+        if self._journal is None or loop.time() < self._next_leftover_try:
+            return
+        self._next_leftover_try = loop.time() + self.config.replay_interval_s
+        try:
+            self._journal_leftovers = not await asyncio.to_thread(self._journal.recover_into, self._spill)
+        except Exception:  # noqa: BLE001 - the segments stay on disk for the next try or the next start
+            logger.exception("unexpected error moving journal segments into the spill file")
 
     async def _collect(self) -> list[RequestRecord]:
         """Wait for a first record, then take more until the batch is full or `flush_interval_s` has passed."""

@@ -160,7 +160,9 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 for u in config.upstreams
             ],
             "durability": config.recorder.durability,
-            "database_available": bool(getattr(counters, "database_available", True)),
+            # Not before the database has been reached at all (down at start-up: the migration is still retried).
+            "database_available": bool(getattr(counters, "database_available", True))
+            and bool(getattr(storage, "migrated", True)),
             "records": {
                 name: int(getattr(counters, name, 0)) for name in (*RECORD_COUNTERS, "pending_spill", "accepted")
             },

@@ -115,6 +115,26 @@ OPEN_BANNER = """
 """
 
 
+def gateway_open(args: argparse.Namespace) -> bool:
+    """Whether the gateway `up` starts will run open: `--open`, or `auth = "none"` in the config it reads (the one
+    given with --config, else ./prefixscope.toml, as `prefixscope gateway` does)."""
+    if args.open:
+        return True
+    if not _program_available("gateway.cli"):
+        return False
+    from gateway.cli import DEFAULT_CONFIG_FILE
+    from gateway.config import load_config
+    from gateway.errors import ConfigError
+
+    path = args.config if args.config is not None else DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.exists() else None
+    if path is None:
+        return False
+    try:
+        return load_config(Path(path)).open_mode
+    except (ConfigError, ValueError):
+        return False  # the gateway reports a broken config itself and does not start
+
+
 def shared_secrets_env(environ: dict[str, str]) -> dict[str, str]:
     """`environ` plus a generated engine API key and admin token, wired to the engine, the gateway's upstream and
     the dashboard (values already set in `environ` are kept)."""
@@ -175,7 +195,7 @@ def _up(args: argparse.Namespace) -> int:
         print("prefixscope up: nothing was started", file=sys.stderr)
         return 2
     _print_state(args)
-    if args.open:
+    if gateway_open(args):
         print(OPEN_BANNER, file=sys.stderr, flush=True)
         ready = OPEN_BANNER
     else:

@@ -3,6 +3,7 @@ spill tail, and the spill_first journal surviving a process that dies without st
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -205,3 +206,78 @@ async def test_spill_first_removes_journal_segments_once_their_records_are_home(
     assert list(directory.glob("requests.jsonl.journal.*")) == []
     assert writer.counters().written == 60 and writer.counters().journal_failures == 0
     assert sorted(db_helpers.stored_ids(url)) == sorted(item.request_id for item in records)
+
+
+def test_rejected_records_are_kept_private_like_the_spill_file(tmp_path: Path, make_record: MakeRecord) -> None:
+    """The `.rejected` file holds the same records as the spill file (prompt text included when stored), so it is
+    created owner-only (0600) like the spill file and the journal, whatever the umask."""
+    old_umask = os.umask(0o022)
+    try:
+        spill = SpillFile(tmp_path / "spill.jsonl")
+        spill.append([make_record()])
+        spill.reject([make_record().to_json()])
+    finally:
+        os.umask(old_umask)
+    assert spill.path.stat().st_mode & 0o777 == 0o600
+    assert spill.rejected_path.stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_journal_left_by_a_dead_process_does_not_stop_a_start_on_a_full_disk(
+    sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
+) -> None:
+    """After a SIGKILL the next start moves the journal into the spill file. If the disk is full then, the writer
+    still starts (the gateway serves degraded), the segment stays where it is, and its records are moved and
+    replayed once there is room: nothing is lost."""
+    url = _sqlite(sqlite_template, tmp_path / "journal.db")
+    config = _config(url, tmp_path, durability="spill_first", flush_interval_s=60.0, batch_size=10_000)
+    dying = RecordWriter(config)
+    records = [make_record() for _ in range(20)]
+    for item in records:
+        assert dying.submit(item)
+    (segment,) = Journal(config.spill_path).leftover_paths()
+
+    survivor = RecordWriter(_config(url, tmp_path, durability="spill_first", replay_interval_s=0.01))
+    state = _fail_writes_after(survivor._spill, 100)  # the disk fills up part-way through the move
+    await survivor.start()  # does not raise
+    await asyncio.sleep(0.05)
+    assert state["failures"] >= 1
+    assert segment.exists() and len(Journal.read_lines(segment)) == 20  # still there, whole
+    survivor._spill.write = os.write  # type: ignore[method-assign]  # room again
+    for _ in range(200):
+        if not segment.exists():
+            break
+        await asyncio.sleep(0.01)
+    await survivor.stop()
+    assert sorted(db_helpers.stored_ids(url)) == sorted(item.request_id for item in records)
+    assert survivor.counters().lost == 0
+    assert Journal(config.spill_path).leftover_paths() == []
+
+
+def test_a_torn_spill_tail_on_a_full_disk_does_not_stop_a_start(
+    tmp_path: Path, make_record: MakeRecord, monkeypatch
+) -> None:
+    """A process died mid-append and left a torn last line; the next start cannot end that line because the disk
+    is full. Opening the spill file must not fail (the writer, and the gateway with it, would not start): the torn
+    tail is left out of replay and cut before the next append."""
+    import db.spill
+
+    path = tmp_path / "spill.jsonl"
+    kept = make_record()
+    path.write_text(kept.to_json() + "\n" + make_record().to_json()[:40])
+
+    def full(fd: int, payload: bytes, write: object = None) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(db.spill, "write_all", full)
+    spill = SpillFile(path)  # does not raise
+    assert spill.pending == 1
+    chunk = spill.read_chunk(10)
+    assert (chunk.records, chunk.bad_lines) == ([kept], [])
+    monkeypatch.undo()
+    after = make_record()
+    spill.append([after])
+    assert spill.torn_tails_cut == 1
+    assert [json.loads(line)["request_id"] for line in path.read_text().splitlines()] == [
+        kept.request_id,
+        after.request_id,
+    ]

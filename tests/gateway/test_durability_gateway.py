@@ -112,6 +112,7 @@ def test_database_down_at_start_serves_from_snapshot_and_journal_then_replays(
         with running_gateway(config, storage) as gw:
             health = httpx.get(f"{gw.url}/health").json()
             assert health["status"] == "ok"
+            assert health["database_available"] is False  # unreachable at start, before any record tried it
             for _ in range(10):
                 response = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers=headers)
                 assert response.status_code == 200
