@@ -91,6 +91,8 @@ class RequestRow:
     ttft_source: str | None = None
     divergence_source: str | None = None
     template_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    retention_class: str | None = None
 
     @property
     def cache_hit(self) -> bool | None:
