@@ -72,6 +72,12 @@ def register(commands: Any, bench_commands: Any) -> None:
         choices=("spill_first", "queue_first"),
         help="the gateway's recording durability mode ([recorder] durability)",
     )
+    bench.add_argument(
+        "--port-base",
+        type=int,
+        default=None,
+        help="listen on PORT (stub upstream) and PORT+1 (gateway) on 127.0.0.1 instead of free ports the system picks",
+    )
     bench.set_defaults(handler=run_bench)
 
     routing = bench_commands.add_parser(
@@ -163,6 +169,7 @@ def run_bench(args: argparse.Namespace) -> int:
             num_connections=args.connections,
             stream=args.stream,
             durability=args.durability,
+            port_base=args.port_base,
         )
     )
 

@@ -18,7 +18,7 @@ st.caption(
 catalog = ui.read_database(data.catalog, settings.database_url)
 if catalog.is_empty:
     ui.stop_with_info("No requests recorded yet. Send traffic through the gateway to get rule advice.")
-filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False).refreshed()
+filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False, first_seen=catalog.first_seen).refreshed()
 min_samples = int(
     st.sidebar.number_input(
         "Minimum sampled requests", min_value=1, value=DEFAULT_MIN_SAMPLES, step=1, key="advice_min_samples"

@@ -36,7 +36,7 @@ def base_table() -> tuple[PriceTable, str]:
 catalog = ui.read_database(data.catalog, settings.database_url)
 if catalog.is_empty:
     ui.stop_with_info("No requests recorded yet, so nothing was saved yet.")
-filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False).refreshed()
+filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False, first_seen=catalog.first_seen).refreshed()
 table, origin = base_table()
 
 with st.expander(f"Prices: dollars per million tokens, as of {table.as_of.isoformat()} ({origin})", expanded=False):

@@ -35,8 +35,8 @@ def prefill_speed() -> tuple[float, str]:
         measured = data.engine_stats(
             settings.engine_url, settings.engine_timeout_s, settings.engine_token
         ).prefill_tokens_per_s
-    except EngineUnavailable:
-        measured, reason = None, f"the engine at {settings.engine_url} is not reachable"
+    except EngineUnavailable as problem:
+        measured, reason = None, f"the engine at {settings.engine_url} is not reachable ({problem})"
     else:
         reason = "the engine has not measured its prefill speed yet"
     if measured is not None:

@@ -12,7 +12,7 @@ st.title("Prefixes and rules")
 catalog = ui.read_database(data.catalog, settings.database_url)
 if catalog.is_empty:
     ui.stop_with_info("No requests recorded yet. Send traffic through the gateway to see prefixes here.")
-filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False).refreshed()
+filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False, first_seen=catalog.first_seen).refreshed()
 result = ui.read_database(data.prefixes, settings.database_url, filters.since, filters.until, filters.tenant)
 if result.requests_in_range == 0:
     ui.stop_with_info("No requests in this time range. Pick a longer range or another tenant.")

@@ -19,7 +19,7 @@ st.title("What-if")
 catalog = ui.read_database(data.catalog, settings.database_url)
 if catalog.is_empty:
     ui.stop_with_info("No requests recorded yet, so there is no traffic to replay.")
-filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False).refreshed()
+filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False, first_seen=catalog.first_seen).refreshed()
 
 st.sidebar.header("What-if")
 budget_labels = [format_size(budget) for budget in model.BLOCK_BUDGETS]

@@ -34,7 +34,7 @@ st.page_link(
 catalog = ui.read_database(data.catalog, settings.database_url)
 if catalog.is_empty:
     ui.stop_with_info("No requests recorded yet. Send traffic through the gateway to see why requests miss the cache.")
-filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False).refreshed()
+filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False, first_seen=catalog.first_seen).refreshed()
 result = ui.read_database(data_explain.why_misses, settings.database_url, filters.since, filters.until, filters.tenant)
 st.caption(
     f"{filters.label}{' · ' + filters.tenant if filters.tenant else ''} · {filters.since:%Y-%m-%d %H:%M} to "

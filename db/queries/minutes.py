@@ -46,7 +46,8 @@ def minute_stats(
     """Cache figures per minute bucket over [start, end) from the request rows; raises ValueError past
     `MAX_MINUTE_RANGE`."""
     if end - start > MAX_MINUTE_RANGE:
-        raise ValueError(f"minute buckets cover at most {MAX_MINUTE_RANGE}; pick an hourly bucket for longer ranges")
+        hours = MAX_MINUTE_RANGE // timedelta(hours=1)
+        raise ValueError(f"minute buckets cover at most {hours} hours; pick an hourly bucket for longer ranges")
     clauses = [REQUESTS.c.created_at >= start, REQUESTS.c.created_at < end]
     if tenant is not None:
         clauses.append(REQUESTS.c.tenant == tenant)

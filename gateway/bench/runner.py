@@ -76,6 +76,13 @@ class BenchConfig:
     stream: bool = False
     warmup_s: float = 2.0
     durability: str = "spill_first"  # the gateway's [recorder] durability mode
+    port_base: int | None = None  # stub upstream on this port, gateway on the next; free ports when None
+
+    def ports(self) -> tuple[int, int]:
+        """The stub upstream's and the gateway's ports."""
+        if self.port_base is None:
+            return _free_port(), _free_port()
+        return self.port_base, self.port_base + 1
 
 
 def _free_port() -> int:
@@ -170,7 +177,7 @@ def _count_explained(db_path: Path) -> dict[str, int]:
 def run(config: BenchConfig) -> int:
     load_start = round(os.getloadavg()[0], 2)
     workdir = Path(tempfile.mkdtemp(prefix="prefixscope-bench-"))
-    stub_port, gateway_port = _free_port(), _free_port()
+    stub_port, gateway_port = config.ports()
     stub_url = f"http://127.0.0.1:{stub_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     db_path = workdir / "bench.db"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gateway.explain.compare import compare
+from gateway.explain.compare import compare, similar_texts
 from gateway.explain.history import Entry, Nearest, TenantHistory
 from gateway.explain.reasons import (
     BELOW_PAGE,
@@ -90,9 +90,32 @@ def _closest_earlier(current: PromptSegments, index: int, history: TenantHistory
     return best
 
 
-def _why(current: PromptSegments, index: int, history: TenantHistory) -> str:
+def _similar_earlier(current: PromptSegments, index: int, history: TenantHistory) -> tuple[Entry, str] | None:
+    """The newest remembered request sharing segments `[0, index)` whose segment `index` reads as a version of the
+    current one (`similar_texts`: a line prepended, an edit at both ends), with that segment's text."""
+    text = current.segments[index].text
+    seen: set[str] = set()
+    for count, entry in enumerate(history.sharing(current, index)):
+        if count >= MAX_CANDIDATES:
+            break
+        if len(entry.digests) <= index or entry.kinds[index] != current.segments[index].kind:
+            continue
+        digest = entry.digests[index]
+        if digest in seen:
+            continue
+        seen.add(digest)
+        earlier = history.text(digest)
+        if earlier is not None and similar_texts(text, earlier):
+            return entry, earlier
+    return None
+
+
+def _why(
+    current: PromptSegments, index: int, history: TenantHistory, found: tuple[Entry, str] | None = None
+) -> str:
     segment = current.segments[index]
-    found = _closest_earlier(current, index, history)
+    if found is None:
+        found = _closest_earlier(current, index, history)
     if found is None:
         return _reason_by_kind(segment.name)
     entry, earlier_text = found
@@ -132,6 +155,13 @@ def explain_located(
             reason = _why(current, index, history)
         return Explanation(reason, *location, recomputed_tokens=uncached, source=ENGINE)
     approximate = classify(replace(engine, matched_tokens=0), compare(current, nearest, history.text))
+    if approximate.reason == NEW_PREFIX and index is not None:
+        # The newest request may be unlike this one while an older one is a version of it (A, B edited at its end,
+        # then A with a line prepended): the prompt is not new when any earlier one sharing its leading segments is.
+        similar = _similar_earlier(current, index, history)
+        if similar is not None:
+            reason = _why(current, index, history, similar)
+            return Explanation(reason, *location, recomputed_tokens=uncached, source=ENGINE)
     if approximate.reason == NEW_PREFIX:
         return Explanation(NEW_PREFIX, recomputed_tokens=uncached, source=ENGINE)
     if approximate.reason == MODEL_CHANGED or engine.divergence_segment is None:

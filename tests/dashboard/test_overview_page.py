@@ -184,3 +184,25 @@ def test_the_default_range_fits_the_data() -> None:
     assert ui.default_range(now - timedelta(hours=3), now) == "Last 6 hours"
     assert ui.default_range(now - timedelta(days=3), now) == "Last 7 days"
     assert ui.default_range(now - timedelta(days=400), now) == "Last 30 days"
+
+
+def test_the_fallback_caption_says_what_the_engine_answered(run_page, seeded_url) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Refuses(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_error(401)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuses)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        app = run_page("overview", seeded_url, engine_url=f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "the engine answered 401 to GET /v1/cache" in captions(app)

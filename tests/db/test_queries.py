@@ -214,6 +214,27 @@ def test_recent_requests_filters(conn: Connection, data: dict[str, RequestRecord
     assert row.created_at == data["r8"].created_at
 
 
+def test_recent_requests_list_anthropic_cache_writes(
+    db_url: str, conn: Connection, make_record: Callable[..., RequestRecord]
+) -> None:
+    """Rows carrying the Messages API's cache writes and retention class list like any other."""
+    record = make_record(
+        created_at=T0 + timedelta(days=2),
+        endpoint="/v1/messages",
+        prompt_tokens=900,
+        cached_tokens=0,
+        cache_write_tokens=850,
+        retention_class="1h",
+    )
+    engine = create_sync_engine_for(db_url)
+    with engine.begin() as writer:
+        store_records(writer, [record])
+    engine.dispose()
+    row = queries.recent_requests(conn, limit=1)[0]
+    assert row.request_id == record.request_id
+    assert (row.cache_write_tokens, row.retention_class) == (850, "1h")
+
+
 def test_request_detail_returns_the_record(conn: Connection, data: dict[str, RequestRecord]) -> None:
     assert queries.request_detail(conn, data["r8"].request_id) == data["r8"]
     assert queries.request_detail(conn, data["r5"].request_id) == data["r5"]

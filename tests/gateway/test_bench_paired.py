@@ -64,3 +64,15 @@ def test_run_paired_sends_one_direct_and_one_proxied_request_per_pair():
     assert len(pairs.direct_s) == len(pairs.gateway_s) == 20
     # The second server (the "gateway" side) sleeps 20 ms before each answer: its latencies are paired to it.
     assert min(pairs.gateway_s) >= 0.02
+
+
+def test_bench_gateway_listens_on_the_ports_it_is_given(monkeypatch) -> None:
+    from gateway.bench import runner
+    from prefixscope.cli import main
+
+    seen = []
+    monkeypatch.setattr(runner, "run", lambda config: seen.append(config) or 0)
+    assert main(["bench", "gateway", "--duration", "1", "--port-base", "22010"]) == 0
+    assert seen[0].ports() == (22010, 22011)
+    assert main(["bench", "gateway", "--duration", "1"]) == 0
+    assert seen[1].port_base is None and all(port > 0 for port in seen[1].ports())

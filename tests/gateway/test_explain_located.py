@@ -92,6 +92,16 @@ def test_matching_only_the_template_opening_uses_the_history_to_say_why():
     assert (again.reason, again.recomputed_tokens) == ("evicted", 497)
 
 
+def test_a_line_prepended_is_not_new_prefix_when_a_newer_unlike_request_came_between():
+    history = TenantHistory()
+    history.add(chat_segments(chat(SYSTEM, "Hi")), 500)
+    history.add(chat_segments(chat(SYSTEM[:-10] + "XX EDIT XX" + SYSTEM[-10:], "Hi")), 500)
+    dated = chat("Now: 1999-01-01.\n" + SYSTEM, "Hi")
+    explanation = explain(history, dated, located(3, "system", 0, miss="cold"))
+    assert (explanation.reason, explanation.segment, explanation.char_offset) == ("system_changed", "system", 0)
+    assert explanation.source == "engine"
+
+
 def test_engines_without_the_report_keep_the_history_method():
     assert not engine_locates(EngineReport("partial", 10, 100))
     assert engine_locates(EngineReport("partial", 10, 100, 3, "system", 5))
