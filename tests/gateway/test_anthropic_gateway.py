@@ -304,7 +304,7 @@ def test_sdk_raises_its_typed_errors(gateway):
 def test_x_api_key_and_bearer_both_authenticate(stub, stub_url):
     storage = FakeStorage()
     secret = storage.add_key("k1", "acme")
-    with running_gateway(gateway_config(stub_url), storage) as gw:
+    with running_gateway(gateway_config(stub_url, auth="keys"), storage) as gw:
         ok = client(gw, secret).messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
         assert ok.content[0].text == "ok"
         bearer = anthropic.Anthropic(base_url=gw.url, auth_token=secret, max_retries=0)
