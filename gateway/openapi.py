@@ -2,7 +2,9 @@
 
 The completions endpoints are raw ASGI handlers (the hot path), so they are described here by hand: the fields the
 gateway itself reads and checks, with everything else passed through to the upstream (which validates it and whose
-400 comes back unchanged). An explicit `null` for an optional field means "absent".
+400 comes back unchanged). An explicit `null` for an optional field means "absent". The Messages API endpoints
+(`/v1/messages`, `/v1/messages/count_tokens`) are described with the fields `gateway.anthropic.request` reads, and
+answer errors in Anthropic's shape (`AnthropicError`).
 """
 
 from __future__ import annotations
@@ -112,6 +114,123 @@ ERROR: dict[str, Any] = {
 _ERROR_REF = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _AUTH = [{"bearer": []}]
 
+# --- the Anthropic Messages API (`gateway.anthropic`) -----------------------------------------------------------------
+_CACHE_CONTROL = _nullable({
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"const": "ephemeral"}, "ttl": {"enum": ["5m", "1h"]}},
+    "description": "a breakpoint: the prefix up to this block is cached (at most 4 per request; tools -> system -> "
+                   "messages; a 1h breakpoint may not follow a 5m one)",
+})
+_TEXT_BLOCK: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": _STRING, "cache_control": _CACHE_CONTROL},
+}
+_CONTENT_BLOCK: dict[str, Any] = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "type": {"enum": ["text", "tool_use", "tool_result"]},
+        "text": _STRING,
+        "id": _STRING,
+        "name": _STRING,
+        "input": _OBJECT,
+        "tool_use_id": _STRING,
+        "content": {"anyOf": [_STRING, {"type": "array", "items": _TEXT_BLOCK}, {"type": "null"}]},
+        "is_error": _nullable(_BOOLEAN),
+        "cache_control": _CACHE_CONTROL,
+    },
+    "description": "text, tool_use (assistant) and tool_result (user) blocks; image, document and thinking blocks "
+                   "are refused with a 400 naming them",
+}
+_MESSAGES_COMMON: dict[str, Any] = {
+    "model": {"type": "string", "minLength": 1},
+    "messages": {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": {"enum": ["user", "assistant"]},
+                "content": {"anyOf": [_STRING, {"type": "array", "items": _CONTENT_BLOCK}]},
+            },
+        },
+    },
+    "system": _nullable({"anyOf": [_STRING, {"type": "array", "items": _TEXT_BLOCK}]}),
+    "tools": _nullable({"type": "array", "items": {
+        "type": "object",
+        "required": ["name", "input_schema"],
+        "properties": {"name": _STRING, "description": _STRING, "input_schema": _OBJECT,
+                       "cache_control": _CACHE_CONTROL},
+        "description": "custom tools only; Anthropic's server and client tools are refused",
+    }}),
+    "tool_choice": _nullable({
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": {"enum": ["auto", "any", "tool", "none"]}, "name": _STRING,
+                       "disable_parallel_tool_use": _nullable(_BOOLEAN)},
+    }),
+    "thinking": _nullable({**_OBJECT, "description": "refused on chat upstreams (the local engine)"}),
+}
+_MESSAGES_PASS_THROUGH = "To an upstream of kind anthropic the normalized body passes through; to a chat upstream " \
+    "it is translated to the chat API. An explicit null for an optional field means absent."
+MESSAGES_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "messages", "max_tokens"],
+    "additionalProperties": True,
+    "description": _MESSAGES_PASS_THROUGH,
+    "properties": {
+        **_MESSAGES_COMMON,
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+        "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+        "top_k": _nullable({"type": "integer", "minimum": 0}),
+        "stop_sequences": _nullable({"type": "array", "items": {"type": "string", "minLength": 1}}),
+        "metadata": _nullable({"type": "object", "properties": {"user_id": _nullable(_STRING)}}),
+        "stream": _nullable(_BOOLEAN),
+    },
+}
+COUNT_TOKENS_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "additionalProperties": True,
+    "description": _MESSAGES_PASS_THROUGH + " Counting is not recorded.",
+    "properties": dict(_MESSAGES_COMMON),
+}
+ANTHROPIC_ERROR: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": _STRING, "message": _STRING},
+        },
+    },
+}
+_ANTHROPIC_ERROR_REF = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/AnthropicError"}}}}
+_ANTHROPIC_AUTH = [{"apiKey": []}, {"bearer": []}]
+
+
+def _messages(summary: str, schema: str, ok: str) -> dict[str, Any]:
+    return {"post": {
+        "summary": summary,
+        "security": _ANTHROPIC_AUTH,
+        "parameters": [{"name": "anthropic-version", "in": "header", "required": False, "schema": _STRING}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": schema}}}},
+        "responses": {
+            "200": {"description": ok},
+            "400": {"description": "invalid_request_error: the request cannot be served", **_ANTHROPIC_ERROR_REF},
+            "401": {"description": "authentication_error: missing or unknown API key", **_ANTHROPIC_ERROR_REF},
+            "413": {"description": "request_too_large: body over the configured limit", **_ANTHROPIC_ERROR_REF},
+            "502": {"description": "api_error: upstream unreachable or failing", **_ANTHROPIC_ERROR_REF},
+            "504": {"description": "api_error: upstream timed out", **_ANTHROPIC_ERROR_REF},
+        },
+    }}
+
 
 def _completions(summary: str, schema: str) -> dict[str, Any]:
     return {"post": {
@@ -149,6 +268,14 @@ def openapi_document() -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": _completions("Chat completion", "#/components/schemas/ChatCompletionRequest"),
             "/v1/completions": _completions("Text completion", "#/components/schemas/CompletionRequest"),
+            "/v1/messages": _messages(
+                "Anthropic Messages API", "#/components/schemas/MessagesRequest",
+                "a message in Anthropic's shape (JSON, or Anthropic's server-sent events when stream is true); "
+                "every response carries x-request-id and request-id",
+            ),
+            "/v1/messages/count_tokens": _messages(
+                "Anthropic token count", "#/components/schemas/CountTokensRequest", '{"input_tokens": N}'
+            ),
             "/v1/models": {"get": {"summary": "Models of the upstreams", "security": _AUTH,
                                    "responses": {"200": {"description": "OK"}}}},
             "/api/stats": {"get": {
@@ -162,7 +289,9 @@ def openapi_document() -> dict[str, Any]:
         },
         "components": {
             "schemas": {"ChatCompletionRequest": CHAT_REQUEST, "CompletionRequest": COMPLETION_REQUEST,
-                        "Error": ERROR},
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+                        "Error": ERROR, "MessagesRequest": MESSAGES_REQUEST,
+                        "CountTokensRequest": COUNT_TOKENS_REQUEST, "AnthropicError": ANTHROPIC_ERROR},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
         },
     }

@@ -34,7 +34,7 @@ from gateway.asgi_io import (
     send_response,
 )
 from gateway.auth import Principal
-from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, Unauthorized
+from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, Unauthorized, UpstreamUnavailable
 from gateway.explain.explainer import ExplainContext
 from gateway.fingerprint import prefix_hash, prompt_text
 from gateway.forwarding import map_transport_error
@@ -271,5 +271,15 @@ class CountTokens:
         try:
             answer = await dry_run(runtime.client, route, chat_body, salt, chain=False)
         except DryRunFailed as exc:
-            raise BadRequest(f"The upstream {route.name!r} could not count this request: {exc}") from None
+            raise _count_error(exc, route) from None
         return 200, _ENCODER.encode({"input_tokens": answer["prompt_tokens"]}), JSON_CONTENT_TYPE
+
+
+def _count_error(exc: DryRunFailed, route: Route) -> GatewayError:
+    """A failed count: the engine's 400 (a request it refuses) stays a client error; an unreachable engine, an engine
+    error or an unusable answer is the upstream's fault (502/504, `api_error` in Anthropic's shape)."""
+    if exc.transport is not None:
+        return map_transport_error(exc.transport, route)
+    if exc.status == 400:
+        return BadRequest(f"The upstream {route.name!r} refused to count this request: {exc.upstream_message or exc}")
+    return UpstreamUnavailable(f"The upstream {route.name!r} could not count this request: {exc}")

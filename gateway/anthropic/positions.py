@@ -28,7 +28,31 @@ _DECODER = msgspec.json.Decoder()
 
 
 class DryRunFailed(Exception):
-    """The engine's dry-run match did not answer usably."""
+    """The engine's dry-run match did not answer usably: `transport` is the connection failure, `status` the engine's
+    non-200 status and `message` its error message, when there was one."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transport: httpx.HTTPError | None = None,
+        status: int | None = None,
+        upstream_message: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.transport = transport
+        self.status = status
+        self.upstream_message = upstream_message
+
+
+def _error_message(content: bytes) -> str | None:
+    try:
+        body = _DECODER.decode(content)
+    except msgspec.DecodeError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
 
 
 async def dry_run(
@@ -48,9 +72,13 @@ async def dry_run(
         response = await client.send(request)
         content = await response.aread()
     except httpx.HTTPError as exc:
-        raise DryRunFailed(f"{type(exc).__name__}: {exc}") from None
+        raise DryRunFailed(f"{type(exc).__name__}: {exc}", transport=exc) from None
     if response.status_code != 200:
-        raise DryRunFailed(f"HTTP {response.status_code}: {content[:200]!r}")
+        raise DryRunFailed(
+            f"HTTP {response.status_code}: {content[:200]!r}",
+            status=response.status_code,
+            upstream_message=_error_message(content),
+        )
     try:
         answer = _DECODER.decode(content)
     except msgspec.DecodeError as exc:

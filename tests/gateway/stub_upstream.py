@@ -21,6 +21,7 @@ class StubState:
     paths: list[str] = field(default_factory=list)
     match_requests: list[dict[str, Any]] = field(default_factory=list)  # bodies sent to `/v1/cache/match`
     match_matched_tokens: int = 1  # what the dry-run match answers
+    match_status: int = 200  # the dry-run match's status (an OpenAI-shaped error body when not 200)
     release: threading.Event = field(default_factory=threading.Event)  # lets a held stream continue
     released_before_end: bool | None = None
     disconnected: threading.Event = field(default_factory=threading.Event)
@@ -73,6 +74,10 @@ class StubUpstream:
         body = json.loads(b"".join(chunks))
         if path.endswith("/cache/match"):
             self.state.match_requests.append(body)
+            if self.state.match_status != 200:
+                error = {"message": "stub match error", "type": "invalid_request_error", "param": None, "code": None}
+                await self._json(send, self.state.match_status, {"error": error})
+                return
             answer = {"matched_tokens": self.state.match_matched_tokens, "prompt_tokens": 10, "miss": "partial"}
             await self._json(send, 200, answer)
             return

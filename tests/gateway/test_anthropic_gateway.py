@@ -10,7 +10,14 @@ import anthropic
 import httpx
 import pytest
 from anthropic_stub import STUB_USAGE, AnthropicStub
-from gateway_testkit import FakeStorage, RunningGateway, gateway_config, running_gateway, serve_in_thread
+from gateway_testkit import (
+    FakeStorage,
+    RunningGateway,
+    closed_port,
+    gateway_config,
+    running_gateway,
+    serve_in_thread,
+)
 from stub_upstream import STUB_TOOL_CALL
 
 from gateway.config import UpstreamConfig
@@ -333,6 +340,28 @@ def test_count_tokens_on_the_engine(gateway, stub):
     assert counted.input_tokens == 10  # the stub's dry-run match: prompt_tokens
     assert stub.state.match_requests[-1]["messages"] == [{"role": "user", "content": "hi"}]
     assert gateway.records == []  # counting is not a completion request
+
+
+def test_count_tokens_with_the_engine_down_is_a_502_not_a_client_error():
+    with running_gateway(gateway_config(f"http://127.0.0.1:{closed_port()}")) as gw:
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            client(gw).messages.count_tokens(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 502
+    assert caught.value.body["type"] == "error"
+    assert caught.value.body["error"]["type"] == "api_error"
+    assert "unavailable" in caught.value.body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("engine_status", "status", "error_type"),
+    [(400, 400, "invalid_request_error"), (500, 502, "api_error"), (503, 502, "api_error")],
+)
+def test_count_tokens_keeps_client_errors_and_server_errors_apart(gateway, stub, engine_status, status, error_type):
+    stub.state.match_status = engine_status
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        client(gateway).messages.count_tokens(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == status
+    assert caught.value.body["error"]["type"] == error_type
 
 
 # --- an Anthropic-compatible upstream: pass-through ------------------------------------------------------------------

@@ -92,6 +92,26 @@ def test_the_openapi_document_describes_the_hot_endpoints(gateway):
         "since", "until", "bucket", "group_by", "tenant"}
 
 
+def test_the_openapi_document_describes_the_messages_endpoints(gateway):
+    document = httpx.get(f"{gateway.url}/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    for path, name, required in (
+        ("/v1/messages", "MessagesRequest", ["model", "messages", "max_tokens"]),
+        ("/v1/messages/count_tokens", "CountTokensRequest", ["model", "messages"]),
+    ):
+        post = document["paths"][path]["post"]
+        assert post["requestBody"]["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{name}"}
+        assert schemas[name]["required"] == required
+        assert {"system", "tools", "tool_choice"} <= set(schemas[name]["properties"])
+        assert post["responses"]["400"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/AnthropicError"
+        }
+    assert {"temperature", "top_k", "stop_sequences", "metadata", "stream"} <= set(
+        schemas["MessagesRequest"]["properties"]
+    )
+    assert {"apiKey", "bearer"} <= set(document["components"]["securitySchemes"])
+
+
 LONG_MODEL = "m" * 250
 NUL_MODEL = "model\x00name"
 
