@@ -152,7 +152,7 @@ class MessagesProxy(CompletionProxy):
         salt = runtime.salts.salt_for(principal.tenant)
         raw_chat = to_chat_body(request.body, stream=request.stream, style=style)
         tracker.explain = ExplainContext(settings, CHAT, principal.tenant, chat_body, raw_chat, salt, route, False)
-        tracker.prefix_hash = prefix_hash(CHAT, chat_body)
+        tracker.prefix_hash = prefix_hash(CHAT, chat_body, runtime.recorder.hash_key(principal.tenant))
         if settings.store_prompt_text:
             tracker.prompt_text = prompt_text(CHAT, chat_body)
 
