@@ -22,7 +22,9 @@ def tool_call_stream(parsed: ParsedRequest, tokenizer) -> ToolCallStream | None:
 
 
 def _finish_reason(finished: Finished, calls: list[ToolCall]) -> str:
-    return "tool_calls" if calls and finished.finish_reason in ("stop", "length") else finished.finish_reason
+    """`tool_calls` when the answer ended after its calls; `length` stays `length` (as in OpenAI's API) so a client
+    can tell that a call cut short by `max_tokens` has incomplete arguments."""
+    return "tool_calls" if calls and finished.finish_reason == "stop" else finished.finish_reason
 
 
 def new_response_id(endpoint: str) -> str:

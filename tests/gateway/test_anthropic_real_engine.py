@@ -239,7 +239,7 @@ def test_tool_use_round_trip(deployment: Deployment):
     question = {"role": "user", "content": f"[{uuid.uuid4().hex}] What is the weather in Paris?"}
     first = client.messages.create(
         model=MODEL,
-        max_tokens=64,
+        max_tokens=128,
         tools=[WEATHER_TOOL],
         tool_choice={"type": "tool", "name": "get_weather"},
         messages=[question],

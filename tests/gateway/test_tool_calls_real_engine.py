@@ -46,7 +46,7 @@ def test_tool_calling_loop_through_the_gateway(engine_url, tmp_path):
             {"role": "user", "content": "What is the weather in Paris?"},
         ]
         first = client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=messages, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=40
+            model=MODEL, messages=messages, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=128
         )
         call_completion = first.parse()
         choice = call_completion.choices[0]
@@ -68,7 +68,7 @@ def test_tool_calling_loop_through_the_gateway(engine_url, tmp_path):
 
         # The same call streamed through the gateway: one `delta.tool_calls` entry, then finish_reason tool_calls.
         chunks = list(client.chat.completions.create(
-            model=MODEL, messages=messages[:2], tools=TOOLS, temperature=0, max_tokens=40, stream=True,
+            model=MODEL, messages=messages[:2], tools=TOOLS, temperature=0, max_tokens=128, stream=True,
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
         ))
         deltas = [tc for chunk in chunks if chunk.choices for tc in (chunk.choices[0].delta.tool_calls or [])]

@@ -90,3 +90,16 @@ def test_only_plain_parameter_names_steer_a_forced_call():
     assert first_argument(tools({"required": ["<|im_end|>"]}), "f") is None
     assert first_argument(tools({}), "f") is None
     assert first_argument(tools({"required": ["city"]}), "g") is None
+
+
+def test_a_call_cut_short_by_max_tokens_finishes_with_length_not_tool_calls():
+    from local_engine.engine_types import Finished, RequestTimings
+    from local_engine.responses import _finish_reason
+
+    stream = ToolCallStream(HermesFormat())
+    _, calls = run(stream, CALL[:40], 5)
+    assert calls  # completed from partial JSON
+    timings = RequestTimings(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+    assert _finish_reason(Finished("length", 10, 4, 0, timings), calls) == "length"
+    assert _finish_reason(Finished("stop", 10, 4, 0, timings), calls) == "tool_calls"
+    assert _finish_reason(Finished("stop", 10, 4, 0, timings), []) == "stop"

@@ -32,7 +32,7 @@ def client(smollm2_loaded):
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_a_forced_call_is_returned_as_tool_calls(client, tool_choice):
     completion = client.chat.completions.create(
-        model="smollm2", messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, temperature=0, max_tokens=40
+        model="smollm2", messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, temperature=0, max_tokens=128
     )
     choice = completion.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -45,7 +45,7 @@ def test_a_forced_call_is_returned_as_tool_calls(client, tool_choice):
 
 def test_a_streamed_forced_call_arrives_as_delta_tool_calls(client):
     chunks = list(client.chat.completions.create(
-        model="smollm2", messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=40,
+        model="smollm2", messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=128,
         stream=True,
     ))
     deltas = [tc for chunk in chunks for tc in (chunk.choices[0].delta.tool_calls or [])]
