@@ -19,8 +19,13 @@ from db.config import sqlite_path
 from db.engine import create_sync_engine_for
 from db.errors import DatabaseConfigError
 
-# One "setup plugin" INFO line per Alembic plugin opens every migration otherwise; the "Running upgrade" lines stay.
+# One "setup plugin" INFO line per Alembic plugin, and two lines naming the dialect, open every migration otherwise;
+# the "Running upgrade" lines, which say that something changed, stay.
 logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+_QUIET_PREFIXES = ("Context impl ", "Will assume ")
+logging.getLogger("alembic.runtime.migration").addFilter(
+    lambda record: not str(record.msg).startswith(_QUIET_PREFIXES)
+)
 
 
 def migrations_dir() -> Path:

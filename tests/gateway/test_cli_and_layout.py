@@ -143,5 +143,6 @@ def test_prefixscope_gateway_command_serves_and_records(tmp_path, stub, stub_url
     assert f"prefixscope gateway: secret    {secret}\n" in printed
     assert f"prefixscope gateway: spill     {home / 'spill' / 'gateway_requests.jsonl'}\n" in printed
     assert f"prefixscope gateway: database  sqlite:///{database}\n" in printed
-    # The upstream call was made, but httpx's per-request INFO line and Alembic's plugin lines are not logged.
+    # The upstream call was made, but httpx's per-request INFO line and Alembic's plugin and dialect lines are not logged.
     assert "HTTP Request:" not in printed and "setup plugin" not in printed
+    assert "Context impl" not in printed and "Will assume" not in printed
