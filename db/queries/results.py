@@ -91,6 +91,8 @@ class RequestRow:
     ttft_source: str | None = None
     divergence_source: str | None = None
     template_tokens: int | None = None
+    cache_write_tokens: int | None = None  # Messages API only
+    retention_class: str | None = None  # Messages API only
 
     @property
     def cache_hit(self) -> bool | None:

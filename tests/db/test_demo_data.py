@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from db import queries
-from db.demo_data import write_demo_data
+from gateway.demo.history import write_demo_data
 from db.engine import create_sync_engine_for
 from db.records import MISS_KINDS, MISS_REASONS
 
@@ -59,7 +59,8 @@ def test_demo_data_explains_misses_and_records_replayable_chains(empty_db_url: s
             locations = queries.divergence_locations(conn, since, NOW, limit=50)
             segments = {location.segment for location in locations}
             assert {"system", "tools"} <= segments
-            assert all(s in ("system", "tools") or s.startswith("messages[") for s in segments)
+            # The gateway's segment names; `model` when another model's cache was what differed (history method).
+            assert all(s in ("system", "tools", "model", "prompt") or s.startswith("messages[") for s in segments)
             example = queries.miss_examples(conn, "reordered", since, NOW, limit=1)[0]
             assert example.divergence_segment == "tools" and example.recomputed_tokens
             gains = queries.normalization_gains(conn, since, NOW)
