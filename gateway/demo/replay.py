@@ -57,6 +57,11 @@ _ERROR_RATE = 0.015
 _SECONDS_PER_REQUEST = 2.0
 
 
+def demo_secret(seed: int) -> str:
+    """The server secret the demo's salts and record keys derive from."""
+    return f"prefixscope-demo-{seed}"
+
+
 @dataclass(frozen=True, slots=True)
 class _Route:
     """What the explainer reads of a route: its name, adapter, and where a dry-run match goes."""
@@ -105,7 +110,7 @@ class Replay:
         self.traffic = Traffic(seed)
         self.sink = _Sink()
         self.explainer = Explainer(_DryRunUplift(self), rng=random.Random(f"uplift/{seed}"))  # type: ignore[arg-type]
-        secret = f"prefixscope-demo-{seed}"
+        self.secret = secret = demo_secret(seed)
         self.recorder = Recorder(self.sink, _NoMetrics(), self.explainer, RecordHasher(secret))  # type: ignore[arg-type]
         self.salts = SaltDeriver(secret)
         self.pipelines: dict[str, Pipeline] = {profile.name: build_pipeline(profile.settings) for profile in TENANTS}
@@ -123,17 +128,33 @@ class Replay:
         return self.engines[upstream].match(self._rendered(upstream, endpoint, body, salt), self.clock).matched_tokens
 
     def send(self, profile: TenantProfile, request_id: str, created_at: datetime) -> None:
-        """One request of `profile`'s tenant, recorded into `sink` (its latency into `latencies`)."""
+        """The next request of `profile`'s tenant (model, upstream, streaming and failures drawn at random)."""
         rng = self.rng
-        self.clock += _SECONDS_PER_REQUEST
         model = rng.choice(profile.models)
         upstream = rng.choice(UPSTREAMS[model])
-        route = self.routes[upstream]
-        endpoint = CHAT if profile.endpoint == "chat.completions" else profile.endpoint
         raw = dict(self.traffic.request(profile, model, created_at))
         stream = rng.random() < profile.stream_rate
         if stream:
             raw["stream"] = True
+        error = rng.choice(_ERRORS) if rng.random() < _ERROR_RATE else None
+        self.handle(profile, raw, upstream, request_id, created_at, error)
+
+    def handle(
+        self,
+        profile: TenantProfile,
+        raw: dict[str, Any],
+        upstream: str,
+        request_id: str,
+        created_at: datetime,
+        error: tuple[int, str] | None = None,
+    ) -> None:
+        """Record one request `raw` of `profile`'s tenant sent to `upstream` (failing with `error`: status, type), as
+        the proxy does; the record goes to `sink`, its latency to `latencies`."""
+        rng = self.rng
+        self.clock += _SECONDS_PER_REQUEST
+        route = self.routes[upstream]
+        endpoint = CHAT if profile.endpoint == "chat.completions" else profile.endpoint
+        model, stream = str(raw["model"]), raw.get("stream") is True
         tracker = RequestTracker(self.recorder, request_id, endpoint, time.perf_counter())
         tracker.created_at = created_at
         tracker.tenant = profile.name
@@ -154,8 +175,8 @@ class Replay:
         if settings.store_prompt_text:
             tracker.prompt_text = prompt_text(endpoint, normalized.request)
         self.explainer.prepare(context)
-        if rng.random() < _ERROR_RATE:
-            status, error_type = rng.choice(_ERRORS)
+        if error is not None:
+            status, error_type = error
             context.upstream_status = status if error_type == "upstream_error" else None
             self.latencies[request_id] = rng.uniform(5, 30_000)
             tracker.finish(status, error_type)
