@@ -18,6 +18,7 @@ from typing import Any
 from db.records import RequestRecord
 from gateway.demo.engine_model import SimulatedEngine, local_engine_response, openai_response, render
 from gateway.demo.traffic import TENANTS, TenantProfile, Traffic
+from gateway.config import GatewayConfig
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.explain.explainer import ExplainContext, Explainer
 from gateway.explain.segments import chat_segments, completion_segments
@@ -31,15 +32,18 @@ from gateway.tenancy import SaltDeriver
 from gateway.upstreams.base import UpstreamAdapter
 from gateway.upstreams.kinds import LocalEngineAdapter, OpenAICompatibleAdapter, SGLangAdapter, VLLMAdapter
 
+# The local engine's served model id (`prefixscope engine`'s default) and the gateway's default upstream name for it.
+LOCAL_MODEL = "smollm2"
+LOCAL_UPSTREAM = GatewayConfig.default_upstream
 # Which upstreams serve each model, their kind, and the cache each has: (pages of 16 tokens, seconds idle to expire).
 UPSTREAMS: dict[str, tuple[str, ...]] = {
-    "smollm2-135m-instruct": ("local-engine",),
+    LOCAL_MODEL: (LOCAL_UPSTREAM,),
     "llama-3.1-8b-instruct": ("vllm-a", "vllm-b"),
     "qwen2.5-7b-instruct": ("sglang-a",),
     "gpt-4o-mini": ("hosted-openai",),
 }
-_KINDS: dict[str, tuple[UpstreamAdapter, int, float]] = {
-    "local-engine": (LocalEngineAdapter(), 10_000, 900.0),
+UPSTREAM_KINDS: dict[str, tuple[UpstreamAdapter, int, float]] = {
+    LOCAL_UPSTREAM: (LocalEngineAdapter(), 10_000, 900.0),
     "vllm-a": (VLLMAdapter(), 8_000, 3_600.0),
     "vllm-b": (VLLMAdapter(), 8_000, 3_600.0),
     "sglang-a": (SGLangAdapter(), 3_000, 3_600.0),
@@ -109,13 +113,15 @@ class Replay:
         self.rng = random.Random(f"replay/{seed}")
         self.traffic = Traffic(seed)
         self.sink = _Sink()
-        self.explainer = Explainer(_DryRunUplift(self), rng=random.Random(f"uplift/{seed}"))  # type: ignore[arg-type]
+        uplift: Any = _DryRunUplift(self)
+        self.explainer = Explainer(uplift, rng=random.Random(f"uplift/{seed}"))
         self.secret = secret = demo_secret(seed)
-        self.recorder = Recorder(self.sink, _NoMetrics(), self.explainer, RecordHasher(secret))  # type: ignore[arg-type]
+        metrics: Any = _NoMetrics()
+        self.recorder = Recorder(self.sink, metrics, self.explainer, RecordHasher(secret))
         self.salts = SaltDeriver(secret)
         self.pipelines: dict[str, Pipeline] = {profile.name: build_pipeline(profile.settings) for profile in TENANTS}
-        self.engines = {name: SimulatedEngine(pages, ttl) for name, (_, pages, ttl) in _KINDS.items()}
-        self.routes = {name: _Route(name, adapter, name, {}) for name, (adapter, _, _) in _KINDS.items()}
+        self.engines = {name: SimulatedEngine(pages, ttl) for name, (_, pages, ttl) in UPSTREAM_KINDS.items()}
+        self.routes = {name: _Route(name, adapter, name, {}) for name, (adapter, _, _) in UPSTREAM_KINDS.items()}
         self.clock = 0.0
         self.latencies: dict[str, float] = {}
 
@@ -169,7 +175,8 @@ class Replay:
             tracker.namespace_label = self.salts.label_for(profile.name)
         if settings.hash_chain:
             route.adapter.ask_for_hash_chain(sent, settings.hash_block_size)
-        context = ExplainContext(settings, endpoint, profile.name, normalized.request, raw, salt, route, False)  # type: ignore[arg-type]
+        demo_route: Any = route
+        context = ExplainContext(settings, endpoint, profile.name, normalized.request, raw, salt, demo_route, False)
         tracker.explain = context
         tracker.prefix_hash = prefix_hash(endpoint, normalized.request, self.recorder.hash_key(profile.name))
         if settings.store_prompt_text:
@@ -190,7 +197,8 @@ class Replay:
         self.latencies[request_id] = ttft_ms + completion_tokens * rng.uniform(6.0, 14.0)
         adapter = route.adapter
         if isinstance(adapter, LocalEngineAdapter):
-            headers, body = local_engine_response(match, completion_tokens, ttft_ms, sent.get("return_hash_chain") is True)
+            with_chain = sent.get("return_hash_chain") is True
+            headers, body = local_engine_response(match, completion_tokens, ttft_ms, with_chain)
             tracker.cache_report = adapter.cache_report(headers)
             context.prefix_cache = body["prefix_cache"]
         else:

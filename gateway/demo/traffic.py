@@ -60,12 +60,12 @@ class TenantProfile:
 
 # fmt: off
 TENANTS: Final = (
-    TenantProfile("acme-support", 0.35, ("smollm2-135m-instruct",),
+    TenantProfile("acme-support", 0.35, ("smollm2",),
                   TenantSettings(store_prompt_text=True), continue_rate=0.7),
-    TenantProfile("globex-agents", 0.25, ("smollm2-135m-instruct", "llama-3.1-8b-instruct"),
+    TenantProfile("globex-agents", 0.25, ("smollm2", "llama-3.1-8b-instruct"),
                   TenantSettings(rules=frozenset({"newlines", "tool_schema_key_order"})), continue_rate=0.6),
-    TenantProfile("initech-rag", 0.2, ("smollm2-135m-instruct", "qwen2.5-7b-instruct"), TenantSettings()),
-    TenantProfile("umbrella-timestamps", 0.12, ("smollm2-135m-instruct", "llama-3.1-8b-instruct"),
+    TenantProfile("initech-rag", 0.2, ("smollm2", "qwen2.5-7b-instruct"), TenantSettings()),
+    TenantProfile("umbrella-timestamps", 0.12, ("smollm2", "llama-3.1-8b-instruct"),
                   TenantSettings(rules=frozenset(SEMANTIC_RULES)), continue_rate=0.3),
     TenantProfile("hooli-batch", 0.08, ("gpt-4o-mini",), TenantSettings(), endpoint="completions",
                   stream_rate=0.0),
@@ -163,12 +163,14 @@ class Traffic:
             text = self._text(f"{name}/system/{prefix}", 1600 + 400 * prefix)
             if version:  # a revised paragraph partway through
                 cut = len(text) // (version + 1)
-                text = text[:cut] + f"Policy update {version}: " + self._text(f"{name}/update/{version}", 200) + text[cut:]
+                update = f"Policy update {version}: " + self._text(f"{name}/update/{version}", 200)
+                text = text[:cut] + update + text[cut:]
             if rng.random() < 0.1:
                 text = text.replace("\n", "\r\n")  # a client on another platform
         elif name == "umbrella-timestamps":
             stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-            text = f"Current time: {stamp}. Request {rng.getrandbits(64):016x}.\n" + self._text(f"{name}/{prefix}", 1500)
+            header = f"Current time: {stamp}. Request {rng.getrandbits(64):016x}.\n"
+            text = header + self._text(f"{name}/{prefix}", 1500)
         elif name == "globex-agents":
             text = self._text(f"{name}/system", 600)
         else:

@@ -17,15 +17,15 @@ from db.records import MISS_REASONS
 from gateway.config import UpstreamConfig
 from gateway.demo.engine_model import SimulatedEngine, local_engine_response, render
 from gateway.demo.history import replay_pool
-from gateway.demo.replay import _KINDS, UPSTREAMS, Replay
+from gateway.demo.replay import LOCAL_MODEL, LOCAL_UPSTREAM, UPSTREAM_KINDS, UPSTREAMS, Replay
 from gateway.demo.traffic import TENANTS
 from gateway.explain.reasons import REASONS
 from gateway.explain.segments import chat_segments
 from gateway.tenant_settings import ALL_RULES
 from gateway.upstreams.base import MISS_KINDS
 
-MODEL = "smollm2-135m-instruct"
-UPSTREAM = "local-engine"
+MODEL = LOCAL_MODEL
+UPSTREAM = LOCAL_UPSTREAM
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 # Everything a record says about a request that does not depend on the clock or the request id.
 COMPARED = (
@@ -38,10 +38,10 @@ COMPARED = (
 
 class SimulatedEngineServer:
     """The local engine's HTTP surface over the demo's simulated cache: the same cache size and clock as the demo's
-    `local-engine` upstream."""
+    local upstream."""
 
     def __init__(self) -> None:
-        _, pages, ttl = _KINDS[UPSTREAM]
+        _, pages, ttl = UPSTREAM_KINDS[UPSTREAM]
         self.engine = SimulatedEngine(pages, ttl)
         self.clock = 0.0
 
