@@ -35,14 +35,14 @@ def default_bench_url(rows: int) -> str:
 
 
 def write_demo_database(url: str | None, rows: int, seed: int) -> None:
-    """Write `rows` demo requests with `db.demo_data` (migrating the database first) and say so."""
+    """Write `rows` demo requests with `prefixscope demo-data` (migrating the database first) and say so."""
     from db.config import database_url_from_env
-    from db.demo_data import write_demo_data
+    from prefixscope.demo import write_demo_data
 
     target = database_url_from_env(url)
     print(f"writing {rows:,} demo requests into {target} ...", file=sys.stderr, flush=True)
-    result = write_demo_data(target, rows, seed=seed, days=DEMO_DAYS)
-    print(f"wrote {result.rows:,} requests in {result.seconds:.1f} s", file=sys.stderr, flush=True)
+    summary = write_demo_data(target, rows, seed=seed, days=DEMO_DAYS)
+    print(summary, file=sys.stderr, flush=True)
 
 
 def _count_requests(engine: Any) -> int:

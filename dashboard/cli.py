@@ -1,4 +1,4 @@
-"""`prefixscope dashboard` and `prefixscope bench dashboard` (`prefixscope demo-data` belongs to `db`).
+"""`prefixscope dashboard` and `prefixscope bench dashboard` (`prefixscope demo-data` belongs to the gateway).
 
 Cheap to import: Streamlit, SQLAlchemy and the `db` package load only inside the handlers.
 """

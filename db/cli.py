@@ -1,4 +1,5 @@
-"""The database's subcommands of `prefixscope`: `db ...`, `keys ...`, `stats`, `demo-data`, `bench db-queries`.
+"""The database's subcommands of `prefixscope`: `db ...`, `keys ...`, `stats`, `bench db-queries`
+(`prefixscope demo-data` belongs to the gateway, whose request path makes the records: `gateway.demo`).
 
 Cheap to import: only argparse here. Each handler imports `db.commands` (and with it SQLAlchemy) when it runs.
 """
@@ -34,25 +35,6 @@ def _with_url(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def add_demo_data_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The options of the demo-data command, for any program that wants to expose it under its own name."""
-    _with_url(parser)
-    parser.add_argument("--rows", type=int, default=100_000, help="requests to generate (default 100000)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same rows")
-    parser.add_argument("--days", type=int, default=14, help="spread the requests over this many days before now")
-    parser.add_argument(
-        "--chain-share",
-        type=float,
-        default=0.02,
-        help="share of requests stored with their block hash chain, for the what-if simulator (default 0.02)",
-    )
-    parser.set_defaults(handler=run_demo_data)
-    return parser
-
-
-run_demo_data: Handler = _lazy("demo_data")
-
-
 def _register_db(commands: Any) -> None:
     db_parser = commands.add_parser("db", help="database schema and maintenance")
     db_commands = db_parser.add_subparsers(dest="db_command", required=True, metavar="ACTION")
@@ -66,7 +48,6 @@ def _register_db(commands: Any) -> None:
     current.set_defaults(handler=_lazy("db_current"))
     rebuild = _with_url(db_commands.add_parser("rebuild-rollups", help="recompute the hourly rollups from requests"))
     rebuild.set_defaults(handler=_lazy("db_rebuild_rollups"))
-    add_demo_data_arguments(db_commands.add_parser("demo-data", help="write realistic demo request history"))
     prune = _with_url(db_commands.add_parser("prune", help="delete old request rows (rollups are kept)"))
     prune.add_argument("--older-than", required=True, help="age of the rows to delete, e.g. 30d")
     prune.set_defaults(handler=_lazy("db_prune"))
@@ -115,9 +96,6 @@ def register(commands: Any, bench_commands: Any) -> None:
     _register_db(commands)
     _register_keys(commands)
     _register_stats(commands)
-    # Also at top level, as `prefixscope demo-data`; guarded so that a program registering the same name first wins.
-    if "demo-data" not in commands.choices:
-        add_demo_data_arguments(commands.add_parser("demo-data", help="write realistic demo request history"))
     bench = bench_commands.add_parser("db-queries", help="time the read-side queries on demo data")
     bench.add_argument("--database-url", default=None, help="database to time (default: a temporary SQLite file)")
     bench.add_argument("--rows", type=int, default=200_000, help="demo rows to generate first when the DB is empty")

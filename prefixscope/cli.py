@@ -18,6 +18,7 @@ _PROGRAM_CLIS = (
     "local_engine.cli",
     "gateway.cli",
     "gateway.advisor.cli",
+    "gateway.demo.cli",
     "db.cli",
     "db.simulation.cli",
     "dashboard.cli",

@@ -25,7 +25,7 @@ def test_commands_are_registered() -> None:
     assert callable(args.handler)
     bench = parser.parse_args(["bench", "dashboard", "--rows", "500"])
     assert bench.rows == 500 and callable(bench.handler)
-    assert parser.parse_args(["demo-data", "--rows", "5"]).rows == 5  # registered once, by db
+    assert parser.parse_args(["demo-data", "--rows", "5"]).rows == 5  # registered once, by the gateway
 
 
 def test_cli_module_is_cheap_to_import() -> None:

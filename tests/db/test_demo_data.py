@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from db import queries
-from db.demo_data import write_demo_data
+from gateway.demo.history import write_demo_data
 from db.engine import create_sync_engine_for
 from db.records import MISS_KINDS, MISS_REASONS
 
@@ -59,7 +59,8 @@ def test_demo_data_explains_misses_and_records_replayable_chains(empty_db_url: s
             locations = queries.divergence_locations(conn, since, NOW, limit=50)
             segments = {location.segment for location in locations}
             assert {"system", "tools"} <= segments
-            assert all(s in ("system", "tools") or s.startswith("messages[") for s in segments)
+            # The gateway's segment names; `model` when another model's cache was what differed (history method).
+            assert all(s in ("system", "tools", "model", "prompt") or s.startswith("messages[") for s in segments)
             example = queries.miss_examples(conn, "reordered", since, NOW, limit=1)[0]
             assert example.divergence_segment == "tools" and example.recomputed_tokens
             gains = queries.normalization_gains(conn, since, NOW)
@@ -68,7 +69,14 @@ def test_demo_data_explains_misses_and_records_replayable_chains(empty_db_url: s
     finally:
         engine.dispose()
     assert 4000 * 0.03 < len(chains) < 4000 * 0.07
-    assert all(len(chain.hash_ids) == chain.input_length // chain.block_size for _, _, chain in chains)
+    # Engine chains cover every full block; the gateway's approximate chains hash its own rendering of the prompt,
+    # which comes out near the upstream's token count.
+    for _, _, chain in chains:
+        blocks = chain.input_length // chain.block_size
+        if chain.approximate:
+            assert abs(len(chain.hash_ids) - blocks) <= max(2, blocks // 10)
+        else:
+            assert len(chain.hash_ids) == blocks
     assert {chain.approximate for _, _, chain in chains} == {False, True}
     # Shared prefixes: an unbounded cache replaying the chains in order serves most blocks from cache.
     seen: set[int] = set()
@@ -110,5 +118,5 @@ def test_demo_names_are_the_gateway_s(empty_db_url: str) -> None:
     assert {row.miss_kind for row in rows if row.miss_kind} <= set(GATEWAY_MISS_KINDS)
     assert all(re.fullmatch(r"req_[0-9a-f]{24}", row.id) for row in rows)
     for row in rows:
-        if row.miss_reason not in (None, "hit"):
+        if row.miss_reason not in (None, "hit") and row.cached_tokens is not None:
             assert row.recomputed_tokens == row.prompt_tokens - row.cached_tokens > 0

@@ -1,0 +1,230 @@
+"""A small in-process model of a paged prefix cache: what an engine of a given capacity would have matched.
+
+The demo history sends its requests "upstream" to these instead of to a server. A prompt is rendered as the chat
+template's fixed opening followed by each segment (`gateway.explain.segments`) behind a short header, and cut into
+tokens of `CHARS_PER_TOKEN` characters; the cache holds pages of `PAGE_TOKENS` tokens keyed by a chained hash of the
+namespace (model and salt) and every token before them, as a radix tree of pages would. Matching walks the chain
+until the first page not cached; least recently used pages are evicted past `capacity_pages`, and pages idle longer
+than `ttl_s` expire. Pages dropped either way are remembered (a bounded ghost index), so the next miss says
+`evicted` or `expired` as the local engine does. Reports come out in the engine's own shapes (`x-prefix-cache-*`
+headers, `usage`, `prefix_cache.hash_chain`) for the gateway's adapters to read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from bisect import bisect_right
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.explain.segments import MODEL, PromptSegments
+
+PAGE_TOKENS = 16
+CHARS_PER_TOKEN = 4
+# SmolLM2's template opening (`<|im_start|>system` and a newline): 3 tokens, the same on every request.
+TEMPLATE_OPENING = "<|im_start|>"
+TEMPLATE_TOKENS = len(TEMPLATE_OPENING) // CHARS_PER_TOKEN
+_PAGE_CHARS = PAGE_TOKENS * CHARS_PER_TOKEN
+_INT63 = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A prompt as the engine sees it: its text, where each segment's text starts in it, its chunks of a page (the
+    last one may be shorter) and their chained ids; `pages` are the ids of the full pages (the hash chain)."""
+
+    text: str
+    names: tuple[str, ...]
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    chunks: tuple[str, ...]
+    ids: tuple[int, ...]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.text) // CHARS_PER_TOKEN
+
+    @property
+    def pages(self) -> tuple[int, ...]:
+        return self.ids[: len(self.text) // _PAGE_CHARS]
+
+    def locate(self, token: int) -> tuple[str | None, int | None]:
+        """The segment and character offset in it of token `token` (None, None past the end of the prompt)."""
+        position = token * CHARS_PER_TOKEN
+        if position >= len(self.text) or not self.names:
+            return None, None
+        index = max(0, bisect_right(self.starts, position) - 1)
+        if position >= self.starts[index] + self.lengths[index] and index + 1 < len(self.names):
+            index += 1  # in the next segment's header: its first character
+        offset = min(max(0, position - self.starts[index]), self.lengths[index])
+        return self.names[index], offset
+
+
+def _chunk_id(parent: int, chunk: str) -> int:
+    digest = hashlib.blake2b(parent.to_bytes(8, "big") + chunk.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & _INT63
+
+
+def render(namespace: str, segments: PromptSegments) -> Rendered:
+    """Render `segments` (the model segment names the namespace, it is not prompt text); each segment ends on a token
+    boundary, as the template's special tokens make it."""
+    parts = [TEMPLATE_OPENING]
+    names, starts, lengths = [], [], []
+    position = len(TEMPLATE_OPENING)
+    for segment in segments.segments:
+        if segment.kind == MODEL:
+            continue
+        header = f"<{segment.name}>\n"
+        padding = " " * (-(len(header) + len(segment.text)) % CHARS_PER_TOKEN)
+        names.append(segment.name)
+        starts.append(position + len(header))
+        lengths.append(len(segment.text))
+        parts += (header, segment.text, padding)
+        position += len(header) + len(segment.text) + len(padding)
+    text = "".join(parts)
+    chunks = tuple(text[start : start + _PAGE_CHARS] for start in range(0, len(text), _PAGE_CHARS))
+    ids = []
+    parent = _chunk_id(0, namespace)
+    for chunk in chunks:
+        parent = _chunk_id(parent, chunk)
+        ids.append(parent)
+    return Rendered(text, tuple(names), tuple(starts), tuple(lengths), chunks, tuple(ids))
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One match: tokens served from cache, the prompt's length, the engine's miss kind, and where the match ended."""
+
+    matched_tokens: int
+    prompt_tokens: int
+    miss_kind: str
+    segment: str | None
+    char_offset: int | None
+    hash_ids: tuple[int, ...]
+
+
+class SimulatedEngine:
+    """One engine's prefix cache: a radix tree of page-sized chunks (a prompt's last chunk may be shorter), matched
+    to the token. `capacity_pages` chunks at most; `ttl_s` seconds of idleness (of the caller's clock) before a chunk
+    expires. Not thread-safe."""
+
+    _MAX_SIBLINGS = 64  # children of one node compared for a partial-page match
+
+    def __init__(self, capacity_pages: int, ttl_s: float) -> None:
+        if capacity_pages < 1 or ttl_s <= 0:
+            raise ValueError("capacity_pages must be >= 1 and ttl_s > 0")
+        self.capacity_pages = capacity_pages
+        self.ttl_s = ttl_s
+        self._pages: OrderedDict[int, float] = OrderedDict()  # chunk id -> last use, least recent first
+        self._children: dict[int, dict[str, int]] = {}  # parent id -> {chunk text: chunk id}
+        self._ghosts: OrderedDict[int, str] = OrderedDict()  # dropped chunk id -> "evicted" / "expired"
+
+    def _cached(self, page: int, now: float) -> bool:
+        last_used = self._pages.get(page)
+        if last_used is None:
+            return False
+        if now - last_used > self.ttl_s:
+            del self._pages[page]
+            self._remember(page, "expired")
+            return False
+        return True
+
+    def _remember(self, page: int, kind: str) -> None:
+        self._ghosts[page] = kind
+        self._ghosts.move_to_end(page)
+        while len(self._ghosts) > 4 * self.capacity_pages:
+            self._ghosts.popitem(last=False)
+
+    def match(self, rendered: Rendered, now: float) -> Match:
+        """What the cache holds of `rendered` at `now`, without changing it (a dry-run match)."""
+        full = 0
+        for chunk_id in rendered.ids:
+            if not self._cached(chunk_id, now):
+                break
+            full += 1
+        matched = full * PAGE_TOKENS if full < len(rendered.ids) else rendered.prompt_tokens
+        if full < len(rendered.ids):
+            parent = rendered.ids[full - 1] if full else None
+            chunk = rendered.chunks[full]
+            best = 0
+            siblings = self._children.get(parent, {}) if parent is not None else {}
+            for count, (text, chunk_id) in enumerate(siblings.items()):
+                if count >= self._MAX_SIBLINGS:
+                    break
+                if text[:1] == chunk[:1] and self._cached(chunk_id, now):
+                    best = max(best, len(os.path.commonprefix((text, chunk))))
+            matched += best // CHARS_PER_TOKEN
+        prompt_tokens = rendered.prompt_tokens
+        # The engine always recomputes the last prompt token (it needs its logits).
+        matched = min(matched, max(0, prompt_tokens - 1))
+        if full >= len(rendered.ids) or matched >= prompt_tokens - 1:
+            kind = "hit"
+        elif rendered.ids[full] in self._ghosts:
+            kind = self._ghosts[rendered.ids[full]]
+        elif matched > TEMPLATE_TOKENS:
+            kind = "partial"
+        else:
+            kind = "cold"
+        segment, offset = rendered.locate(matched)
+        return Match(matched, prompt_tokens, kind, segment, offset, rendered.pages)
+
+    def serve(self, rendered: Rendered, now: float) -> Match:
+        """Match `rendered`, then cache all its chunks as the prefill does (evicting least recently used ones)."""
+        result = self.match(rendered, now)
+        pages = self._pages
+        parent = None
+        for chunk, chunk_id in zip(rendered.chunks, rendered.ids, strict=True):
+            pages[chunk_id] = now
+            pages.move_to_end(chunk_id)
+            self._ghosts.pop(chunk_id, None)
+            if parent is not None:
+                self._children.setdefault(parent, {})[chunk] = chunk_id
+            parent = chunk_id
+        while len(pages) > self.capacity_pages:
+            evicted, _ = pages.popitem(last=False)
+            self._remember(evicted, "evicted")
+            self._children.pop(evicted, None)
+        return result
+
+
+def local_engine_response(match: Match, completion_tokens: int, ttft_ms: float, with_chain: bool) -> tuple[
+    dict[str, str], dict[str, Any]
+]:
+    """The local engine's `x-prefix-cache-*` headers and response body fields for one match."""
+    headers = {
+        "x-prefix-cache-matched-tokens": str(match.matched_tokens),
+        "x-prefix-cache-prompt-tokens": str(match.prompt_tokens),
+        "x-prefix-cache-miss": match.miss_kind,
+        "x-prefix-cache-template-tokens": str(TEMPLATE_TOKENS),
+        "x-prefix-cache-ttft-ms": f"{ttft_ms:.3f}",
+    }
+    if match.segment is not None and match.char_offset is not None:
+        headers["x-prefix-cache-divergence-segment"] = match.segment
+        headers["x-prefix-cache-divergence-offset"] = str(match.char_offset)
+    prefix_cache: dict[str, Any] = {"matched_tokens": match.matched_tokens}
+    if with_chain:
+        chain = {"block_size": PAGE_TOKENS, "input_length": match.prompt_tokens, "hash_ids": list(match.hash_ids)}
+        prefix_cache["hash_chain"] = chain
+    body = {
+        "usage": _usage(match.prompt_tokens, completion_tokens, match.matched_tokens),
+        "prefix_cache": prefix_cache,
+    }
+    return headers, body
+
+
+def openai_response(match: Match, completion_tokens: int, reports_cached: bool) -> dict[str, Any]:
+    """An OpenAI-shaped body's `usage` (with `prompt_tokens_details.cached_tokens` when the server reports it)."""
+    return {"usage": _usage(match.prompt_tokens, completion_tokens, match.matched_tokens if reports_cached else None)}
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return usage

@@ -1,0 +1,136 @@
+"""Demo history is what the gateway records: the same requests sent through the running gateway (keys, proxy,
+adapters, recorder) to an engine answering from the same simulated cache give the same records, field by field; and
+the demo's names (rules, reasons, miss kinds, segments, request-id, model and upstream formats) are the gateway's."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+from gateway_testkit import FakeStorage, gateway_config, running_gateway, serve_in_thread
+
+from db.records import MISS_REASONS
+from gateway.config import UpstreamConfig
+from gateway.demo.engine_model import SimulatedEngine, local_engine_response, render
+from gateway.demo.history import replay_pool
+from gateway.demo.replay import LOCAL_MODEL, LOCAL_UPSTREAM, UPSTREAM_KINDS, UPSTREAMS, Replay
+from gateway.demo.traffic import TENANTS
+from gateway.explain.reasons import REASONS
+from gateway.explain.segments import chat_segments
+from gateway.tenant_settings import ALL_RULES
+from gateway.upstreams.base import MISS_KINDS
+
+MODEL = LOCAL_MODEL
+UPSTREAM = LOCAL_UPSTREAM
+NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
+# Everything a record says about a request that does not depend on the clock or the request id.
+COMPARED = (
+    "tenant", "endpoint", "model", "upstream", "stream", "status_code", "error_type", "prompt_tokens", "cached_tokens",
+    "miss_kind", "applied_rules", "prefix_hash", "prompt_text", "miss_reason", "divergence_segment",
+    "divergence_char_offset", "recomputed_tokens", "divergence_source", "diverged_at_token", "template_tokens",
+    "namespace_label", "chain", "hash_key_version",
+)
+
+
+class SimulatedEngineServer:
+    """The local engine's HTTP surface over the demo's simulated cache: the same cache size and clock as the demo's
+    local upstream."""
+
+    def __init__(self) -> None:
+        _, pages, ttl = UPSTREAM_KINDS[UPSTREAM]
+        self.engine = SimulatedEngine(pages, ttl)
+        self.clock = 0.0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = json.loads(b"".join(chunks))
+        self.clock += 2.0
+        rendered = render(f"{UPSTREAM}/{body['model']}/{body['cache_salt']}", chat_segments(body))
+        match = self.engine.serve(rendered, self.clock)
+        headers, fields = local_engine_response(match, 3, 5.0, body.get("return_hash_chain") is True)
+        answer = {
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            **fields,
+        }
+        raw_headers = [(b"content-type", b"application/json")]
+        raw_headers += [(name.encode(), value.encode()) for name, value in headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+
+
+def test_demo_records_equal_the_running_gateway_s_for_the_same_requests() -> None:
+    seed = 11
+    demo = Replay(seed)
+    chat_tenants = [profile for profile in TENANTS if profile.endpoint == "chat.completions"]
+    requests = []
+    for index in range(120):
+        profile = chat_tenants[index % len(chat_tenants)]
+        requests.append((profile, dict(demo.traffic.request(profile, MODEL, NOW + timedelta(seconds=index)))))
+
+    storage = FakeStorage()
+    keys = {profile.name: storage.add_key(f"{n:012x}", profile.name) for n, profile in enumerate(chat_tenants)}
+    server = SimulatedEngineServer()
+    with serve_in_thread(server) as engine_url:
+        config = gateway_config(
+            engine_url,
+            upstreams=(UpstreamConfig(name=UPSTREAM, url=engine_url, kind="local_engine", timeout_s=30.0),),
+            default_upstream=UPSTREAM,
+            server_secret=demo.secret,
+            auth="keys",
+            tenants={
+                profile.name: replace(profile.settings, uplift_sample_rate=0.0, advice_sample_rate=0.0)
+                for profile in TENANTS
+            },
+        )
+        with running_gateway(config, storage) as gw:
+            for profile, body in requests:
+                response = httpx.post(f"{gw.url}/v1/chat/completions", json=body,
+                                      headers={"authorization": f"Bearer {keys[profile.name]}"}, timeout=30)
+                assert response.status_code == 200, response.text
+            recorded = gw.wait_records(len(requests))
+    assert len(recorded) == len(requests)
+
+    for index, (profile, body) in enumerate(requests):
+        demo.handle(profile, body, UPSTREAM, f"req_{index:024x}", NOW)
+    demo_records = demo.take()
+    for ours, theirs in zip(demo_records, recorded, strict=True):
+        assert re.fullmatch(r"req_[0-9a-f]{24}", theirs.request_id)
+        assert {name: getattr(ours, name) for name in COMPARED} == {name: getattr(theirs, name) for name in COMPARED}
+    reasons = {record.miss_reason for record in recorded}
+    # The trial covers the kinds the demo is about: reuse, edits, volatile values, reordered tools, new prompts.
+    assert {"hit", "volatile_value", "new_prefix"} <= reasons
+    assert {rule for record in recorded for rule in record.applied_rules} == {"newlines", "tool_schema_key_order"}
+
+
+def test_demo_names_are_the_gateway_s_and_lost_tokens_are_counted() -> None:
+    stamps = [NOW + timedelta(seconds=30 * index) for index in range(1500)]
+    records = replay_pool(5, stamps, [f"req_{index:024x}" for index in range(1500)])
+    assert {rule for record in records for rule in record.applied_rules} <= set(ALL_RULES)
+    assert {record.miss_reason for record in records} - {None} <= set(REASONS) <= set(MISS_REASONS)
+    assert {record.miss_kind for record in records} - {None} <= MISS_KINDS
+    assert {record.model for record in records} == set(UPSTREAMS)
+    assert all(record.upstream in UPSTREAMS[record.model] for record in records)
+    segments = {record.divergence_segment for record in records} - {None}
+    assert all(re.fullmatch(r"model|tools|system|prompt|messages\[\d+\]", segment) for segment in segments)
+    for record in records:
+        if record.miss_reason not in (None, "hit") and record.cached_tokens is not None:
+            # Every reason but a hit lost tokens, as many as the engine did not serve from cache.
+            assert record.recomputed_tokens == record.prompt_tokens - record.cached_tokens > 0, record
+        if record.miss_reason == "new_prefix" and record.cached_tokens is not None:
+            assert record.cached_tokens <= (record.template_tokens or 0)
