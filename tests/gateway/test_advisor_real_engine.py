@@ -83,6 +83,7 @@ def deployment(engine_url: str, tmp_path_factory) -> Iterator[Deployment]:
         upstreams=(UpstreamConfig(name="engine", url=engine_url, kind="local_engine", timeout_s=300.0),),
         default_upstream="engine",
         tenants=tenants,
+        auth="keys",  # tenants come from their API keys
     )
     with running_gateway(config, db_storage(database_url, tmp_path)) as gw:
         yield Deployment(gw.url, keys, database_url)
