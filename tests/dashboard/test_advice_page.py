@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from dashboard_testkit import create_database
 
+from dashboard.ui import RANGE_CHOICES
 from db.advice import AdviceOutcome
 from db.records import RequestRecord
 from db.timeutil import utc_now
@@ -88,8 +89,10 @@ def test_each_tenant_shows_its_candidates_with_sample_sizes(run_page, advice_url
     assert len(codes) == 1  # one placement is recommended for agents, nothing for steady
     assert any("merge into the tenant's table and rules if the file has them" in c.value for c in app.caption)
     assert any("changes what the model reads" in w.value for w in app.warning)
-    # "Today" names the sidebar's range (the default for a database whose first request is half an hour old).
-    today = [m.value for m in app.metric if m.label == "Token hit rate, last 6 hours"]
+    # "Today" names the sidebar's range (the default one for this database: the last hour or 6 hours, by the clock).
+    (chosen,) = [box.value for box in app.sidebar.selectbox if box.value in RANGE_CHOICES]
+    assert chosen.startswith("Last ")
+    today = [m.value for m in app.metric if m.label == f"Token hit rate, {chosen.lower()}"]
     assert today == ["10.0%", "80.0%"]
     best = [m.value for m in app.metric if m.label == "Best estimate with one more rule"]
     assert best == ["89.1%", "not enough samples"]
