@@ -16,6 +16,7 @@ from typing import Any, Final
 SEMANTIC_RULES: Final = ("newlines", "tool_schema_key_order", "tool_order", "tool_call_arguments_key_order")
 HOIST_PLACEMENTS: Final = ("after_system", "end")
 CANDIDATE_MAX = 64
+SETTINGS_FINGERPRINT_MAX: Final = 16
 # Estimates resting on fewer sampled requests than this are not shown.
 DEFAULT_MIN_SAMPLES: Final = 10
 
@@ -26,13 +27,15 @@ class AdviceOutcome:
 
     `prompt_tokens` is the prompt length the rewritten request would have had and `cached_tokens` the tokens it would
     have been served from cache (an estimate, see `gateway.advisor`); `changed` says whether the candidate changed this
-    request at all.
+    request at all. `settings` fingerprints the tenant settings the request was actually served under
+    (`gateway.advisor.candidates.settings_fingerprint`), so advice rests only on samples taken under the current ones.
     """
 
     candidate: str
     prompt_tokens: int
     cached_tokens: int
     changed: bool
+    settings: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -40,6 +43,7 @@ class AdviceOutcome:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "changed": self.changed,
+            "settings": self.settings,
         }
 
     @classmethod
@@ -49,6 +53,7 @@ class AdviceOutcome:
             prompt_tokens=int(data["prompt_tokens"]),
             cached_tokens=int(data["cached_tokens"]),
             changed=bool(data["changed"]),
+            settings=str(data.get("settings") or ""),
         )
 
 
@@ -102,12 +107,12 @@ _HOIST_SENTENCES = {
 
 def _catalog() -> dict[str, CandidateInfo]:
     catalog = {
-        rule: CandidateInfo(rule, f"rule {rule}", _RULE_SENTENCES[rule], False, {rule: True})
+        rule: CandidateInfo(rule, f"turn on rule {rule}", _RULE_SENTENCES[rule], False, {rule: True})
         for rule in SEMANTIC_RULES
     }
     catalog["default_rules"] = CandidateInfo(
         "default_rules",
-        "the default rules",
+        "turn on all the default rules",
         "turns on every semantics-preserving rule: canonical key order in tools and tool-call arguments, sorted "
         "tools, and LF line endings",
         False,
@@ -117,7 +122,7 @@ def _catalog() -> dict[str, CandidateInfo]:
         key = f"hoist_volatile:{placement}"
         catalog[key] = CandidateInfo(
             key,
-            f"hoist_volatile, placement {placement}",
+            f"turn on hoist_volatile (placement {placement})",
             _HOIST_SENTENCES[placement],
             True,
             {"hoist_volatile": True},
@@ -125,12 +130,24 @@ def _catalog() -> dict[str, CandidateInfo]:
         )
         key = f"hoist_placement:{placement}"
         catalog[key] = CandidateInfo(
-            key, f"hoist_volatile placement {placement}", _HOIST_SENTENCES[placement], True, {}, placement
+            key,
+            f"switch hoist_placement to {placement}",
+            _HOIST_SENTENCES[placement],
+            True,
+            {},
+            placement,
         )
     return catalog
 
 
 CANDIDATES: Final = _catalog()
+# Candidates of which at most one can be enabled (one hoist placement): only the best of a group is recommended.
+EXCLUSIVE_GROUPS: Final = ("hoist_volatile:", "hoist_placement:")
+
+
+def exclusive_group(key: str) -> str | None:
+    """The group of mutually exclusive candidates `key` belongs to (its key prefix), or None."""
+    return next((group for group in EXCLUSIVE_GROUPS if key.startswith(group)), None)
 
 
 def candidate_info(key: str) -> CandidateInfo:

@@ -302,13 +302,17 @@ class HourlyDivergence(Base):
 class HourlyAdvice(Base):
     """The rule advisor's estimates per tenant, candidate rule (`db.advice.CANDIDATES`) and UTC hour: sampled
     requests, their actual prompt and cached tokens, the prompt and cached tokens estimated with the candidate on, and
-    the TTFT and prefilled tokens of the samples whose TTFT is known (to turn tokens into prefill time)."""
+    the TTFT and prefilled tokens of the samples whose TTFT is known (to turn tokens into prefill time). Keyed also by
+    the fingerprint of the tenant settings the samples were served under (`db.advice.AdviceOutcome.settings`);
+    `last_sample_at` is the latest sample's time, which tells the current settings apart from earlier ones."""
 
     __tablename__ = "hourly_advice"
 
     bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX), primary_key=True)
+    settings_fingerprint: Mapped[str] = mapped_column(String(16), primary_key=True)
     candidate: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_sample_at: Mapped[datetime] = mapped_column(UTCDateTime())
     samples: Mapped[int] = mapped_column(Integer, default=0)
     changed_samples: Mapped[int] = mapped_column(Integer, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -7,12 +7,14 @@ import streamlit as st
 
 from dashboard import data, data_advice, ui
 from db.advice import DEFAULT_MIN_SAMPLES, MERGE_HINT
+from db.queries.advice import CandidateAdvice
 
 settings = ui.load_settings()
 st.title("Rule advice")
 st.caption(
     "The gateway's rule advisor replays a sample of each tenant's requests with every rule it has not enabled "
-    "(dry runs against the same upstream, off the request path) and estimates the token hit rate each would bring."
+    "(dry runs against the same upstream, off the request path) and estimates the token hit rate each would bring. "
+    "Only requests sampled under each tenant's current settings count."
 )
 
 catalog = ui.read_database(data.catalog, settings.database_url)
@@ -33,11 +35,25 @@ if not found:
         "(`advice_sample_rate` in prefixscope.toml); pick a longer range or another tenant."
     )
 
+
+def _verdict(c: CandidateAdvice) -> str:
+    if c.recommended:
+        return "recommended"
+    if c.outranked_by is not None:
+        return f"gains less than: {c.outranked_by}"
+    return "no gain" if c.shown else "not enough samples"
+
+
+today_label = f"Token hit rate, {filters.label.lower()}"
 for tenant in found:
     st.subheader(f"Tenant {tenant.tenant}")
     recommended = tenant.recommendations
     columns = st.columns(3)
-    columns[0].metric("Token hit rate today", ui.format_share(tenant.token_hit_rate))
+    columns[0].metric(
+        today_label,
+        ui.format_share(tenant.token_hit_rate),
+        help=f"on the {tenant.samples} requests sampled under the tenant's current settings",
+    )
     best = recommended[0] if recommended else None
     columns[1].metric(
         "Best estimate with one more rule",
@@ -53,9 +69,9 @@ for tenant in found:
         [
             {
                 "candidate": c.title,
-                "advice": "recommended" if c.recommended else "no gain" if c.shown else "not enough samples",
+                "advice": _verdict(c),
                 "sampled requests": c.samples,
-                "hit rate today": tenant.token_hit_rate,
+                "hit rate now": c.sampled_hit_rate,
                 "estimated hit rate": c.estimated_hit_rate if c.shown else None,
                 "tokens saved per day": round(c.tokens_saved_per_day) if c.shown else None,
                 "prefill time saved per day (s)": None
@@ -69,7 +85,7 @@ for tenant in found:
         hide_index=True,
         key=f"advice_{tenant.tenant}",
         column_config={
-            "hit rate today": st.column_config.NumberColumn(format="percent"),
+            "hit rate now": st.column_config.NumberColumn(format="percent"),
             "estimated hit rate": st.column_config.NumberColumn(format="percent"),
             "tokens saved per day": st.column_config.NumberColumn(format="localized"),
             "what it changes": st.column_config.TextColumn(width="large"),

@@ -4,13 +4,25 @@
 - `hoist_volatile` with each placement, when it is off; the other placement, when it is on.
 
 Candidate keys are those of `db.advice.CANDIDATES`, which says what each changes for the reports.
+`settings_fingerprint` names the settings a request was served under, for the `hourly_advice` rollup.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 
 from gateway.tenant_settings import HOIST_PLACEMENTS, SEMANTIC_RULES, TenantSettings
+
+
+def settings_fingerprint(settings: TenantSettings) -> str:
+    """16 hex digits (SHA-256) over what decides the prompt the upstream gets: the rules that are on, the hoist
+    placement and the volatile patterns (when hoisting is on). Equal settings give equal fingerprints."""
+    parts = ["rules=" + ",".join(sorted(settings.rules))]
+    if "hoist_volatile" in settings.rules:
+        parts.append("placement=" + settings.hoist_placement)
+        parts.extend("pattern=" + pattern for pattern in settings.volatile_patterns)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,18 +1,20 @@
 """One sampled request's counterfactuals: the tokens it would have been served from cache under each candidate.
 
-For a candidate, the request (as the client sent it) is rewritten with the candidate's rules, and so is every
-remembered earlier request of the tenant; the earlier one sharing the most leading segments with it is the prefix a
-cache holding the rewritten traffic would have matched longest. How many tokens the two share comes from the
-upstream itself: the engine's dry-run match (`POST /v1/cache/match`, nothing locked or changed) returns each
-prompt's token hash chain (block size 1), and the shared leading hashes are the shared tokens. For upstreams without
-a dry run, approximate chains over the prompts' canonical text (`gateway.explain.chains`) stand in, converted to
-tokens at the request's own tokens per character.
+For a candidate, the request (as the client sent it) is rewritten with the candidate's rules, and so are the tenant's
+most recent earlier requests (at most `scan_limit` of them, each rewritten once per candidate and kept); the one sharing
+the most leading segments with it is the prefix a cache holding the rewritten traffic would have matched longest. So one
+sample costs at most `(scan_limit + 1) x candidates` rewrites, whatever the history holds, and the rewriting runs in a
+worker thread (`asyncio.to_thread`), never on the event loop. How many tokens the two share comes from the upstream
+itself: the engine's dry-run match (`POST /v1/cache/match`, nothing locked or changed) returns each prompt's token hash
+chain (block size 1), and the shared leading hashes are the shared tokens. For upstreams without a dry run, approximate
+chains over the prompts' canonical text (`gateway.explain.chains`) stand in, converted to tokens at the request's own
+tokens per character.
 
 The same is done for the request as it was actually sent, and the estimate is the actual cached tokens plus the
-difference (`actual + shared_with_candidate - shared_as_sent`, clamped to [0, prompt - 1]). What the shared-prefix
-model leaves out (answer tokens the engine also caches, evictions, page alignment) then cancels out instead of
-biasing the estimate. A candidate that changes neither the request nor its best earlier match costs no dry run: its
-estimate is the actual figure.
+difference (`actual + shared_with_candidate - shared_as_sent`, clamped to [0, prompt - 1]). What the shared-prefix model
+leaves out (answer tokens the engine also caches, evictions, page alignment) then cancels out instead of biasing the
+estimate. A candidate that changes neither the request nor its best earlier match costs no dry run: its estimate is the
+actual figure.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 _DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
 Rewrite = Callable[[dict[str, Any]], dict[str, Any]]
+# How many of the latest earlier requests a sample compares against (each rewritten once per candidate).
+DEFAULT_SCAN_LIMIT = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,8 @@ class AdviceJob:
     cached_tokens: int
     earlier: tuple[Entry, ...]
     candidates: tuple[tuple[Candidate, Pipeline], ...]
+    settings: str = ""  # the fingerprint of the settings the request was served under
+    scan_limit: int = DEFAULT_SCAN_LIMIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +100,27 @@ def best_match(
     return best
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One candidate's rewritten request, its best earlier match and whether it changed the request."""
+
+    candidate: Candidate
+    target: Rendering
+    best: _Best | None
+    changed: bool
+
+
+def scan_set(earlier: Sequence[Entry], endpoint: str, limit: int) -> tuple[Entry, ...]:
+    """The latest `limit` earlier requests to the same endpoint, oldest first."""
+    found: list[Entry] = []
+    for entry in reversed(earlier):
+        if len(found) >= limit:
+            break
+        if entry.endpoint == endpoint:
+            found.append(entry)
+    return tuple(reversed(found))
+
+
 class Estimator:
     """Estimates for one sampled request; dry runs are memoized per prompt within the request."""
 
@@ -105,31 +132,41 @@ class Estimator:
         self._current: tuple[int, int] | None = None
         self._chars = len(canonical_prompt_text(job.endpoint, job.body)) or 1
 
-    async def outcomes(self) -> tuple[AdviceOutcome, ...]:
+    def plan(self) -> tuple[Rendering, _Best | None, list[_Plan]]:
+        """The CPU part (rewriting and segment matching), run in a worker thread: the request as sent with its best
+        earlier match, and each candidate's plan."""
         job = self._job
+        earlier = scan_set(job.earlier, job.endpoint, job.scan_limit)
         actual = Rendering(job.body, segment_keys(job.endpoint, job.body))
-        best_actual = best_match(job.earlier, job.endpoint, CURRENT, None, actual.keys)
-        found = []
+        best_actual = best_match(earlier, job.endpoint, CURRENT, None, actual.keys)
+        plans = []
         for candidate, pipeline in job.candidates:
-            await asyncio.sleep(0)  # rewriting the history is CPU work: let the event loop serve requests between
             rewrite = _rewriter(pipeline)
             rewritten = rewrite(job.raw_body)
             target = Rendering(rewritten, segment_keys(job.endpoint, rewritten))
-            best = best_match(job.earlier, job.endpoint, candidate.key, rewrite, target.keys)
-            changed = target.keys != actual.keys
-            if not changed and _same(best, best_actual):
-                found.append(AdviceOutcome(candidate.key, job.prompt_tokens, job.cached_tokens, False))
+            best = best_match(earlier, job.endpoint, candidate.key, rewrite, target.keys)
+            plans.append(_Plan(candidate, target, best, target.keys != actual.keys))
+        return actual, best_actual, plans
+
+    async def outcomes(self) -> tuple[AdviceOutcome, ...]:
+        job = self._job
+        actual, best_actual, plans = await asyncio.to_thread(self.plan)
+        found = []
+        for plan in plans:
+            key = plan.candidate.key
+            if not plan.changed and _same(plan.best, best_actual):
+                found.append(AdviceOutcome(key, job.prompt_tokens, job.cached_tokens, False, job.settings))
                 continue
             try:
-                prompt_tokens, shared = await self._shared_tokens(target, best)
+                prompt_tokens, shared = await self._shared_tokens(plan.target, plan.best)
                 if self._current is None:
                     self._current = await self._shared_tokens(actual, best_actual)
             except DryRunFailed as exc:
-                log.debug("advice for %s skipped: %s", candidate.key, exc)
+                log.debug("advice for %s skipped: %s", key, exc)
                 continue
             estimate = job.cached_tokens + shared - self._current[1]
             estimate = min(max(0, estimate), max(0, prompt_tokens - 1))
-            found.append(AdviceOutcome(candidate.key, prompt_tokens, estimate, changed))
+            found.append(AdviceOutcome(key, prompt_tokens, estimate, plan.changed, job.settings))
         return tuple(found)
 
     async def _shared_tokens(self, target: Rendering, best: _Best | None) -> tuple[int, int]:
@@ -138,7 +175,7 @@ class Estimator:
             chain = await self._chain(target.request)
             shared = 0 if best is None else common_prefix(chain, await self._chain(best.rendering.request))
             return len(chain), min(shared, max(0, len(chain) - 1))
-        return self._approximate(target, best)
+        return await asyncio.to_thread(self._approximate, target, best)
 
     def _approximate(self, target: Rendering, best: _Best | None) -> tuple[int, int]:
         job = self._job

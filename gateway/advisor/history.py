@@ -4,7 +4,8 @@ upstream got it, and (computed when first needed, then kept) as each candidate w
 A rendering carries the prompt's segment keys: chained hashes over the model, the tools (as serialised, key order
 included) and each message (or the completion prompt). Two prompts share their first `n` keys exactly when their
 first `n` segments are byte-identical, which is how the advisor finds the earlier request a rewritten prompt would
-have matched longest. Not thread-safe: used from the event loop only.
+have matched longest. The history itself is changed on the event loop only; an entry's renderings are computed in the
+advisor's worker threads (two threads computing the same one just do it twice, each storing an equal value).
 """
 
 from __future__ import annotations

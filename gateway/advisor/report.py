@@ -22,9 +22,16 @@ def _tokens(value: float) -> str:
     return f"{value:.0f}"
 
 
+def range_label(since: str) -> str:
+    """How the queried range reads after a figure: `over the last 7d` for a duration, `since <time>` otherwise."""
+    text = since.strip()
+    duration = text[:1].isdigit() and text[-1:].isalpha() and "-" not in text
+    return f"over the last {text}" if duration else f"since {text}"
+
+
 def _duration_ms(value: float | None) -> str:
     if value is None:
-        return "unknown (no TTFT measured)"
+        return "unknown (no TTFT or engine prefill speed recorded)"
     seconds = value / 1000
     if abs(seconds) >= 3600:
         return f"{seconds / 3600:.1f} h"
@@ -35,7 +42,12 @@ def _duration_ms(value: float | None) -> str:
 
 def candidate_lines(candidate: CandidateAdvice) -> list[str]:
     """The text block of one candidate."""
-    label = "RECOMMENDED" if candidate.recommended else "no gain" if candidate.shown else "not enough samples"
+    if candidate.recommended:
+        label = "RECOMMENDED"
+    elif candidate.outranked_by is not None:
+        label = f"gains less than: {candidate.outranked_by}"
+    else:
+        label = "no gain" if candidate.shown else "not enough samples"
     lines = [f"  {candidate.title} [{label}] - {candidate.samples} sampled requests"]
     if not candidate.shown:
         return lines
@@ -45,16 +57,22 @@ def candidate_lines(candidate: CandidateAdvice) -> list[str]:
         f"    token hit rate: {_pct(candidate.sampled_hit_rate)} on the samples -> "
         f"{_pct(candidate.sampled_estimated_hit_rate)} with it "
         f"(changed {candidate.changed_samples} of {candidate.samples})",
-        f"    saves per day: {_tokens(candidate.tokens_saved_per_day)} prompt tokens, "
-        f"{_duration_ms(candidate.prefill_ms_saved_per_day)} of prefill",
     ]
+    if candidate.tokens_saved_per_day > 0:
+        lines.append(
+            f"    saves per day: {_tokens(candidate.tokens_saved_per_day)} prompt tokens, "
+            f"{_duration_ms(candidate.prefill_ms_saved_per_day)} of prefill"
+        )
+    else:
+        lines.append("    saves per day: nothing")
     if candidate.recommended:
         lines.append(f"    to enable it, in prefixscope.toml ({MERGE_HINT}):")
         lines += [f"      {line}" for line in candidate.toml_lines]
     return lines
 
 
-def format_text(found: list[TenantAdvice], tenant: str | None = None) -> str:
+def format_text(found: list[TenantAdvice], tenant: str | None = None, since: str = "1d") -> str:
+    """The text report; `since` is the queried range as given (`7d`, or an ISO time) and labels "today"."""
     if not found:
         if tenant is not None:
             return (
@@ -68,14 +86,15 @@ def format_text(found: list[TenantAdvice], tenant: str | None = None) -> str:
     blocks = []
     for tenant in found:
         head = (
-            f"tenant {tenant.tenant}: token hit rate {_pct(tenant.token_hit_rate)} today, "
+            f"tenant {tenant.tenant}: token hit rate {_pct(tenant.token_hit_rate)} {range_label(since)} "
+            f"(on {tenant.samples} requests sampled under its current settings), "
             f"{_tokens(tenant.prompt_tokens_per_day)} prompt tokens per day"
         )
         lines = [head]
         for candidate in tenant.candidates:
             if candidate.shown:
                 lines.append(
-                    f"  -> with {candidate.title}: estimated {_pct(candidate.estimated_hit_rate)} "
+                    f"  -> {candidate.title}: estimated {_pct(candidate.estimated_hit_rate)} "
                     f"(from {candidate.samples} samples)"
                 )
         if tenant.needs_more_samples:
@@ -128,5 +147,5 @@ def advise_command(args: argparse.Namespace) -> int:
             found = advice(conn, since, tenant=args.tenant, min_samples=args.min_samples)
     finally:
         engine.dispose()
-    print(json.dumps(to_json(found), indent=2) if args.json else format_text(found, args.tenant))
+    print(json.dumps(to_json(found), indent=2) if args.json else format_text(found, args.tenant, args.since))
     return 0

@@ -1,11 +1,12 @@
 """The advisor's background sampler, bounded as the normalization uplift checker is.
 
 Every answered request of a tenant whose `advice_sample_rate` is above 0 joins its tenant's history (a reference,
-nothing copied; a tenant with advice off keeps none). A share of them (`advice_sample_rate` per tenant) is sampled:
-its record is held while a background task estimates every candidate (`gateway.advisor.estimate`) and then submitted
-with the estimates attached, so the client never waits. At most `concurrency` estimates run at once and at most
-`max_pending` wait; past that a request is not sampled. `stop` waits (bounded) for the estimates in flight and submits
-the records of any it has to cancel, without advice.
+nothing copied; a tenant with advice off keeps none). A share of them (`advice_sample_rate` per tenant) is sampled: its
+record is held while a background task estimates every candidate (`gateway.advisor.estimate`) and then submitted with
+the estimates attached, so the client never waits. At most `concurrency` estimates run at once and at most `max_pending`
+wait; past that a request is not sampled. Each estimate compares against at most `scan_limit` earlier requests and does
+its rewriting in a worker thread, so neither the history size nor the rules slow the event loop. `stop` waits (bounded)
+for the estimates in flight and submits the records of any it has to cancel, without advice.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from dataclasses import replace
 import httpx
 
 from db.records import RequestRecord
-from gateway.advisor.candidates import candidates_for
-from gateway.advisor.estimate import AdviceJob, Estimator
+from gateway.advisor.candidates import candidates_for, settings_fingerprint
+from gateway.advisor.estimate import DEFAULT_SCAN_LIMIT, AdviceJob, Estimator
 from gateway.advisor.history import DEFAULT_HISTORY_SIZE, AdviceHistories, Entry
 from gateway.explain.explainer import ExplainContext
 from gateway.normalize.pipeline import Pipeline, build_pipeline
@@ -41,6 +42,7 @@ class AdviceSampler:
         concurrency: int = 2,
         max_pending: int = 64,
         history_size: int = DEFAULT_HISTORY_SIZE,
+        scan_limit: int = DEFAULT_SCAN_LIMIT,
         timeout_s: float = 10.0,
         rng: random.Random | None = None,
     ) -> None:
@@ -50,7 +52,9 @@ class AdviceSampler:
         self._timeout = httpx.Timeout(timeout_s)
         self._random = rng or random.Random()
         self.histories = AdviceHistories(history_size)
+        self._scan_limit = scan_limit
         self._pipelines: dict[TenantSettings, Pipeline] = {}
+        self._fingerprints: dict[TenantSettings, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.sampled = 0
@@ -102,6 +106,8 @@ class AdviceSampler:
             cached_tokens=record.cached_tokens,
             earlier=earlier,
             candidates=tuple((candidate, self._pipeline(candidate.settings)) for candidate in candidates),
+            settings=self._fingerprint(settings),
+            scan_limit=self._scan_limit,
         )
         task = asyncio.get_running_loop().create_task(self._run(job, record, submit))
         self._tasks.add(task)
@@ -113,6 +119,12 @@ class AdviceSampler:
         if pipeline is None:
             pipeline = self._pipelines[settings] = build_pipeline(settings)
         return pipeline
+
+    def _fingerprint(self, settings: TenantSettings) -> str:
+        found = self._fingerprints.get(settings)
+        if found is None:
+            found = self._fingerprints[settings] = settings_fingerprint(settings)
+        return found
 
     async def _run(self, job: AdviceJob, record: RequestRecord, submit: Submit) -> None:
         outcomes = ()

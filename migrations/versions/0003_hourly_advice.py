@@ -1,5 +1,5 @@
-"""The rule advisor's hourly rollup: per tenant and candidate rule, sampled requests with their actual and estimated
-prompt and cached tokens.
+"""The rule advisor's hourly rollup: per tenant, settings fingerprint and candidate rule, sampled requests with their
+actual and estimated prompt and cached tokens.
 
 Starts empty: the estimates are made by a running gateway.
 
@@ -26,7 +26,9 @@ def upgrade() -> None:
         "hourly_advice",
         sa.Column("bucket_start", sa.DateTime(timezone=True), nullable=False),
         sa.Column("tenant", sa.String(200), nullable=False),
+        sa.Column("settings_fingerprint", sa.String(16), nullable=False),
         sa.Column("candidate", sa.String(64), nullable=False),
+        sa.Column("last_sample_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("samples", sa.Integer(), nullable=False),
         sa.Column("changed_samples", sa.Integer(), nullable=False),
         sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
@@ -35,7 +37,9 @@ def upgrade() -> None:
         sa.Column("candidate_cached_tokens", sa.BigInteger(), nullable=False),
         sa.Column("ttft_ms_sum", sa.Float(), nullable=False),
         sa.Column("ttft_prefilled_tokens", sa.BigInteger(), nullable=False),
-        sa.PrimaryKeyConstraint("bucket_start", "tenant", "candidate", name=op.f("pk_hourly_advice")),
+        sa.PrimaryKeyConstraint(
+            "bucket_start", "tenant", "settings_fingerprint", "candidate", name=op.f("pk_hourly_advice")
+        ),
     )
 
 

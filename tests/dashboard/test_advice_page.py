@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from dashboard_testkit import create_database
 
+from dashboard.ui import RANGE_CHOICES
 from db.advice import AdviceOutcome
 from db.records import RequestRecord
 from db.timeutil import utc_now
@@ -70,10 +71,13 @@ def test_each_tenant_shows_its_candidates_with_sample_sizes(run_page, advice_url
     app = run_page("advice", advice_url)
     assert [h.value for h in app.subheader] == ["Tenant agents", "Tenant steady"]
     agents = app.dataframe[0].value.set_index("candidate")
-    assert list(agents.index) == ["hoist_volatile, placement end", "hoist_volatile, placement after_system"]
-    end = agents.loc["hoist_volatile, placement end"]
+    end_title, after_title = "turn on hoist_volatile (placement end)", "turn on hoist_volatile (placement after_system)"
+    assert list(agents.index) == [end_title, after_title]
+    end = agents.loc[end_title]
     assert end["advice"] == "recommended" and end["sampled requests"] == 12
-    assert end["hit rate today"] == pytest.approx(0.1)
+    assert end["hit rate now"] == pytest.approx(0.1)
+    # The placements exclude each other: only the better one is recommended.
+    assert agents.loc[after_title]["advice"] == f"gains less than: {end_title}"
     assert end["estimated hit rate"] == pytest.approx(10800 / 12120)
     assert bool(end["changes what the model reads"]) is True
     assert "end of the conversation" in end["what it changes"]
@@ -82,10 +86,13 @@ def test_each_tenant_shows_its_candidates_with_sample_sizes(run_page, advice_url
     assert steady["estimated hit rate"] is None or steady["estimated hit rate"] != steady["estimated hit rate"]
     codes = [code.value for code in app.code]
     assert codes[0] == '[tenants.agents]\nrules = { hoist_volatile = true }\nhoist_placement = "end"'
-    assert len(codes) == 2  # both placements are recommended for agents, nothing for steady
+    assert len(codes) == 1  # one placement is recommended for agents, nothing for steady
     assert any("merge into the tenant's table and rules if the file has them" in c.value for c in app.caption)
     assert any("changes what the model reads" in w.value for w in app.warning)
-    today = [m.value for m in app.metric if m.label == "Token hit rate today"]
+    # "Today" names the sidebar's range (the default one for this database: the last hour or 6 hours, by the clock).
+    (chosen,) = [box.value for box in app.sidebar.selectbox if box.value in RANGE_CHOICES]
+    assert chosen.startswith("Last ")
+    today = [m.value for m in app.metric if m.label == f"Token hit rate, {chosen.lower()}"]
     assert today == ["10.0%", "80.0%"]
     best = [m.value for m in app.metric if m.label == "Best estimate with one more rule"]
     assert best == ["89.1%", "not enough samples"]

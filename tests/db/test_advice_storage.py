@@ -85,8 +85,8 @@ def test_advice_rollup_and_query_match_hand_sums(db_url: str, make_record: MakeR
 
     agents, steady_advice = _read(db_url, min_samples=10)
     assert agents.tenant == "agents" and steady_advice.tenant == "steady"
-    # 13 requests over the range: 12 x (1000, 100) and one (1000, 0); 24 hours in the range.
-    assert agents.token_hit_rate == pytest.approx(1200 / 13000)
+    # "Today" is the 12 samples' own hit rate (the unsampled request does not mix in); 13 000 prompt tokens per day.
+    assert agents.token_hit_rate == pytest.approx(0.1) and agents.samples == 12
     assert agents.days == pytest.approx(1.0)
     assert agents.prompt_tokens_per_day == pytest.approx(13000)
     assert [c.candidate for c in agents.candidates] == [END, AFTER]
@@ -94,12 +94,16 @@ def test_advice_rollup_and_query_match_hand_sums(db_url: str, make_record: MakeR
     assert best.samples == 12 and best.shown and best.recommended and best.moves_content
     assert best.sampled_hit_rate == pytest.approx(0.1)
     assert best.sampled_estimated_hit_rate == pytest.approx(10800 / 12120)
-    assert best.estimated_hit_rate == pytest.approx(1200 / 13000 + 10800 / 12120 - 0.1)
+    assert best.estimated_hit_rate == pytest.approx(10800 / 12120)
     # Prefilled tokens per sampled prompt token: (12000 - 1200) - (12120 - 10800) = 9480 saved of 12000.
     assert best.tokens_saved_per_day == pytest.approx(13000 * 9480 / 12000)
     assert best.prefill_ms_saved_per_day == pytest.approx(13000 * 9480 / 12000 * 2400 / 10800)
     assert best.toml_lines == ("[tenants.agents]", "rules = { hoist_volatile = true }", 'hoist_placement = "end"')
-    assert agents.recommendations == agents.candidates
+    # The two placements exclude each other: only the better one is recommended, the other says what beats it.
+    after = agents.candidates[1]
+    assert after.shown and not after.recommended and after.outranked_by == best.title
+    assert after.estimated_hit_rate == pytest.approx(8400 / 12120)
+    assert agents.recommendations == (best,)
 
     (quiet,) = steady_advice.candidates
     assert quiet.samples == 3 and not quiet.shown and not quiet.recommended
@@ -129,6 +133,8 @@ def test_candidate_catalog() -> None:
         "hoist_placement:after_system",
         "hoist_placement:end",
     }
+    titles = [info.title for info in CANDIDATES.values()]
+    assert len({title.replace(",", "").replace(" ", "") for title in titles}) == len(titles)  # not near-identical
     assert not CANDIDATES["newlines"].moves_content and CANDIDATES[END].moves_content
     assert CANDIDATES["hoist_placement:end"].toml_lines("my team") == ['[tenants."my team"]', 'hoist_placement = "end"']
     assert CANDIDATES["default_rules"].toml_lines("acme")[1] == (
@@ -157,6 +163,98 @@ def test_migration_0003_adds_and_removes_the_advice_rollup(empty_db_url: str) ->
         key = inspect(engine).get_pk_constraint("hourly_advice")["constrained_columns"]
     finally:
         engine.dispose()
-    assert key == ["bucket_start", "tenant", "candidate"]
+    assert key == ["bucket_start", "tenant", "settings_fingerprint", "candidate"]
     downgrade(empty_db_url, "0002")
     assert "hourly_advice" not in tables() and "hourly_miss_reasons" in tables()
+
+
+def test_advice_rests_only_on_samples_under_the_current_settings(db_url: str, make_record: MakeRecord) -> None:
+    """A tenant sampled with hoisting off (10% hit, hoisting would give 90%) then turns it on (80% hit): advice uses
+    only the samples taken since, so hoist_volatile is no longer a candidate and "today" is 80%, not a mix."""
+    before = [
+        make_record(
+            tenant="agents",
+            created_at=T0 + timedelta(minutes=i),
+            prompt_tokens=1000,
+            cached_tokens=100,
+            advice=(AdviceOutcome(END, 1000, 900, True, "off"), AdviceOutcome("newlines", 1000, 100, False, "off")),
+        )
+        for i in range(20)
+    ]
+    after = [
+        make_record(
+            tenant="agents",
+            created_at=T0 + timedelta(hours=2, minutes=i),
+            prompt_tokens=1000,
+            cached_tokens=800,
+            advice=(
+                AdviceOutcome("hoist_placement:after_system", 1000, 750, True, "on"),
+                AdviceOutcome("newlines", 1000, 800, False, "on"),
+            ),
+        )
+        for i in range(10)
+    ]
+    _store(db_url, [*before, *after])
+    (agents,) = _read(db_url, min_samples=10)
+    assert agents.settings_fingerprint == "on" and agents.samples == 10
+    assert agents.token_hit_rate == pytest.approx(0.8)
+    assert {c.candidate for c in agents.candidates} == {"hoist_placement:after_system", "newlines"}
+    assert agents.recommendations == ()
+    newlines = next(c for c in agents.candidates if c.candidate == "newlines")
+    assert newlines.samples == 10 and newlines.estimated_hit_rate == pytest.approx(0.8)
+    # A worse candidate saves nothing (never a negative figure).
+    worse = next(c for c in agents.candidates if c.candidate == "hoist_placement:after_system")
+    assert worse.estimated_hit_rate == pytest.approx(0.75)
+    assert worse.tokens_saved_per_day == 0.0 and worse.prefill_ms_saved_per_day in (None, 0.0)
+
+    # Within one hour too: the settings of the latest sample are the current ones.
+    again = [
+        make_record(
+            tenant="agents",
+            created_at=T0 + timedelta(hours=2, minutes=30 + i),
+            prompt_tokens=1000,
+            cached_tokens=100,
+            advice=(AdviceOutcome(END, 1000, 900, True, "off"),),
+        )
+        for i in range(10)
+    ]
+    _store(db_url, again)
+    (agents,) = _read(db_url, min_samples=10)
+    assert agents.settings_fingerprint == "off" and agents.samples == 30
+    assert [c.candidate for c in agents.recommendations] == [END]
+
+
+def test_prefill_time_uses_engine_ttft_or_the_recorded_prefill_speed(db_url: str, make_record: MakeRecord) -> None:
+    """Non-streamed requests carry the engine's own TTFT; with no TTFT at all, the engine's recorded prefill speed
+    turns saved tokens into time."""
+    from db.engine_context import EngineContext, record_engine_context
+
+    def records(tenant: str, ttft: float | None, source: str | None) -> list[RequestRecord]:
+        return [
+            make_record(
+                tenant=tenant,
+                created_at=T0 + timedelta(minutes=i),
+                stream=False,
+                prompt_tokens=1000,
+                cached_tokens=0,
+                ttft_ms=ttft,
+                ttft_source=source,
+                advice=(AdviceOutcome(END, 1000, 500, True, "f"),),
+            )
+            for i in range(10)
+        ]
+
+    _store(db_url, [*records("engine-ttft", 250.0, "engine"), *records("no-ttft", None, None)])
+    found = {t.tenant: t.candidates[0] for t in _read(db_url)}
+    # 10 000 prompt tokens per day, half of them no longer prefilled; 250 ms per 1000 prefilled tokens.
+    assert found["engine-ttft"].tokens_saved_per_day == pytest.approx(5000)
+    assert found["engine-ttft"].prefill_ms_saved_per_day == pytest.approx(5000 * 0.25)
+    assert found["no-ttft"].prefill_ms_saved_per_day is None
+
+    engine = create_sync_engine_for(db_url)
+    with engine.begin() as conn:
+        record_engine_context(conn, EngineContext("http://engine", T0, 2000.0, None, None, None, None))
+    engine.dispose()
+    found = {t.tenant: t.candidates[0] for t in _read(db_url)}
+    assert found["no-ttft"].prefill_ms_saved_per_day == pytest.approx(5000 / 2000 * 1000)
+    assert found["engine-ttft"].prefill_ms_saved_per_day == pytest.approx(5000 * 0.25)  # its own TTFT comes first

@@ -58,8 +58,10 @@ def test_advise_prints_each_tenant_and_candidate(database_url: str, capsys: pyte
     assert main(["advise", "--database-url", database_url]) == 0
     out = capsys.readouterr().out
     agents, steady = out.split("\n\n")
-    assert agents.splitlines()[0].startswith("tenant agents: token hit rate 10.0% today")
-    assert "  -> with hoist_volatile, placement end: estimated 90.0% (from 10 samples)" in agents
+    assert agents.splitlines()[0].startswith(
+        "tenant agents: token hit rate 10.0% over the last 1d (on 10 requests sampled under its current settings)"
+    )
+    assert "  -> turn on hoist_volatile (placement end): estimated 90.0% (from 10 samples)" in agents
     assert "[RECOMMENDED] - 10 sampled requests" in agents
     assert "moves dates, times and ids from the system prompt to a short note at the end" in agents
     assert "(moves content: changes what the model reads)" in agents
@@ -78,6 +80,15 @@ def test_advise_with_enough_samples_and_no_gain_says_nothing_to_recommend(
     assert main(["advise", "--database-url", database_url, "--tenant", "steady", "--min-samples", "4"]) == 0
     out = capsys.readouterr().out
     assert "nothing to recommend" in out and "not enough sampled requests yet" not in out
+    # No gain: no "saves per day" figure, and never a negative one.
+    assert "    saves per day: nothing" in out and "-" not in out.split("saves per day:")[1].splitlines()[0]
+
+
+def test_advise_labels_today_with_the_queried_range(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "--database-url", database_url, "--tenant", "agents", "--since", "7d"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith("tenant agents: token hit rate 10.0% over the last 7d (on 10 requests sampled")
+    assert " today" not in head
 
 
 def test_advise_json_hides_estimates_below_the_minimum(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 from gateway_testkit import gateway_config, running_gateway
 
+from gateway.advisor.candidates import settings_fingerprint
 from gateway.config import TenantSettings
 
 STATIC = "You are the assistant of a bicycle shop. Be brief."
@@ -36,6 +37,10 @@ def test_sampled_records_carry_advice_and_are_never_lost(stub, stub_url) -> None
             ("hoist_volatile:end", 10, record.cached_tokens, False),
         ]
     assert health["rule_advice"] == {"sampled": 3, "failed": 0, "skipped": 0, "pending": 0}
+    # Every estimate names the settings its request was served under (the tenant defaults here).
+    assert {o.settings for record in unchanged for o in record.advice} == {
+        settings_fingerprint(config.tenant_defaults)
+    }
     assert stub.state.match_requests, "the volatile request was dry-run"
     for payload in stub.state.match_requests:
         assert payload["return_hash_chain"] is True and payload["hash_block_size"] == 1

@@ -16,14 +16,14 @@ import msgspec
 import pytest
 
 from db.records import RequestRecord
-from gateway.advisor.candidates import candidates_for
-from gateway.advisor.estimate import AdviceJob, Estimator, common_prefix
+from gateway.advisor.candidates import candidates_for, settings_fingerprint
+from gateway.advisor.estimate import DEFAULT_SCAN_LIMIT, AdviceJob, Estimator, common_prefix
 from gateway.advisor.history import Entry
 from gateway.advisor.sampler import AdviceSampler
 from gateway.config import SEMANTIC_RULES, TenantSettings, UpstreamConfig
 from gateway.explain.chains import canonical_prompt_text
 from gateway.explain.explainer import ExplainContext
-from gateway.normalize.pipeline import build_pipeline
+from gateway.normalize.pipeline import NormalizationResult, Pipeline, build_pipeline
 from gateway.parsing import CHAT
 from gateway.routing import build_route
 
@@ -209,6 +209,8 @@ def test_sampler_holds_sampled_records_until_their_estimate_is_done() -> None:
         ("hoist_volatile:after_system", 10),
         ("hoist_volatile:end", 10),
     }
+    # Each estimate names the settings the request was served under.
+    assert {o.settings for o in record.advice} == {settings_fingerprint(TenantSettings(advice_sample_rate=1.0))}
     # a and b were answered; c's settings turn advice off, so it is not remembered; d was not answered
     assert len(sampler.histories.for_tenant("t")) == 2
 
@@ -235,3 +237,57 @@ def test_invalid_advice_sample_rate_is_a_config_error() -> None:
     assert parse_config({"tenant_defaults": {"advice_sample_rate": 0.5}}).tenant_defaults.advice_sample_rate == 0.5
     with pytest.raises(ConfigError, match="advice_sample_rate"):
         parse_config({"tenant_defaults": {"advice_sample_rate": 2}})
+
+
+def test_settings_fingerprint_names_what_shapes_the_prompt() -> None:
+    default = settings_fingerprint(TenantSettings())
+    assert len(default) == 16 and default == settings_fingerprint(TenantSettings(advice_sample_rate=0.5))
+    hoisting = TenantSettings(rules=frozenset({*SEMANTIC_RULES, "hoist_volatile"}))
+    at_end = settings_fingerprint(replace(hoisting, hoist_placement="end"))
+    assert settings_fingerprint(hoisting) not in {default, at_end}
+    # The placement only matters while hoisting is on.
+    assert settings_fingerprint(replace(TenantSettings(), hoist_placement="end")) == default
+
+
+class CountingPipeline(Pipeline):
+    """A pipeline that counts its rewrites and the threads they ran on."""
+
+    def __init__(self, pipeline: Pipeline, log: list[int]) -> None:
+        super().__init__(pipeline.rules)
+        self._log = log
+
+    def apply(self, request: dict[str, Any]) -> NormalizationResult:
+        import threading
+
+        self._log.append(threading.get_ident())
+        return super().apply(request)
+
+
+def test_one_sample_rewrites_a_bounded_share_of_the_history_off_the_event_loop() -> None:
+    """A full history of 256 requests: a sample rewrites only the latest `DEFAULT_SCAN_LIMIT` of them (plus itself),
+    once per candidate, in a worker thread; the next sample reuses those rewrites."""
+    import threading
+
+    settings = TenantSettings()
+    earlier = [body(f"2025-06-01T10:{i // 60:02d}:{i % 60:02d}Z", "Hi", "Hello!", f"Turn {i}") for i in range(256)]
+    calls: list[int] = []
+
+    def job(current: dict[str, Any]) -> AdviceJob:
+        plain = _job(ENGINE, settings, [], current, cached=20, prompt=100)
+        counted = tuple((c, CountingPipeline(p, calls)) for c, p in plain.candidates)
+        return replace(plain, earlier=entries, candidates=counted)
+
+    pipeline = build_pipeline(settings)
+    entries = tuple(Entry(CHAT, raw, pipeline.apply(raw).request) for raw in earlier)
+    loop_threads: list[int] = []
+
+    async def estimate(current: dict[str, Any]) -> None:
+        loop_threads.append(threading.get_ident())
+        await Estimator(job(current), toy_engine([]), httpx.Timeout(5)).outcomes()
+
+    asyncio.run(estimate(body("2025-06-01T11:00:00Z", "Hi", "Hello!", "Next")))
+    assert len(calls) == (DEFAULT_SCAN_LIMIT + 1) * 2  # two candidates: hoisting with each placement
+    assert loop_threads[0] not in set(calls)
+    calls.clear()
+    asyncio.run(estimate(body("2025-06-01T11:01:00Z", "Hi", "Hello!", "Again")))
+    assert len(calls) == 2  # only the new sample: the history's rewrites are kept per candidate
