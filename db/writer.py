@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.engine import create_async_engine_for
 from db.file_watch import DatabaseFileWatch
 from db.journal import Journal
+from db.journal_pending import PendingJournal
 from db.records import RequestRecord
 from db.spill import SpillFile
 from db.store import REQUESTS, StoreResult, store_records
@@ -76,6 +77,8 @@ class RecordWriter:
         self._recreated = self._written_in_file = self._replayed_in_file = 0
         self._journal = Journal(config.spill_path) if config.durability == "spill_first" else None
         self._journaled: deque[bool] = deque()
+        self._pending = None if self._journal is None else PendingJournal(self._journal)
+        self._next_pending_try = 0.0
         self._journal_leftovers = False  # a dead process's journal segments not yet moved into the spill file
         self._next_leftover_try = 0.0
         self._sync_task: asyncio.Task[None] | None = None
@@ -117,6 +120,7 @@ class RecordWriter:
             database_recreated=self._recreated,
             journal_failures=0 if self._journal is None else self._journal.failed_appends,
             torn_tails_cut=self._spill.torn_tails_cut,
+            journaled_pending=0 if self._pending is None else len(self._pending.records),
         )
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -157,7 +161,12 @@ class RecordWriter:
             self._sync_task.cancel()
             await asyncio.gather(self._sync_task, return_exceptions=True)
         if self._journal is not None:
-            self._journal.close(remove=True)  # every journaled record is stored, spilled or counted lost now
+            # Every journaled record is stored, spilled or rejected now, unless some are pending (kept for next start).
+            pending = 0 if self._pending is None else len(self._pending.records)
+            if pending:
+                logger.error("%d records stay in the journal beside %s, replayed at the next start", pending,
+                             self._spill.path)
+            self._journal.close(remove=not pending)
         if self._owns_engine and self._engine is not None:
             await self._engine.dispose()
             self._engine = None
@@ -168,27 +177,56 @@ class RecordWriter:
         while True:
             batch = await self._collect()
             if batch:
+                flags = None if self._pending is None else self._pending.take_flags(self._journaled, len(batch))
                 try:
-                    await self._handle(batch)
+                    await self._handle(batch, flags)
                 except Exception:  # noqa: BLE001 - a bug must not stop recording; count what it cost
                     logger.exception("unexpected error handling a batch of %d records", len(batch))
                     self._lost += len(batch)
                 finally:
                     self._in_flight = 0
-                    if self._journal is not None:
-                        self._journal.resolve_batch(self._journaled, len(batch))
+                    if self._pending is not None and flags is not None:
+                        self._pending.resolve(sum(flags))
                     for _ in batch:
                         self._queue.task_done()
             if self._stopping and self._queue.empty():
                 break
             if self._journal_leftovers:
                 await self._retry_journal_leftovers()
+            if self._pending is not None and self._pending.records:
+                await self._retry_pending()
             try:
                 await self._maybe_replay()
             except Exception:  # noqa: BLE001
                 logger.exception("unexpected error replaying the spill file")
                 self._next_probe = asyncio.get_running_loop().time() + self.config.replay_interval_s
+        if self._pending is not None and self._pending.records:
+            await self._retry_pending(now=True)
         await self._replay_all()
+
+    async def _retry_pending(self, now: bool = False) -> None:
+        """Give the records kept only in the journal a home: the database, else the spill file (every replay
+        interval, and once at stop)."""
+        loop = asyncio.get_running_loop()
+        if self._pending is None or (not now and loop.time() < self._next_pending_try):
+            return
+        self._next_pending_try = loop.time() + self.config.replay_interval_s
+        records = self._pending.records
+        outcome = await self._store_or_isolate(records)
+        self._written += outcome.stored
+        self._written_in_file += outcome.stored
+        rest = records[outcome.processed :]
+        if rest:
+            try:
+                await asyncio.to_thread(self._spill.append, rest)
+            except Exception as exc:  # noqa: BLE001 - they stay in the journal; tried again later
+                self._pending.settled(rest)
+                logger.warning("%d journaled records still cannot be spilled to %s: %s", len(rest), self._spill.path,
+                               exc)
+                return
+            self._spilled += len(rest)
+        self._pending.settled([])
+        logger.info("%d records kept in the journal have a home again", len(records))
 
     async def _retry_journal_leftovers(self) -> None:
         """Move a dead process's journal into the spill file, once it can take it (tried every replay interval)."""
@@ -292,14 +330,15 @@ class RecordWriter:
             logger.info("database available again")
         self._available = True
 
-    async def _handle(self, batch: list[RequestRecord]) -> None:
+    async def _handle(self, batch: list[RequestRecord], flags: list[bool] | None = None) -> None:
         if self._available:
             outcome = await self._store_or_isolate(batch)
             self._written += outcome.stored
             self._written_in_file += outcome.stored
             batch = batch[outcome.processed :]
+            flags = None if flags is None else flags[outcome.processed :]
         if batch:
-            await self._spill_records(batch)
+            await self._spill_records(batch, flags)
 
     async def _probe(self) -> bool:
         """Whether the database takes queries on the `requests` table right now."""
@@ -354,18 +393,24 @@ class RecordWriter:
                 await self._reject([record.to_json()])
         return _Outcome(processed=len(records), stored=stored)
 
-    async def _spill_records(self, records: list[RequestRecord]) -> None:
+    async def _spill_records(self, records: list[RequestRecord], flags: list[bool] | None = None) -> None:
         try:
             await asyncio.to_thread(self._spill.append, records)
             self._spilled += len(records)
+            return
         except Exception:  # noqa: BLE001 - the one place records can be lost; count and log it loudly
-            self._lost += len(records)
-            logger.exception(
-                "LOST %d records: the database cannot take them and the spill file %s cannot either (%d lost in all)",
-                len(records),
-                self._spill.path,
-                self._lost,
-            )
+            logger.exception("the database cannot take %d records and the spill file %s cannot either",
+                             len(records), self._spill.path)
+        lost = len(records)
+        if self._pending is not None and flags is not None:
+            lost = self._pending.keep(records, flags)  # journaled: kept there, retried and replayed at next start
+            self._next_pending_try = asyncio.get_running_loop().time() + self.config.replay_interval_s
+            if len(records) - lost:
+                logger.error("%d records are kept only in the journal beside %s until there is room",
+                             len(records) - lost, self._spill.path)
+        if lost:
+            self._lost += lost
+            logger.error("LOST %d records: not in the journal either (%d lost in all)", lost, self._lost)
 
     async def _reject(self, lines: list[str]) -> None:
         self._rejected += len(lines)
