@@ -148,10 +148,13 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         await count_tokens(scope, receive, send)
 
     @get("/health", sync_to_thread=False)
-    def health() -> dict[str, Any]:
+    def health() -> Response[dict[str, Any]]:
         counters = storage.sink.counters()
-        return {
-            "status": "ok" if keys.loaded else "starting",
+        refused = keys.refusal_reason()
+        body = {
+            # "degraded" (HTTP 503): the gateway runs but refuses every request, for `reason`.
+            "status": "ok" if refused is None else "degraded",
+            "reason": refused,
             "open_mode": keys.open_mode,
             "api_keys": keys.num_active_keys,
             "key_snapshot_age_s": None if (age := keys.snapshot_age_s) is None else round(age, 1),
@@ -173,6 +176,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 "pending": advisor.pending,
             },
         }
+        return Response(content=body, status_code=200 if refused is None else 503)
 
     @get("/metrics", sync_to_thread=False)
     def metrics_endpoint() -> Response[bytes]:

@@ -7,10 +7,12 @@ others are stopped and its exit status (or 1) is returned.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,9 +35,18 @@ class Program:
 
 
 def _healthy(url: str) -> bool:
+    """Whether the program answers 200, or 503 with a JSON `"status": "degraded"`: started, but refusing requests
+    for a reason it states (a gateway with no API key yet, say), which waiting would not change."""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
+    except urllib.error.HTTPError as error:
+        if error.code != 503:
+            return False
+        try:
+            return json.loads(error.read()).get("status") == "degraded"
+        except (ValueError, AttributeError, OSError):
+            return False
     except OSError:
         return False
 
