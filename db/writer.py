@@ -74,7 +74,7 @@ class RecordWriter:
         self._accepted = self._written = self._spilled = self._replayed = 0
         self._dropped = self._rejected = self._lost = self._batches = 0
         self._watch = DatabaseFileWatch.for_url(config.database_url)
-        self._recreated = self._written_in_file = self._replayed_in_file = 0
+        self._recreated = self._generation = self._written_in_file = self._replayed_in_file = 0
         self._journal = Journal(config.spill_path) if config.durability == "spill_first" else None
         self._journaled: deque[bool] = deque()
         self._pending = None if self._journal is None else PendingJournal(self._journal)
@@ -297,27 +297,29 @@ class RecordWriter:
         from db.migrate import upgrade_async
 
         assert self._watch is not None and self._engine is not None
-        gone = self._written_in_file + self._replayed_in_file
-        self._written -= self._written_in_file
-        self._replayed -= self._replayed_in_file
-        self._lost += gone
-        self._written_in_file = self._replayed_in_file = 0
-        self._recreated += 1
-        logger.error(
-            "the database file %s was deleted or replaced under the gateway: %d records stored in the old file are "
-            "lost with it; recreating and migrating the database at the path",
-            self._watch.path,
-            gone,
-        )
+        if self._watch.first_report():  # once per event, not once per failed retry
+            gone = self._written_in_file + self._replayed_in_file
+            self._written -= self._written_in_file
+            self._replayed -= self._replayed_in_file
+            self._lost += gone
+            self._written_in_file = self._replayed_in_file = 0
+            self._recreated += 1
+            logger.error(
+                "the database file %s was deleted or replaced under the gateway: %d records stored in the old file "
+                "are lost with it; recreating and migrating the database at the path",
+                self._watch.path,
+                gone,
+            )
         await self._engine.dispose()
         await asyncio.to_thread(self._watch.remove_stale_companions)
         await upgrade_async(self.config.database_url)
         self._watch.reset()
+        self._generation += 1
 
     @property
     def database_generation(self) -> int:
         """How many times the database file was recreated (readers reopen their connections when it changes)."""
-        return self._recreated
+        return self._generation
 
     def _mark_unavailable(self, exc: BaseException) -> None:
         if self._available:

@@ -75,6 +75,53 @@ async def test_sqlite_file_deleted_or_replaced_under_the_writer(
     db_helpers.assert_rollups_match_requests(url)
 
 
+async def test_a_file_that_is_no_database_is_counted_and_logged_once_however_often_recreating_fails(
+    sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace, caplog, monkeypatch
+) -> None:
+    """The SQLite file is replaced by a file that is no database: recreating the database there fails on every
+    retry, but the event is counted and logged once. The records stay in the spill file for a database at the path."""
+    import db.migrate
+
+    path = tmp_path / "prefixscope.db"
+    url = _sqlite(sqlite_template, path)
+    attempts = {"n": 0}
+    real_upgrade = db.migrate.upgrade_async
+
+    async def counting_upgrade(database_url: str) -> None:
+        attempts["n"] += 1
+        await real_upgrade(database_url)
+
+    monkeypatch.setattr(db.migrate, "upgrade_async", counting_upgrade)
+    writer = RecordWriter(_config(url, tmp_path, replay_interval_s=0.02))
+    await writer.start()
+    await _submit_and_flush(writer, [make_record() for _ in range(10)])
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"this is not a database\n" * 1000)
+    os.replace(garbage, path)
+    later = [make_record() for _ in range(5)]
+    await _submit_and_flush(writer, later)
+    for _ in range(1000):  # bounded: the writer retries every 20 ms
+        if attempts["n"] >= 4:
+            break
+        await asyncio.sleep(0.01)
+    assert attempts["n"] >= 4
+    counters = writer.counters()
+    assert (counters.database_recreated, counters.lost, counters.written, counters.pending_spill) == (1, 10, 0, 5)
+    reports = [r for r in caplog.records if r.levelname == "ERROR" and "deleted or replaced" in r.getMessage()]
+    assert len(reports) == 1
+    await writer.stop()  # the last replay fails too: the 5 records stay in the spill file
+    counters = writer.counters()
+    assert (counters.database_recreated, counters.lost, counters.pending_spill) == (1, 10, 5)
+    assert len([r for r in caplog.records if "deleted or replaced" in r.getMessage()]) == 1
+    path.unlink()
+    db.migrate.upgrade(url)
+    survivor = RecordWriter(_config(url, tmp_path))
+    await survivor.start()
+    await survivor.stop()
+    assert (survivor.counters().replayed, survivor.counters().pending_spill) == (5, 0)
+    assert sorted(db_helpers.stored_ids(url)) == sorted(r.request_id for r in later)
+
+
 def _fail_writes_after(spill: SpillFile, num_bytes: int) -> dict[str, int]:
     """Make the spill file's writes put `num_bytes` on disk, then fail with ENOSPC (a disk that fills up)."""
     state = {"left": num_bytes, "failures": 0}
