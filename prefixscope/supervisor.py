@@ -26,12 +26,14 @@ TERMINATE_WAIT_S = 15.0
 
 @dataclass(frozen=True)
 class Program:
-    """A child program: its name, command line, the URL that answers 200 once it is ready, and the URL to print."""
+    """A child program: its name, command line, the URL that answers 200 once it is ready (or 503 "degraded"), the
+    URL to print, and its environment."""
 
     name: str
     argv: list[str]
     health_url: str
     public_url: str
+    env: Mapping[str, str] | None = None  # its environment (None: the one given to `supervise`)
 
 
 def _healthy(url: str) -> bool:
@@ -104,7 +106,8 @@ def supervise(
     try:
         for program in programs:
             print(f"starting {program.name} ...", flush=True)
-            process = subprocess.Popen(program.argv, env=None if env is None else dict(env))
+            program_env = program.env if program.env is not None else env
+            process = subprocess.Popen(program.argv, env=None if program_env is None else dict(program_env))
             processes.append((program.name, process))
             if not _wait_healthy(program, process, start_timeout_s, lambda: signalled):
                 if stopped_by_signal():
