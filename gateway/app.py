@@ -167,7 +167,8 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             "database_available": bool(getattr(counters, "database_available", True))
             and bool(getattr(storage, "migrated", True)),
             "records": {
-                name: int(getattr(counters, name, 0)) for name in (*RECORD_COUNTERS, "pending_spill", "journaled_pending", "accepted")
+                name: int(getattr(counters, name, 0))
+                for name in (*RECORD_COUNTERS, "pending_spill", "journaled_pending", "accepted")
             },
             "rule_advice": {
                 "sampled": advisor.sampled,

@@ -3,9 +3,9 @@
 Each program runs in its own process (the gateway must never share a process with torch), started in dependency
 order and stopped together: Ctrl-C or SIGTERM stops everything and exits with status 0; a child exiting on its own
 stops the rest and exits with a non-zero status. Before anything starts, every port is checked to be free.
-The engine gets a freshly generated API key and
-admin token through its environment; the gateway gets only the API key (its upstream key) and the dashboard only the
-admin token (the cache views), so nothing reaches the engine around the gateway. The gateway requires API keys unless `--open`.
+The engine gets a freshly generated API key and admin token through its environment; the gateway gets only the API
+key (its upstream key) and the dashboard only the admin token (the cache views), so nothing reaches the engine around
+the gateway. The gateway requires API keys unless `--open`.
 """
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ def test_a_full_spill_disk_with_the_database_down_is_counted_and_exported(
     with running_gateway(gateway_config(stub_url), storage) as gw:
         for _ in range(5):
             assert httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT).status_code == 200
-        assert wait_until(lambda: (storage.sink.counters().lost, storage.sink.counters().journaled_pending) == (lost, pending))
+        counters = storage.sink.counters
+        assert wait_until(lambda: (counters().lost, counters().journaled_pending) == (lost, pending))
         health = httpx.get(f"{gw.url}/health").json()
         metrics = httpx.get(f"{gw.url}/metrics").text
     records = health["records"]
