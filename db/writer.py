@@ -6,8 +6,9 @@ cannot be reached the batch goes to the spill file instead; until a probe succee
 batches go straight to the spill file rather than waiting on timeouts. Once the database is back, the spill file is
 replayed chunk by chunk and truncated. Storing is idempotent by request id, so a replay never duplicates a row or
 double counts a rollup. A record the database refuses (bad data) is set aside in the `.rejected` file next to the
-spill file. Every record ends up counted in exactly one of written, spilled (then replayed), rejected, dropped or
-lost (the spill file itself failed), and `counters()` exposes those counts.
+spill file. Every record ends up counted in exactly one of written, spilled (then replayed), rejected, dropped,
+journaled_pending (spill_first: the spill file failed, the record waits in the journal) or lost (the spill file
+failed and the record is in no journal), and `counters()` exposes those counts.
 """
 
 from __future__ import annotations
