@@ -29,6 +29,7 @@ class DatabaseFileWatch:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._identity: tuple[int, int] | None = None
+        self._reported: tuple[tuple[int, int] | None] | None = None  # the replacement already reported, if any
 
     @classmethod
     def for_url(cls, url: str) -> DatabaseFileWatch | None:
@@ -50,6 +51,16 @@ class DatabaseFileWatch:
     def reset(self) -> None:
         """Take the file now at the path as the database file."""
         self._identity = file_identity(self.path)
+        self._reported = None
+
+    def first_report(self) -> bool:
+        """Whether the replacement now at the path (a file, or none) is one not reported yet: True once per event,
+        however many times recreating the database there fails (a file that is no database, say) until `reset`."""
+        current = (file_identity(self.path),)
+        if current == self._reported:
+            return False
+        self._reported = current
+        return True
 
     def remove_stale_companions(self) -> None:
         """Remove the `-wal` and `-shm` files at the path once our connections to the old file are closed.

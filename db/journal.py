@@ -7,7 +7,8 @@ crash of the process) before the request is answered, and on the disk (it surviv
 within one sync interval.
 
 The writer handles queued records in order, so "the oldest `n` journaled records are resolved" (stored, spilled,
-rejected or counted lost) is all it reports (`resolved`); a segment whose records are all resolved is deleted. A
+rejected or counted lost) is all it reports (`resolved`); a segment whose records are all resolved is deleted. Records
+that nothing else could take stay unresolved (`db.journal_pending`), and so do the ones after them. A
 segment grows to `segment_bytes`, then a new one starts. Segments left by a process that died are recovered at the
 next start (`leftover_lines`) and replayed through the spill file; storing is idempotent by request id, so records
 that had been stored already are skipped.
@@ -168,17 +169,6 @@ class Journal:
         self._dirty.clear()
 
     # -- used by the writer -----------------------------------------------------------------------------------
-
-    def resolve_batch(self, journaled: deque[bool], num_records: int) -> None:
-        """A batch of `num_records` queued records was handled; `journaled` says, in queue order, which of the
-        queued records made it into the journal (a failed append still queues the record)."""
-        count = 0
-        for _ in range(min(num_records, len(journaled))):
-            count += journaled.popleft()
-        try:
-            self.resolved(count)
-        except OSError:
-            logger.exception("could not remove a finished journal segment")
 
     def recover_into(self, spill: SpillFile) -> bool:
         """Move what a previous process left in the journal into the spill file, to be replayed (blocking I/O).

@@ -6,8 +6,9 @@ cannot be reached the batch goes to the spill file instead; until a probe succee
 batches go straight to the spill file rather than waiting on timeouts. Once the database is back, the spill file is
 replayed chunk by chunk and truncated. Storing is idempotent by request id, so a replay never duplicates a row or
 double counts a rollup. A record the database refuses (bad data) is set aside in the `.rejected` file next to the
-spill file. Every record ends up counted in exactly one of written, spilled (then replayed), rejected, dropped or
-lost (the spill file itself failed), and `counters()` exposes those counts.
+spill file. Every record ends up counted in exactly one of written, spilled (then replayed), rejected, dropped,
+journaled_pending (spill_first: the spill file failed, the record waits in the journal) or lost (the spill file
+failed and the record is in no journal), and `counters()` exposes those counts.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.engine import create_async_engine_for
 from db.file_watch import DatabaseFileWatch
 from db.journal import Journal
+from db.journal_pending import PendingJournal
 from db.records import RequestRecord
 from db.spill import SpillFile
 from db.store import REQUESTS, StoreResult, store_records
 from db.writer_config import WriterConfig, WriterCounters
+from db.writer_spill import SpillPaths
 
 __all__ = ["RecordWriter", "WriterConfig", "WriterCounters"]
 
@@ -52,7 +55,7 @@ class _Outcome:
     stored: int
 
 
-class RecordWriter:
+class RecordWriter(SpillPaths):
     """Batches request records into the database from a background task; see the module docstring.
 
     `submit` must be called from the event loop the writer was started on (it is not thread-safe).
@@ -73,9 +76,11 @@ class RecordWriter:
         self._accepted = self._written = self._spilled = self._replayed = 0
         self._dropped = self._rejected = self._lost = self._batches = 0
         self._watch = DatabaseFileWatch.for_url(config.database_url)
-        self._recreated = self._written_in_file = self._replayed_in_file = 0
+        self._recreated = self._generation = self._written_in_file = self._replayed_in_file = 0
         self._journal = Journal(config.spill_path) if config.durability == "spill_first" else None
         self._journaled: deque[bool] = deque()
+        self._pending = None if self._journal is None else PendingJournal(self._journal)
+        self._next_pending_try = 0.0
         self._journal_leftovers = False  # a dead process's journal segments not yet moved into the spill file
         self._next_leftover_try = 0.0
         self._sync_task: asyncio.Task[None] | None = None
@@ -117,6 +122,7 @@ class RecordWriter:
             database_recreated=self._recreated,
             journal_failures=0 if self._journal is None else self._journal.failed_appends,
             torn_tails_cut=self._spill.torn_tails_cut,
+            journaled_pending=0 if self._pending is None else len(self._pending.records),
         )
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -157,7 +163,12 @@ class RecordWriter:
             self._sync_task.cancel()
             await asyncio.gather(self._sync_task, return_exceptions=True)
         if self._journal is not None:
-            self._journal.close(remove=True)  # every journaled record is stored, spilled or counted lost now
+            # Every journaled record is stored, spilled or rejected now, unless some are pending (kept for next start).
+            pending = 0 if self._pending is None else len(self._pending.records)
+            if pending:
+                logger.error("%d records stay in the journal beside %s, replayed at the next start", pending,
+                             self._spill.path)
+            self._journal.close(remove=not pending)
         if self._owns_engine and self._engine is not None:
             await self._engine.dispose()
             self._engine = None
@@ -168,38 +179,32 @@ class RecordWriter:
         while True:
             batch = await self._collect()
             if batch:
+                flags = None if self._pending is None else self._pending.take_flags(self._journaled, len(batch))
                 try:
-                    await self._handle(batch)
+                    await self._handle(batch, flags)
                 except Exception:  # noqa: BLE001 - a bug must not stop recording; count what it cost
                     logger.exception("unexpected error handling a batch of %d records", len(batch))
                     self._lost += len(batch)
                 finally:
                     self._in_flight = 0
-                    if self._journal is not None:
-                        self._journal.resolve_batch(self._journaled, len(batch))
+                    if self._pending is not None and flags is not None:
+                        self._pending.resolve(sum(flags))
                     for _ in batch:
                         self._queue.task_done()
             if self._stopping and self._queue.empty():
                 break
             if self._journal_leftovers:
                 await self._retry_journal_leftovers()
+            if self._pending is not None and self._pending.records:
+                await self._retry_pending()
             try:
                 await self._maybe_replay()
             except Exception:  # noqa: BLE001
                 logger.exception("unexpected error replaying the spill file")
                 self._next_probe = asyncio.get_running_loop().time() + self.config.replay_interval_s
+        if self._pending is not None and self._pending.records:
+            await self._retry_pending(now=True)
         await self._replay_all()
-
-    async def _retry_journal_leftovers(self) -> None:
-        """Move a dead process's journal into the spill file, once it can take it (tried every replay interval)."""
-        loop = asyncio.get_running_loop()
-        if self._journal is None or loop.time() < self._next_leftover_try:
-            return
-        self._next_leftover_try = loop.time() + self.config.replay_interval_s
-        try:
-            self._journal_leftovers = not await asyncio.to_thread(self._journal.recover_into, self._spill)
-        except Exception:  # noqa: BLE001 - the segments stay on disk for the next try or the next start
-            logger.exception("unexpected error moving journal segments into the spill file")
 
     async def _collect(self) -> list[RequestRecord]:
         """Wait for a first record, then take more until the batch is full or `flush_interval_s` has passed."""
@@ -259,27 +264,29 @@ class RecordWriter:
         from db.migrate import upgrade_async
 
         assert self._watch is not None and self._engine is not None
-        gone = self._written_in_file + self._replayed_in_file
-        self._written -= self._written_in_file
-        self._replayed -= self._replayed_in_file
-        self._lost += gone
-        self._written_in_file = self._replayed_in_file = 0
-        self._recreated += 1
-        logger.error(
-            "the database file %s was deleted or replaced under the gateway: %d records stored in the old file are "
-            "lost with it; recreating and migrating the database at the path",
-            self._watch.path,
-            gone,
-        )
+        if self._watch.first_report():  # once per event, not once per failed retry
+            gone = self._written_in_file + self._replayed_in_file
+            self._written -= self._written_in_file
+            self._replayed -= self._replayed_in_file
+            self._lost += gone
+            self._written_in_file = self._replayed_in_file = 0
+            self._recreated += 1
+            logger.error(
+                "the database file %s was deleted or replaced under the gateway: %d records stored in the old file "
+                "are lost with it; recreating and migrating the database at the path",
+                self._watch.path,
+                gone,
+            )
         await self._engine.dispose()
         await asyncio.to_thread(self._watch.remove_stale_companions)
         await upgrade_async(self.config.database_url)
         self._watch.reset()
+        self._generation += 1
 
     @property
     def database_generation(self) -> int:
         """How many times the database file was recreated (readers reopen their connections when it changes)."""
-        return self._recreated
+        return self._generation
 
     def _mark_unavailable(self, exc: BaseException) -> None:
         if self._available:
@@ -292,14 +299,15 @@ class RecordWriter:
             logger.info("database available again")
         self._available = True
 
-    async def _handle(self, batch: list[RequestRecord]) -> None:
+    async def _handle(self, batch: list[RequestRecord], flags: list[bool] | None = None) -> None:
         if self._available:
             outcome = await self._store_or_isolate(batch)
             self._written += outcome.stored
             self._written_in_file += outcome.stored
             batch = batch[outcome.processed :]
+            flags = None if flags is None else flags[outcome.processed :]
         if batch:
-            await self._spill_records(batch)
+            await self._spill_records(batch, flags)
 
     async def _probe(self) -> bool:
         """Whether the database takes queries on the `requests` table right now."""
@@ -353,26 +361,6 @@ class RecordWriter:
                 logger.error("database refused record %s: %r", record.request_id, exc)
                 await self._reject([record.to_json()])
         return _Outcome(processed=len(records), stored=stored)
-
-    async def _spill_records(self, records: list[RequestRecord]) -> None:
-        try:
-            await asyncio.to_thread(self._spill.append, records)
-            self._spilled += len(records)
-        except Exception:  # noqa: BLE001 - the one place records can be lost; count and log it loudly
-            self._lost += len(records)
-            logger.exception(
-                "LOST %d records: the database cannot take them and the spill file %s cannot either (%d lost in all)",
-                len(records),
-                self._spill.path,
-                self._lost,
-            )
-
-    async def _reject(self, lines: list[str]) -> None:
-        self._rejected += len(lines)
-        try:
-            await asyncio.to_thread(self._spill.reject, lines)
-        except Exception:  # noqa: BLE001
-            logger.exception("could not write %d rejected records to %s", len(lines), self._spill.rejected_path)
 
     async def _maybe_replay(self) -> None:
         if self._spill.pending == 0:

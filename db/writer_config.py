@@ -40,7 +40,8 @@ class WriterCounters:
     """Counts since the writer was created. `queued` and `pending_spill` are current levels, the rest totals.
 
     Every accepted record is in exactly one place, so with an empty spill file at the start:
-    accepted == queued + written + pending_spill + replayed + rejected + lost. `spilled` counts records that went
+    accepted == queued + written + pending_spill + replayed + rejected + lost +
+    journaled_pending. `spilled` counts records that went
     through the spill file (each is then pending, replayed or rejected); `dropped` records were never accepted.
     `written` and `replayed` count rows in the database file at the configured path: rows stored into a SQLite file
     that was then deleted or replaced move to `lost` when that is noticed (`database_recreated` counts the times).
@@ -60,3 +61,5 @@ class WriterCounters:
     database_recreated: int = 0
     journal_failures: int = 0  # spill_first: records that could not be journaled (they were still queued)
     torn_tails_cut: int = 0
+    # spill_first: records that the database and the spill file could not take, kept in the journal (a level)
+    journaled_pending: int = 0

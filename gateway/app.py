@@ -148,10 +148,13 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         await count_tokens(scope, receive, send)
 
     @get("/health", sync_to_thread=False)
-    def health() -> dict[str, Any]:
+    def health() -> Response[dict[str, Any]]:
         counters = storage.sink.counters()
-        return {
-            "status": "ok" if keys.loaded else "starting",
+        refused = keys.refusal_reason()
+        body = {
+            # "degraded" (HTTP 503): the gateway runs but refuses every request, for `reason`.
+            "status": "ok" if refused is None else "degraded",
+            "reason": refused,
             "open_mode": keys.open_mode,
             "api_keys": keys.num_active_keys,
             "key_snapshot_age_s": None if (age := keys.snapshot_age_s) is None else round(age, 1),
@@ -164,7 +167,8 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             "database_available": bool(getattr(counters, "database_available", True))
             and bool(getattr(storage, "migrated", True)),
             "records": {
-                name: int(getattr(counters, name, 0)) for name in (*RECORD_COUNTERS, "pending_spill", "accepted")
+                name: int(getattr(counters, name, 0))
+                for name in (*RECORD_COUNTERS, "pending_spill", "journaled_pending", "accepted")
             },
             "rule_advice": {
                 "sampled": advisor.sampled,
@@ -173,6 +177,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 "pending": advisor.pending,
             },
         }
+        return Response(content=body, status_code=200 if refused is None else 503)
 
     @get("/metrics", sync_to_thread=False)
     def metrics_endpoint() -> Response[bytes]:

@@ -115,29 +115,40 @@ class KeyStore:
     def num_active_keys(self) -> int:
         return 0 if self._snapshot is None else len(self._snapshot.entries)
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        """The caller behind an Authorization header; raises `Unauthorized` (401) or `ServiceUnavailable`."""
+    def refusal_reason(self) -> str | None:
+        """Why every request is refused with 503 right now (None while keys are checked or the gateway is open)."""
         if self._open:
-            return OPEN_PRINCIPAL
+            return None
         snapshot = self._snapshot
         if snapshot is None:
-            raise ServiceUnavailable(
+            return (
                 "API keys could not be loaded from the database yet and no local key snapshot exists; "
                 "requests are refused until the key table is readable."
             )
         age_s = self._clock() - snapshot.loaded_at
         if age_s > self._max_staleness_s:
-            raise ServiceUnavailable(
+            return (
                 f"The API key table has not been readable for {age_s:.0f} s, longer than "
                 f"auth.max_key_staleness_s = {self._max_staleness_s:g} s; requests are refused until it is readable "
                 "again."
             )
         if not snapshot.any_key_exists:
-            raise ServiceUnavailable(
+            return (
                 "No API key exists and the gateway is not running open. Create a key with "
                 "`prefixscope keys create --tenant NAME`, or start the gateway with --open (auth = \"none\") to "
                 "serve without keys."
             )
+        return None
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The caller behind an Authorization header; raises `Unauthorized` (401) or `ServiceUnavailable`."""
+        if self._open:
+            return OPEN_PRINCIPAL
+        reason = self.refusal_reason()
+        if reason is not None:
+            raise ServiceUnavailable(reason)
+        snapshot = self._snapshot
+        assert snapshot is not None
         token = bearer_token(authorization)
         if token is None:
             raise Unauthorized(

@@ -47,6 +47,12 @@ class _RecorderCollector(Collector):
         )
         pending.add_metric([], float(getattr(counters, "pending_spill", 0)))
         yield pending
+        journaled = GaugeMetricFamily(
+            "prefixscope_gateway_records_journaled_pending",
+            "Records kept only in the journal (the database and the spill file could not take them).",
+        )
+        journaled.add_metric([], float(getattr(counters, "journaled_pending", 0)))
+        yield journaled
 
 
 class GatewayMetrics:

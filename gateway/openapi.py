@@ -284,7 +284,9 @@ def openapi_document() -> dict[str, Any]:
                               "400": {"description": "a parameter is not usable; error.param names it", **_ERROR_REF},
                               "403": {"description": "another tenant's statistics", **_ERROR_REF}},
             }},
-            "/health": {"get": {"summary": "Health", "responses": {"200": {"description": "OK"}}}},
+            "/health": {"get": {"summary": "Health", "responses": {
+                "200": {"description": "OK"},
+                "503": {"description": "degraded: every request is refused, for the stated reason"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OK"}}}},
         },
         "components": {

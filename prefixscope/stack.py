@@ -3,9 +3,9 @@
 Each program runs in its own process (the gateway must never share a process with torch), started in dependency
 order and stopped together: Ctrl-C or SIGTERM stops everything and exits with status 0; a child exiting on its own
 stops the rest and exits with a non-zero status. Before anything starts, every port is checked to be free.
-The engine gets a freshly generated API key and
-admin token, handed to the gateway (its upstream key) and the dashboard (the cache views) through their environments,
-so nothing reaches the engine around the gateway. The gateway requires API keys unless `--open`.
+The engine gets a freshly generated API key and admin token through its environment; the gateway gets only the API
+key (its upstream key) and the dashboard only the admin token (the cache views), so nothing reaches the engine around
+the gateway. The gateway requires API keys unless `--open`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import importlib.util
 import os
 import secrets
 import sys
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from prefixscope.ports import PortRequest, port_problems
@@ -135,18 +137,32 @@ def gateway_open(args: argparse.Namespace) -> bool:
         return False  # the gateway reports a broken config itself and does not start
 
 
-def shared_secrets_env(environ: dict[str, str]) -> dict[str, str]:
-    """`environ` plus a generated engine API key and admin token, wired to the engine, the gateway's upstream and
-    the dashboard (values already set in `environ` are kept)."""
-    api_key = environ.get("PREFIXSCOPE_ENGINE_API_KEY") or secrets.token_urlsafe(32)
-    admin_token = environ.get("PREFIXSCOPE_ENGINE_ADMIN_TOKEN") or secrets.token_urlsafe(32)
+_ENGINE_API_KEY = "PREFIXSCOPE_ENGINE_API_KEY"
+_ENGINE_ADMIN_TOKEN = "PREFIXSCOPE_ENGINE_ADMIN_TOKEN"
+_UPSTREAM_API_KEY = "PREFIXSCOPE_UPSTREAM_API_KEY"
+_DASHBOARD_ENGINE_TOKEN = "PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN"
+_SECRETS = (_ENGINE_API_KEY, _ENGINE_ADMIN_TOKEN, _UPSTREAM_API_KEY, _DASHBOARD_ENGINE_TOKEN)
+
+
+def shared_secrets_env(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Each program's environment ("engine", "gateway", "dashboard"): `environ` without any of the shared secrets,
+    plus only the ones that program needs. A generated engine API key (or `$PREFIXSCOPE_ENGINE_API_KEY`) goes to the
+    engine and, as its upstream key, to the gateway; a generated admin token (or `$PREFIXSCOPE_ENGINE_ADMIN_TOKEN`)
+    goes to the engine and, for the cache views, to the dashboard."""
+    api_key = environ.get(_ENGINE_API_KEY) or secrets.token_urlsafe(32)
+    admin_token = environ.get(_ENGINE_ADMIN_TOKEN) or secrets.token_urlsafe(32)
+    base = {name: value for name, value in environ.items() if name not in _SECRETS}
     return {
-        **environ,
-        "PREFIXSCOPE_ENGINE_API_KEY": api_key,
-        "PREFIXSCOPE_ENGINE_ADMIN_TOKEN": admin_token,
-        "PREFIXSCOPE_UPSTREAM_API_KEY": api_key,
-        "PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN": admin_token,
+        "engine": {**base, _ENGINE_API_KEY: api_key, _ENGINE_ADMIN_TOKEN: admin_token},
+        "gateway": {**base, _UPSTREAM_API_KEY: api_key},
+        "dashboard": {**base, _DASHBOARD_ENGINE_TOKEN: admin_token},
     }
+
+
+def with_secrets(programs: list[Program], environ: Mapping[str, str]) -> list[Program]:
+    """`programs`, each with its environment from `shared_secrets_env` (engine replicas share the engine's)."""
+    envs = shared_secrets_env(environ)
+    return [replace(p, env=envs["engine" if p.name.startswith("engine") else p.name]) for p in programs]
 
 
 def prepare(args: argparse.Namespace) -> int:
@@ -200,7 +216,7 @@ def _up(args: argparse.Namespace) -> int:
         ready = OPEN_BANNER
     else:
         ready = "the gateway requires API keys: prefixscope keys create --tenant NAME"
-    return supervise(programs, args.start_timeout, env=shared_secrets_env(dict(os.environ)), ready_message=ready)
+    return supervise(with_secrets(programs, os.environ), args.start_timeout, ready_message=ready)
 
 
 def register(commands, bench_commands) -> None:

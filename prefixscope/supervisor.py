@@ -7,10 +7,12 @@ others are stopped and its exit status (or 1) is returned.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,18 +26,29 @@ TERMINATE_WAIT_S = 15.0
 
 @dataclass(frozen=True)
 class Program:
-    """A child program: its name, command line, the URL that answers 200 once it is ready, and the URL to print."""
+    """A child program: its name, command line, the URL that answers 200 once it is ready (or 503 "degraded"), the
+    URL to print, and its environment."""
 
     name: str
     argv: list[str]
     health_url: str
     public_url: str
+    env: Mapping[str, str] | None = None  # its environment (None: the one given to `supervise`)
 
 
 def _healthy(url: str) -> bool:
+    """Whether the program answers 200, or 503 with a JSON `"status": "degraded"`: started, but refusing requests
+    for a reason it states (a gateway with no API key yet, say), which waiting would not change."""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
+    except urllib.error.HTTPError as error:
+        if error.code != 503:
+            return False
+        try:
+            return json.loads(error.read()).get("status") == "degraded"
+        except (ValueError, AttributeError, OSError):
+            return False
     except OSError:
         return False
 
@@ -93,7 +106,8 @@ def supervise(
     try:
         for program in programs:
             print(f"starting {program.name} ...", flush=True)
-            process = subprocess.Popen(program.argv, env=None if env is None else dict(env))
+            program_env = program.env if program.env is not None else env
+            process = subprocess.Popen(program.argv, env=None if program_env is None else dict(program_env))
             processes.append((program.name, process))
             if not _wait_healthy(program, process, start_timeout_s, lambda: signalled):
                 if stopped_by_signal():

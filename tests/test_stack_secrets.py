@@ -16,16 +16,43 @@ def _args(**changes) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-def test_a_generated_engine_key_is_shared_with_the_gateway_and_dashboard():
-    env = shared_secrets_env({"PATH": "/bin"})
-    assert env["PATH"] == "/bin"
-    assert len(env["PREFIXSCOPE_ENGINE_API_KEY"]) >= 40
-    assert env["PREFIXSCOPE_UPSTREAM_API_KEY"] == env["PREFIXSCOPE_ENGINE_API_KEY"]
-    assert env["PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN"] == env["PREFIXSCOPE_ENGINE_ADMIN_TOKEN"]
-    assert env["PREFIXSCOPE_ENGINE_ADMIN_TOKEN"] != env["PREFIXSCOPE_ENGINE_API_KEY"]
-    assert shared_secrets_env({})["PREFIXSCOPE_ENGINE_API_KEY"] != env["PREFIXSCOPE_ENGINE_API_KEY"]
-    kept = shared_secrets_env({"PREFIXSCOPE_ENGINE_API_KEY": "mine"})
-    assert kept["PREFIXSCOPE_UPSTREAM_API_KEY"] == "mine"
+SECRETS = {
+    "PREFIXSCOPE_ENGINE_API_KEY", "PREFIXSCOPE_ENGINE_ADMIN_TOKEN", "PREFIXSCOPE_UPSTREAM_API_KEY",
+    "PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN",
+}  # fmt: skip
+
+
+def test_each_program_gets_only_the_secrets_it_needs():
+    """The engine gets its API key and admin token; the gateway only the API key (its upstream key); the dashboard
+    only the admin token (the cache views)."""
+    envs = shared_secrets_env({"PATH": "/bin"})
+    engine, gateway, dashboard = envs["engine"], envs["gateway"], envs["dashboard"]
+    assert {name: set(env) for name, env in envs.items()} == {
+        "engine": {"PATH", "PREFIXSCOPE_ENGINE_API_KEY", "PREFIXSCOPE_ENGINE_ADMIN_TOKEN"},
+        "gateway": {"PATH", "PREFIXSCOPE_UPSTREAM_API_KEY"},
+        "dashboard": {"PATH", "PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN"},
+    }
+    assert len(engine["PREFIXSCOPE_ENGINE_API_KEY"]) >= 40
+    assert gateway["PREFIXSCOPE_UPSTREAM_API_KEY"] == engine["PREFIXSCOPE_ENGINE_API_KEY"]
+    assert dashboard["PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN"] == engine["PREFIXSCOPE_ENGINE_ADMIN_TOKEN"]
+    assert engine["PREFIXSCOPE_ENGINE_ADMIN_TOKEN"] != engine["PREFIXSCOPE_ENGINE_API_KEY"]
+    assert shared_secrets_env({})["engine"]["PREFIXSCOPE_ENGINE_API_KEY"] != engine["PREFIXSCOPE_ENGINE_API_KEY"]
+    kept = shared_secrets_env({"PREFIXSCOPE_ENGINE_API_KEY": "mine", "PREFIXSCOPE_ENGINE_ADMIN_TOKEN": "admin"})
+    assert kept["gateway"] == {"PREFIXSCOPE_UPSTREAM_API_KEY": "mine"}
+    assert kept["dashboard"] == {"PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN": "admin"}
+
+
+def test_up_hands_each_child_its_own_environment(monkeypatch):
+    """What `up` starts: every engine replica, the gateway and the dashboard, each with only its secrets."""
+    monkeypatch.setenv("PREFIXSCOPE_ENGINE_API_KEY", "api-key")
+    monkeypatch.setenv("PREFIXSCOPE_ENGINE_ADMIN_TOKEN", "admin-token")
+    programs = {p.name: p for p in _run_up(monkeypatch, _args(replicas=2))["programs"]}
+    secrets = {name: {k: v for k, v in p.env.items() if k in SECRETS} for name, p in programs.items()}
+    engine = {"PREFIXSCOPE_ENGINE_API_KEY": "api-key", "PREFIXSCOPE_ENGINE_ADMIN_TOKEN": "admin-token"}
+    expected = {"engine1": engine, "engine2": engine, "gateway": {"PREFIXSCOPE_UPSTREAM_API_KEY": "api-key"}}
+    if "dashboard" in programs:
+        expected["dashboard"] = {"PREFIXSCOPE_DASHBOARD_ENGINE_TOKEN": "admin-token"}
+    assert secrets == expected
 
 
 def test_the_gateway_is_open_only_with_open():
@@ -41,7 +68,7 @@ def _run_up(monkeypatch, args: argparse.Namespace) -> dict:
 
     seen: dict = {}
 
-    def supervise(programs, start_timeout, env, ready_message):
+    def supervise(programs, start_timeout, env=None, ready_message=None):
         seen.update(programs=programs, ready_message=ready_message)
         return 0
 

@@ -63,16 +63,16 @@ def test_options_are_passed_to_each_program(tmp_path: Path) -> None:
     config = tmp_path / "prefixscope.toml"
     args = build_parser().parse_args(
         ["up", "--model", "/models/tiny", "--device", "cpu", "--kv-cache-gib", "0.5", "--page-size", "16",
-         "--eviction", "fifo", "--ttl", "600", "--no-prefix-cache", "--max-active-requests", "4",
-         "--config", str(config), "--engine-port", "7001", "--gateway-port", "7080", "--dashboard-port", "7501",
+         "--eviction", "fifo", "--ttl", "600", "--no-prefix-cache", "--max-num-seqs", "4",
+         "--max-num-batched-tokens", "256", "--config", str(config), "--engine-port", "7001", "--gateway-port", "7080", "--dashboard-port", "7501",
          "--database-url", "sqlite:///x.db"]
     )
     programs = {program.name: program for program in plan(args)}
     python = [sys.executable, "-m", "prefixscope"]
     assert programs["engine"].argv == python + [
         "engine", "--model", "/models/tiny", "--device", "cpu", "--kv-cache-gib", "0.5", "--page-size", "16",
-        "--eviction", "fifo", "--ttl", "600.0", "--no-prefix-cache", "--max-active-requests", "4",
-        "--host", "127.0.0.1", "--port", "7001",
+        "--eviction", "fifo", "--ttl", "600.0", "--no-prefix-cache", "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "256", "--host", "127.0.0.1", "--port", "7001",
     ]
     assert programs["gateway"].argv == python + [
         "gateway", "--host", "127.0.0.1", "--port", "7080", "--upstream", "http://127.0.0.1:7001",

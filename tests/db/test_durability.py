@@ -75,6 +75,53 @@ async def test_sqlite_file_deleted_or_replaced_under_the_writer(
     db_helpers.assert_rollups_match_requests(url)
 
 
+async def test_a_file_that_is_no_database_is_counted_and_logged_once_however_often_recreating_fails(
+    sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace, caplog, monkeypatch
+) -> None:
+    """The SQLite file is replaced by a file that is no database: recreating the database there fails on every
+    retry, but the event is counted and logged once. The records stay in the spill file for a database at the path."""
+    import db.migrate
+
+    path = tmp_path / "prefixscope.db"
+    url = _sqlite(sqlite_template, path)
+    attempts = {"n": 0}
+    real_upgrade = db.migrate.upgrade_async
+
+    async def counting_upgrade(database_url: str) -> None:
+        attempts["n"] += 1
+        await real_upgrade(database_url)
+
+    monkeypatch.setattr(db.migrate, "upgrade_async", counting_upgrade)
+    writer = RecordWriter(_config(url, tmp_path, replay_interval_s=0.02))
+    await writer.start()
+    await _submit_and_flush(writer, [make_record() for _ in range(10)])
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"this is not a database\n" * 1000)
+    os.replace(garbage, path)
+    later = [make_record() for _ in range(5)]
+    await _submit_and_flush(writer, later)
+    for _ in range(1000):  # bounded: the writer retries every 20 ms
+        if attempts["n"] >= 4:
+            break
+        await asyncio.sleep(0.01)
+    assert attempts["n"] >= 4
+    counters = writer.counters()
+    assert (counters.database_recreated, counters.lost, counters.written, counters.pending_spill) == (1, 10, 0, 5)
+    reports = [r for r in caplog.records if r.levelname == "ERROR" and "deleted or replaced" in r.getMessage()]
+    assert len(reports) == 1
+    await writer.stop()  # the last replay fails too: the 5 records stay in the spill file
+    counters = writer.counters()
+    assert (counters.database_recreated, counters.lost, counters.pending_spill) == (1, 10, 5)
+    assert len([r for r in caplog.records if "deleted or replaced" in r.getMessage()]) == 1
+    path.unlink()
+    db.migrate.upgrade(url)
+    survivor = RecordWriter(_config(url, tmp_path))
+    await survivor.start()
+    await survivor.stop()
+    assert (survivor.counters().replayed, survivor.counters().pending_spill) == (5, 0)
+    assert sorted(db_helpers.stored_ids(url)) == sorted(r.request_id for r in later)
+
+
 def _fail_writes_after(spill: SpillFile, num_bytes: int) -> dict[str, int]:
     """Make the spill file's writes put `num_bytes` on disk, then fail with ENOSPC (a disk that fills up)."""
     state = {"left": num_bytes, "failures": 0}
@@ -91,11 +138,22 @@ def _fail_writes_after(spill: SpillFile, num_bytes: int) -> dict[str, int]:
     return state
 
 
+def _journal_lines(spill_path: Path) -> list[str]:
+    return [
+        line
+        for path in sorted(spill_path.parent.glob(spill_path.name + ".journal.*"))
+        for line in Journal.read_lines(path)
+    ]
+
+
+@pytest.mark.parametrize("durability", ["queue_first", "spill_first"])
 async def test_full_database_and_full_spill_disk_count_exactly_what_is_lost(
-    sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
+    durability: str, sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
 ) -> None:
-    """The database file hits its size limit (SQLITE_FULL), so records spill; the spill disk fills up mid-append,
-    so a batch is lost: whole (no torn line left), counted and logged. Once there is room again nothing else is lost."""
+    """The database file hits its size limit (SQLITE_FULL), so records spill; the spill disk fills up mid-append.
+    queue_first: the batch is lost, whole (no torn line left), counted and logged. spill_first: the batch is in the
+    journal already, so nothing is lost: its journal segment stays unresolved (`journaled_pending`) and the records
+    reach the spill file once it has room. Once there is room again nothing else is lost."""
     url = _sqlite(sqlite_template, tmp_path / "full.db")
     engine = create_async_engine_for(url)
 
@@ -107,7 +165,7 @@ async def test_full_database_and_full_spill_disk_count_exactly_what_is_lost(
         cursor.execute(f"PRAGMA max_page_count = {pages}")  # no room to grow: "database or disk is full"
         cursor.close()
 
-    writer = RecordWriter(_config(url, tmp_path, batch_size=1000), engine=engine)
+    writer = RecordWriter(_config(url, tmp_path, batch_size=1000, durability=durability), engine=engine)
     await writer.start()
     spilled_first = [make_record(prompt_text="x" * 5000) for _ in range(30)]  # more than the free pages hold
     await _submit_and_flush(writer, spilled_first)
@@ -120,21 +178,62 @@ async def test_full_database_and_full_spill_disk_count_exactly_what_is_lost(
     await _submit_and_flush(writer, lost)
     assert state["failures"] == 1
     assert spill_path.stat().st_size == size_before  # whole or absent: the partial write was cut back
+    counters = writer.counters()
+    if durability == "spill_first":
+        assert (counters.lost, counters.journaled_pending) == (0, 20)
+        assert [json.loads(line)["request_id"] for line in _journal_lines(spill_path)] == [r.request_id for r in lost]
+    else:
+        assert (counters.lost, counters.journaled_pending) == (20, 0)
     writer._spill.write = os.write  # type: ignore[method-assign]
     spilled_after = [make_record() for _ in range(10)]
     await _submit_and_flush(writer, spilled_after)
     counters = writer.counters()
-    assert (counters.spilled, counters.lost, counters.written) == (40, 20, 0)
+    assert (counters.spilled, counters.lost, counters.written) == (40, 20 if durability == "queue_first" else 0, 0)
     lines = spill_path.read_text().splitlines()
     assert [json.loads(line)["request_id"] for line in lines] == [r.request_id for r in spilled_first + spilled_after]
+    kept = lost if durability == "spill_first" else []
 
     event.remove(engine.sync_engine, "connect", limit_size)
     await engine.dispose()  # the disk has room again: new connections have no size limit
     await writer.stop()
     await engine.dispose()
     counters = writer.counters()
-    assert (counters.replayed, counters.lost, counters.rejected, counters.pending_spill) == (40, 20, 0, 0)
-    assert sorted(db_helpers.stored_ids(url)) == sorted(r.request_id for r in spilled_first + spilled_after)
+    if durability == "spill_first":  # at stop the 20 records kept in the journal are retried: the database takes them
+        assert (counters.written, counters.lost, counters.journaled_pending) == (20, 0, 0)
+    else:
+        assert (counters.written, counters.lost, counters.journaled_pending) == (0, 20, 0)
+    assert (counters.replayed, counters.spilled, counters.rejected, counters.pending_spill) == (40, 40, 0, 0)
+    assert counters.accepted == counters.written + counters.replayed + counters.lost
+    assert sorted(db_helpers.stored_ids(url)) == sorted(r.request_id for r in spilled_first + spilled_after + kept)
+    assert _journal_lines(spill_path) == []
+
+
+async def test_spill_first_records_not_journaled_either_are_the_ones_lost(
+    tmp_path: Path, make_record: MakeRecord, monkeypatch
+) -> None:
+    """spill_first with the journal, the database and the spill file all failing: only then is a record lost."""
+    url = "sqlite:///" + str(tmp_path / "no" / "such.db")  # a directory that does not exist: unavailable
+    writer = RecordWriter(_config(url, tmp_path, durability="spill_first"))
+    await writer.start()
+    _fail_writes_after(writer._spill, 0)
+    journaled = [make_record() for _ in range(5)]
+    await _submit_and_flush(writer, journaled)
+
+    def fail(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("db.journal.write_all", fail)
+    unjournaled = [make_record() for _ in range(3)]
+    await _submit_and_flush(writer, unjournaled)
+    counters = writer.counters()
+    assert (counters.lost, counters.journaled_pending, counters.journal_failures) == (3, 5, 3)
+    assert [json.loads(line)["request_id"] for line in _journal_lines(writer.config.spill_path)] == [
+        r.request_id for r in journaled
+    ]
+    for task in (writer._task, writer._sync_task):  # a process that dies: the journal is left for the next start
+        assert task is not None
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def test_a_torn_tail_is_cut_before_the_next_append(tmp_path: Path, make_record: MakeRecord, monkeypatch) -> None:

@@ -81,12 +81,54 @@ def test_an_empty_key_table_is_refused_unless_open_was_chosen(stub, stub_url):
         error = refused.json()["error"]
         assert error["type"] == "service_unavailable"
         assert "No API key exists" in error["message"] and "--open" in error["message"]
-        assert httpx.get(f"{gw.url}/health").json()["open_mode"] is False
+        health = httpx.get(f"{gw.url}/health")
+        assert health.status_code == 503  # a load balancer takes it out: every request would be refused
+        assert health.json()["open_mode"] is False
+        assert health.json()["status"] == "degraded"
+        assert health.json()["reason"] == error["message"]
+        assert _started(f"{gw.url}/health")  # `prefixscope up` still sees the gateway up
         assert "prefixscope_gateway_open_mode 0.0" in httpx.get(f"{gw.url}/metrics").text
         secret = storage.add_key("k1", "acme")
         assert wait_for_status(gw.url, secret, 200).status_code == 200
+        healthy = httpx.get(f"{gw.url}/health")
+        assert (healthy.status_code, healthy.json()["status"], healthy.json()["reason"]) == (200, "ok", None)
         assert post(gw.url).status_code == 401
     assert len(stub.state.requests) == 1
+
+
+def _started(url: str) -> bool:
+    from prefixscope.supervisor import _healthy
+
+    return _healthy(url)
+
+
+def test_up_takes_only_a_stated_degraded_503_for_started():
+    import http.server
+    import threading
+
+    from prefixscope.supervisor import _healthy
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            status, body = {"/degraded": (503, b'{"status": "degraded"}'), "/down": (503, b"down")}.get(
+                self.path, (404, b"{}")
+            )
+            self.send_response(status)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert [_healthy(base + path) for path in ("/degraded", "/down", "/missing")] == [True, False, False]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_the_default_configuration_is_not_open():
@@ -160,12 +202,15 @@ async def test_revocation_seen_before_an_outage_holds_and_the_snapshot_expires()
     with pytest.raises(Unauthorized):
         store.authenticate("Bearer revoked")  # 80 of 80 tries during an outage: still refused
     assert store.authenticate("Bearer good").tenant == "acme"
+    assert store.refusal_reason() is None
     now["t"] += 2  # 61 s since the last read
     with pytest.raises(ServiceUnavailable) as stale:
         store.authenticate("Bearer good")
     assert "max_key_staleness_s = 60" in stale.value.message
+    assert store.refusal_reason() == stale.value.message  # what /health reports with 503 "degraded"
     database["up"] = True
     assert await store.refresh()
+    assert store.refusal_reason() is None
     assert store.authenticate("Bearer good").tenant == "acme"
 
 

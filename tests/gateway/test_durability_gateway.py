@@ -65,25 +65,37 @@ def test_sqlite_file_deleted_under_load_reports_only_rows_at_the_path(stub, stub
     assert f"prefixscope_gateway_records_lost_total {float(health['lost'])}" in metrics
 
 
-def test_a_full_spill_disk_with_the_database_down_is_counted_and_exported(stub, stub_url, tmp_path, caplog):
-    """The database is unreachable from the start (the gateway starts anyway) and the spill disk is full: every
-    record is lost, and /health, /metrics and the error log say exactly how many."""
+@pytest.mark.parametrize("journal_full", [True, False])
+def test_a_full_spill_disk_with_the_database_down_is_counted_and_exported(
+    journal_full, stub, stub_url, tmp_path, caplog, monkeypatch
+):
+    """The database is unreachable from the start (the gateway starts anyway) and the spill disk is full. With the
+    journal full too every record is lost, and /health, /metrics and the error log say exactly how many; with the
+    journal writable (spill_first, the default) none is lost: they are kept in the journal, exported as pending."""
     storage = db_storage(f"postgresql://root@127.0.0.1:{closed_port()}/absent", tmp_path)
 
-    def no_space(fd: int, data: bytes) -> int:
+    def no_space(fd: int, data: bytes, write: object = None) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     storage.sink._spill.write = no_space
+    if journal_full:
+        monkeypatch.setattr("db.journal.write_all", no_space)
+    lost, pending = (5, 0) if journal_full else (0, 5)
     with running_gateway(gateway_config(stub_url), storage) as gw:
         for _ in range(5):
             assert httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT).status_code == 200
-        assert wait_until(lambda: storage.sink.counters().lost == 5)
+        counters = storage.sink.counters
+        assert wait_until(lambda: (counters().lost, counters().journaled_pending) == (lost, pending))
         health = httpx.get(f"{gw.url}/health").json()
         metrics = httpx.get(f"{gw.url}/metrics").text
-    assert (health["records"]["lost"], health["records"]["rejected"], health["records"]["written"]) == (5, 0, 0)
-    assert "prefixscope_gateway_records_lost_total 5.0" in metrics
+    records = health["records"]
+    assert (records["lost"], records["journaled_pending"], records["rejected"], records["written"]) == (
+        lost, pending, 0, 0
+    )  # fmt: skip
+    assert f"prefixscope_gateway_records_lost_total {lost}.0" in metrics
+    assert f"prefixscope_gateway_records_journaled_pending {pending}.0" in metrics
     assert "prefixscope_gateway_records_rejected_total 0.0" in metrics
-    assert any(r.levelname == "ERROR" and "LOST" in r.getMessage() for r in caplog.records)
+    assert any(r.levelname == "ERROR" and "LOST" in r.getMessage() for r in caplog.records) == journal_full
 
 
 @pytest.mark.postgres
