@@ -124,3 +124,38 @@ def test_replica_sets_in_the_config_file_and_on_the_command_line():
 def test_bad_replica_config_is_refused(entry):
     with pytest.raises(ConfigError):
         parse_config({"upstreams": [entry]})
+
+
+def test_failovers_count_retries_not_failed_attempts():
+    """A request that fails on every replica of a pair is retried once: one failover, not one per failed attempt."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gateway.config import UpstreamConfig
+    from gateway.errors import UpstreamUnavailable
+    from gateway.replicas.dispatch import forward_routed
+    from gateway.replicas.replica_set import ReplicaSet
+
+    upstream = UpstreamConfig(
+        name="local", url="http://127.0.0.1:1", replicas=("http://127.0.0.1:1", "http://127.0.0.1:2"),
+        routing="round_robin",
+    )
+    replica_set = ReplicaSet(upstream)
+    router = SimpleNamespace(replica_sets={"local": replica_set})
+    tracker = SimpleNamespace(model="m", usage=None, failovers=0, placed=lambda placement: None)
+    attempts: list[str] = []
+
+    async def refuse(route):
+        attempts.append(str(route.upstream.url))
+        raise UpstreamUnavailable("refused")
+
+    async def run() -> None:
+        with pytest.raises(UpstreamUnavailable):
+            await forward_routed(router, None, SimpleNamespace(name="local"), "chat", {"messages": []}, "ns", tracker,
+                                 SimpleNamespace(started=False), refuse)
+
+    asyncio.run(run())
+    assert len(attempts) == 2
+    assert tracker.failovers == 1
+    assert replica_set.failovers == 1
+    assert all(not r.healthy and r.load == 0 for r in replica_set.replicas)
