@@ -159,3 +159,33 @@ def test_failovers_count_retries_not_failed_attempts():
     assert tracker.failovers == 1
     assert replica_set.failovers == 1
     assert all(not r.healthy and r.load == 0 for r in replica_set.replicas)
+
+
+def test_replica_metrics_compare_predictions_only_where_the_engine_answered():
+    """A request the engine refused (a 400, no usage) has no actual cached tokens: its prediction is left out of the
+    predicted-tokens counter too, as the dashboard's router accuracy leaves it out, so the two counters compare."""
+    from datetime import datetime, timezone
+
+    from prometheus_client import CollectorRegistry
+
+    from db.records import RequestRecord
+    from gateway.replicas.replica_metrics import ReplicaMetrics
+
+    registry = CollectorRegistry()
+    metrics = ReplicaMetrics(registry)
+
+    def record(status: int, predicted: int, cached: int | None) -> RequestRecord:
+        return RequestRecord(
+            request_id=f"r{status}", created_at=datetime.now(timezone.utc), tenant="t", key_id=None,
+            endpoint="chat", model="m", upstream="local", stream=False, status_code=status, error_type=None,
+            prompt_tokens=None if cached is None else 464, cached_tokens=cached, completion_tokens=None, ttft_ms=None,
+            latency_ms=1.0, replica="http://r1", routing_policy="cache_aware", predicted_match_tokens=predicted,
+            routing_index_source="precise",
+        )
+
+    metrics.observe(record(200, 448, 457))
+    metrics.observe(record(400, 304, None))
+    labels = {"upstream": "local", "replica": "http://r1"}
+    assert registry.get_sample_value("prefixscope_gateway_replica_requests_total", labels) == 2
+    assert registry.get_sample_value("prefixscope_gateway_replica_predicted_cached_tokens_total", labels) == 448
+    assert registry.get_sample_value("prefixscope_gateway_replica_cached_tokens_total", labels) == 457
