@@ -189,3 +189,23 @@ def test_replica_metrics_compare_predictions_only_where_the_engine_answered():
     assert registry.get_sample_value("prefixscope_gateway_replica_requests_total", labels) == 2
     assert registry.get_sample_value("prefixscope_gateway_replica_predicted_cached_tokens_total", labels) == 448
     assert registry.get_sample_value("prefixscope_gateway_replica_cached_tokens_total", labels) == 457
+
+
+def test_bench_routing_starts_its_gateway_open(monkeypatch, tmp_path):
+    """The routing bench's own gateway has a fresh database without keys and its client sends none: the gateway must
+    run open, or every request is refused with a 503 (open mode is never inferred)."""
+    from gateway.bench import routing
+
+    commands: list[list[str]] = []
+
+    class Started(Exception):
+        pass
+
+    def spawn(command, log):
+        commands.append(command)
+        raise Started
+
+    monkeypatch.setattr(routing, "_spawn", spawn)
+    with pytest.raises(Started):
+        routing._run_policy("cache_aware", [], [], tmp_path)
+    assert "--open" in commands[0]
