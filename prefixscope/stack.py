@@ -235,7 +235,8 @@ def register(commands, bench_commands) -> None:
         help="default: $PREFIXSCOPE_DATABASE_URL, else prefixscope.db in the state directory ($PREFIXSCOPE_HOME)",
     )
     up.add_argument(
-        "--replicas", type=_replica_count, default=1, help="engines to start (ports from --engine-port up), routed cache-aware"
+        "--replicas", type=_replica_count, default=1,
+        help="engines to start (ports from --engine-port up), routed cache-aware",
     )
     up.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for each program")
     up.add_argument(
