@@ -49,6 +49,12 @@ def port_problems(host: str, requests: list[PortRequest]) -> list[str]:
             )
             continue
         seen[request.port] = request
+        if not 1 <= request.port <= 65535:  # replicas take consecutive ports from --engine-port
+            problems.append(
+                f"port {request.port} (the {request.program}) is not a port number (1-65535): "
+                f"choose a lower {request.option} PORT"
+            )
+            continue
         try:
             free = port_is_free(host, request.port)
         except OSError as exc:

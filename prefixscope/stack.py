@@ -23,6 +23,17 @@ from prefixscope.ports import PortRequest, port_problems
 from prefixscope.supervisor import Program, supervise
 
 
+def _replica_count(text: str) -> int:
+    """How many engines `up` starts (argparse type): at least 1."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of engines (1 or more)")
+    return count
+
+
 def _port(text: str) -> int:
     """A TCP port a program can listen on (argparse type): 1-65535."""
     try:
@@ -240,7 +251,8 @@ def register(commands, bench_commands) -> None:
         help="default: $PREFIXSCOPE_DATABASE_URL, else prefixscope.db in the state directory ($PREFIXSCOPE_HOME)",
     )
     up.add_argument(
-        "--replicas", type=int, default=1, help="engines to start (ports from --engine-port up), routed cache-aware"
+        "--replicas", type=_replica_count, default=1,
+        help="engines to start (ports from --engine-port up), routed cache-aware",
     )
     up.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for each program")
     up.add_argument(

@@ -32,3 +32,21 @@ def test_every_replica_port_is_checked_before_start():
     requests = _port_requests(args, plan(args))
     assert PortRequest("engine1", 9101, "--engine-port") in requests
     assert PortRequest("engine2", 9102, "--engine-port") in requests
+
+
+def test_a_replica_count_below_one_is_refused(capsys):
+    import pytest
+
+    for count in ("0", "-2", "two"):
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args(["up", "--replicas", count])
+        assert exit_info.value.code == 2
+        assert "--replicas" in capsys.readouterr().err
+
+
+def test_replica_ports_past_65535_are_refused():
+    from prefixscope.ports import port_problems
+
+    args = build_parser().parse_args(["up", "--replicas", "3", "--engine-port", "65534"])
+    problems = port_problems("127.0.0.1", _port_requests(args, plan(args)))
+    assert any("65536" in problem and "engine3" in problem and "--engine-port" in problem for problem in problems)

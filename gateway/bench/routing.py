@@ -129,7 +129,7 @@ def _run_policy(
     gateway_url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "prefixscope", "gateway", "--port", str(port), "--routing", policy,
                "--database-url", f"sqlite:///{workdir / f'{policy}-{len(engine_urls)}.db'}", "--log-level", "warning",
-               "--open"]
+               "--open"]  # a local bench with a fresh database: no keys, and its client sends none
     for url in engine_urls:
         command += ["--upstream", url]
     gateway = _spawn(command, workdir / "gateway.log")

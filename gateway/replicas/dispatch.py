@@ -44,6 +44,7 @@ async def forward_routed(
                 raise
             excluded.append(placement.replica.url if placement.replica else "")
             tracker.failovers += 1
+            replica_set.retried()
         finally:
             usage = tracker.usage
             replica_set.release(placement, usage.prompt_tokens if usage is not None else None)

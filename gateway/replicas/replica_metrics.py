@@ -41,7 +41,9 @@ class ReplicaMetrics:
             return
         labels = (record.upstream, record.replica)
         self.requests.labels(*labels).inc()
-        if record.predicted_match_tokens:
+        # Only where the engine reported what matched, as the dashboard's router accuracy counts, so that predicted
+        # and actual cached tokens compare: a refused request's prediction has nothing to be compared with.
+        if record.predicted_match_tokens and record.cached_tokens is not None and record.status_code < 400:
             self.predicted_tokens.labels(*labels).inc(record.predicted_match_tokens)
         if record.cached_tokens:
             self.cached_tokens.labels(*labels).inc(record.cached_tokens)

@@ -214,7 +214,10 @@ class ReplicaSet:
         """A request could not reach its replica: take it out until its health check passes."""
         if placement.replica is not None:
             placement.replica.mark_unhealthy()
-            self.failovers += 1
+
+    def retried(self) -> None:
+        """A request that failed on one replica is tried again on another (`failovers` counts these retries)."""
+        self.failovers += 1
 
     def describe(self) -> list[dict[str, Any]]:
         """For `/health`: each replica's state."""

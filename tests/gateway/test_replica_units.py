@@ -124,3 +124,88 @@ def test_replica_sets_in_the_config_file_and_on_the_command_line():
 def test_bad_replica_config_is_refused(entry):
     with pytest.raises(ConfigError):
         parse_config({"upstreams": [entry]})
+
+
+def test_failovers_count_retries_not_failed_attempts():
+    """A request that fails on every replica of a pair is retried once: one failover, not one per failed attempt."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gateway.config import UpstreamConfig
+    from gateway.errors import UpstreamUnavailable
+    from gateway.replicas.dispatch import forward_routed
+    from gateway.replicas.replica_set import ReplicaSet
+
+    upstream = UpstreamConfig(
+        name="local", url="http://127.0.0.1:1", replicas=("http://127.0.0.1:1", "http://127.0.0.1:2"),
+        routing="round_robin",
+    )
+    replica_set = ReplicaSet(upstream)
+    router = SimpleNamespace(replica_sets={"local": replica_set})
+    tracker = SimpleNamespace(model="m", usage=None, failovers=0, placed=lambda placement: None)
+    attempts: list[str] = []
+
+    async def refuse(route):
+        attempts.append(str(route.upstream.url))
+        raise UpstreamUnavailable("refused")
+
+    async def run() -> None:
+        with pytest.raises(UpstreamUnavailable):
+            await forward_routed(router, None, SimpleNamespace(name="local"), "chat", {"messages": []}, "ns", tracker,
+                                 SimpleNamespace(started=False), refuse)
+
+    asyncio.run(run())
+    assert len(attempts) == 2
+    assert tracker.failovers == 1
+    assert replica_set.failovers == 1
+    assert all(not r.healthy and r.load == 0 for r in replica_set.replicas)
+
+
+def test_replica_metrics_compare_predictions_only_where_the_engine_answered():
+    """A request the engine refused (a 400, no usage) has no actual cached tokens: its prediction is left out of the
+    predicted-tokens counter too, as the dashboard's router accuracy leaves it out, so the two counters compare."""
+    from datetime import datetime, timezone
+
+    from prometheus_client import CollectorRegistry
+
+    from db.records import RequestRecord
+    from gateway.replicas.replica_metrics import ReplicaMetrics
+
+    registry = CollectorRegistry()
+    metrics = ReplicaMetrics(registry)
+
+    def record(status: int, predicted: int, cached: int | None) -> RequestRecord:
+        return RequestRecord(
+            request_id=f"r{status}", created_at=datetime.now(timezone.utc), tenant="t", key_id=None,
+            endpoint="chat", model="m", upstream="local", stream=False, status_code=status, error_type=None,
+            prompt_tokens=None if cached is None else 464, cached_tokens=cached, completion_tokens=None, ttft_ms=None,
+            latency_ms=1.0, replica="http://r1", routing_policy="cache_aware", predicted_match_tokens=predicted,
+            routing_index_source="precise",
+        )
+
+    metrics.observe(record(200, 448, 457))
+    metrics.observe(record(400, 304, None))
+    labels = {"upstream": "local", "replica": "http://r1"}
+    assert registry.get_sample_value("prefixscope_gateway_replica_requests_total", labels) == 2
+    assert registry.get_sample_value("prefixscope_gateway_replica_predicted_cached_tokens_total", labels) == 448
+    assert registry.get_sample_value("prefixscope_gateway_replica_cached_tokens_total", labels) == 457
+
+
+def test_bench_routing_starts_its_gateway_open(monkeypatch, tmp_path):
+    """The routing bench's own gateway has a fresh database without keys and its client sends none: the gateway must
+    run open, or every request is refused with a 503 (open mode is never inferred)."""
+    from gateway.bench import routing
+
+    commands: list[list[str]] = []
+
+    class Started(Exception):
+        pass
+
+    def spawn(command, log):
+        commands.append(command)
+        raise Started
+
+    monkeypatch.setattr(routing, "_spawn", spawn)
+    with pytest.raises(Started):
+        routing._run_policy("cache_aware", [], [], tmp_path)
+    assert "--open" in commands[0]
