@@ -22,9 +22,11 @@ def tool_call_stream(parsed: ParsedRequest, tokenizer) -> ToolCallStream | None:
 
 
 def _finish_reason(finished: Finished, calls: list[ToolCall]) -> str:
-    """`tool_calls` when the answer ended after its calls; `length` stays `length` (as in OpenAI's API) so a client
-    can tell that a call cut short by `max_tokens` has incomplete arguments."""
-    return "tool_calls" if calls and finished.finish_reason == "stop" else finished.finish_reason
+    """`tool_calls` when the answer's calls are whole; `length` when `max_tokens` cut one short (as in OpenAI's
+    API), so a client can tell that its arguments may be incomplete."""
+    if not calls or finished.finish_reason not in ("stop", "length"):
+        return finished.finish_reason
+    return "tool_calls" if finished.finish_reason == "stop" or all(call.complete for call in calls) else "length"
 
 
 def new_response_id(endpoint: str) -> str:

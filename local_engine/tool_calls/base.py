@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call as OpenAI returns it: `arguments` is a JSON-encoded string."""
+    """One call as OpenAI returns it: `arguments` is a JSON-encoded string. `complete` is False when the model's
+    JSON was cut short (by `max_tokens`) and completed, so its arguments may miss fields."""
 
     id: str
     name: str
     arguments: str
+    complete: bool = field(default=True, compare=False)
 
     def as_openai(self, index: int | None = None) -> dict:
         body = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}

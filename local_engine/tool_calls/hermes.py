@@ -17,20 +17,20 @@ _DECODER = json.JSONDecoder()
 _FORCED = re.compile(r'^\s*\{\s*"name"\s*:\s*"[^"\\]{1,64}"\s*,\s*"arguments"\s*:\s*(.*)$', re.DOTALL)
 
 
-def first_json_value(text: str):
-    """The first JSON value in `text` (small models often keep writing after it), completing a truncated one;
-    None when there is none."""
+def first_json_value(text: str) -> tuple[object, bool]:
+    """The first JSON value in `text` (small models often keep writing after it), completing a truncated one, and
+    whether it was whole; (None, False) when there is none."""
     text = text.strip()
     if not text:
-        return None
+        return None, False
     try:
-        return _DECODER.raw_decode(text)[0]
+        return _DECODER.raw_decode(text)[0], True
     except ValueError:
         pass
     try:
-        return partial_json_parser.loads(text)
+        return partial_json_parser.loads(text), False
     except Exception:  # noqa: BLE001 - the parser raises several kinds; any means "not JSON"
-        return None
+        return None, False
 
 
 class HermesFormat(ToolCallFormat):
@@ -45,14 +45,17 @@ class HermesFormat(ToolCallFormat):
         return opening + (json.dumps(first_argument) + ": " if first_argument else "")
 
     def parse_body(self, body: str, forced_name: str | None) -> ToolCall | None:
-        value = first_json_value(body)
+        value, whole = first_json_value(body)
         if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"]:
             name = forced_name or value["name"]
-            return ToolCall(new_call_id(), name, arguments_json(value.get("arguments", value.get("parameters"))))
+            arguments = arguments_json(value.get("arguments", value.get("parameters")))
+            return ToolCall(new_call_id(), name, arguments, complete=whole)
         if forced_name is None:
             return None
         # A call the prompt forced: the name is known. Arguments that are no JSON object at all become `{}`, so
         # that `arguments` is always a JSON object string.
         match = _FORCED.match(body)
-        arguments = first_json_value(match.group(1)) if match else None
-        return ToolCall(new_call_id(), forced_name, arguments_json(arguments if isinstance(arguments, dict) else {}))
+        arguments, whole = first_json_value(match.group(1)) if match else (None, False)
+        if not isinstance(arguments, dict):
+            arguments, whole = {}, False
+        return ToolCall(new_call_id(), forced_name, arguments_json(arguments), complete=whole)

@@ -96,10 +96,13 @@ def test_a_call_cut_short_by_max_tokens_finishes_with_length_not_tool_calls():
     from local_engine.engine_types import Finished, RequestTimings
     from local_engine.responses import _finish_reason
 
-    stream = ToolCallStream(HermesFormat())
-    _, calls = run(stream, CALL[:40], 5)
-    assert calls  # completed from partial JSON
     timings = RequestTimings(0.0, 0.0, 0.0, 0.0, 0.0, 0)
-    assert _finish_reason(Finished("length", 10, 4, 0, timings), calls) == "length"
-    assert _finish_reason(Finished("stop", 10, 4, 0, timings), calls) == "tool_calls"
+    _, cut = run(ToolCallStream(HermesFormat()), CALL[:50], 5)
+    assert cut and not cut[0].complete  # completed from partial JSON
+    assert _finish_reason(Finished("length", 10, 4, 0, timings), cut) == "length"
+    # Whole JSON, then the model kept writing until max_tokens without closing the tag: the call is whole.
+    _, whole = run(ToolCallStream(HermesFormat()), CALL.removesuffix("</tool_call>") + " and then", 5)
+    assert whole and whole[0].complete
+    assert _finish_reason(Finished("length", 10, 4, 0, timings), whole) == "tool_calls"
+    assert _finish_reason(Finished("stop", 10, 4, 0, timings), cut) == "tool_calls"
     assert _finish_reason(Finished("stop", 10, 4, 0, timings), []) == "stop"
