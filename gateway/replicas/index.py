@@ -55,6 +55,10 @@ class PreciseIndex:
                 for value in hashes:
                     pending.pop(value, None)
 
+    def holds_namespace(self, namespace: str) -> bool:
+        """Whether the engine's events say it holds any block of `namespace`."""
+        return bool(self.held.get(namespace))
+
     def expect(self, namespace: str, hashes: Sequence[int], expires_at: float) -> None:
         """The router sent these blocks here: count them as held until `expires_at` unless events say otherwise."""
         pending = self._pending.setdefault(namespace, {})

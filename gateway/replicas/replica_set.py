@@ -140,8 +140,12 @@ class ReplicaSet:
             pool = [Candidate(r.position, r.load) for r in candidates]
             chosen = choose(self.policy, pool, self.settings, self._turn, 0)
             return self._placed(chosen.position, chosen.reason, None, None, text, namespace, None, now, excluded)
-        # What no replica was sent recently is a new prefix: route it by load without asking an engine to hash it.
-        known = any(r.approximate.match_blocks(namespace, text.hashes[:1], now) for r in candidates)
+        # A prompt whose first text block no replica was sent recently, in a namespace no engine reports holding
+        # anything of, is a new prefix: route it by load without asking an engine to hash it. A namespace an engine
+        # does hold (after a gateway restart, or once the text index aged out) is always looked up precisely.
+        known = any(r.approximate.match_blocks(namespace, text.hashes[:1], now) for r in candidates) or any(
+            r.events_synced and r.precise.holds_namespace(namespace) for r in candidates
+        )
         tokens = await self._token_chain(client, candidates, body) if known or not text.hashes else None
         prompt_tokens = tokens[1] if tokens else round(text.num_chars * self.tokens_per_char)
         predictions = {r.position: self._predict(r, namespace, text, tokens, prompt_tokens, now) for r in candidates}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import ConfigOverrides, load_config, parse_config
+from gateway.config import ConfigOverrides, UpstreamConfig, load_config, parse_config
 from gateway.errors import ConfigError
 from gateway.replicas.index import ApproximateIndex, PreciseIndex
 from gateway.replicas.policy import Candidate, choose
@@ -209,3 +209,37 @@ def test_bench_routing_starts_its_gateway_open(monkeypatch, tmp_path):
     with pytest.raises(Started):
         routing._run_policy("cache_aware", [], [], tmp_path)
     assert "--open" in commands[0]
+
+
+def test_a_prefix_an_engine_holds_is_looked_up_precisely_after_a_gateway_restart():
+    """The gateway's own text index is empty after a restart; the engine's events still say where the prefix is."""
+    import asyncio
+
+    from gateway.parsing import CHAT
+    from gateway.replicas.replica_set import ReplicaSet
+
+    upstream = UpstreamConfig(
+        name="local", url="http://127.0.0.1:1", replicas=("http://127.0.0.1:1", "http://127.0.0.1:2"),
+        routing="cache_aware",
+    )
+    replicas = ReplicaSet(upstream)
+    replicas.replicas[0].precise.reset({"ns": list(range(100))})
+    for replica in replicas.replicas:
+        replica.events_synced = True
+        replica.event_block_size = 16
+    asked = []
+
+    async def token_chain(client, candidates, body):
+        asked.append(body)
+        return list(range(30)), 480, 16
+
+    replicas._token_chain = token_chain
+    body = {"model": "m", "messages": [{"role": "system", "content": "long system prompt " * 40},
+                                       {"role": "user", "content": "hi"}]}
+    placement = asyncio.run(replicas.place(None, CHAT, body, "ns", "m"))
+    assert asked and placement.replica.url == "http://127.0.0.1:1"
+    assert placement.index_source == "precise" and placement.predicted_match_tokens == 480 - 1  # all but the last
+    # Another namespace that no engine holds anything of is still placed by load, without the round trip.
+    asked.clear()
+    asyncio.run(replicas.place(None, CHAT, body, "other", "m"))
+    assert not asked
