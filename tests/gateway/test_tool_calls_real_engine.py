@@ -4,7 +4,6 @@ gateway, against the real engine; the stored rows keep their miss explanation an
 from __future__ import annotations
 
 import json
-import uuid
 
 import openai
 import pytest
@@ -42,7 +41,8 @@ def test_tool_calling_loop_through_the_gateway(engine_url, tmp_path):
     with running_gateway(config, db_storage(database_url, tmp_path)) as gw:
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=keys["agent"], max_retries=0, timeout=300)
         messages = [
-            {"role": "system", "content": f"Session {uuid.uuid4().hex}. You can look up the weather."},
+            # A fixed prompt: greedy decoding then gives the same call on every run.
+            {"role": "system", "content": "Session 5c1e. You can look up the weather."},
             {"role": "user", "content": "What is the weather in Paris?"},
         ]
         first = client.chat.completions.with_raw_response.create(
@@ -50,7 +50,9 @@ def test_tool_calling_loop_through_the_gateway(engine_url, tmp_path):
         )
         call_completion = first.parse()
         choice = call_completion.choices[0]
-        assert choice.finish_reason == "tool_calls"
+        # SmolLM2 (135M) sometimes writes on inside a forced call's arguments until max_tokens: the call then comes
+        # back completed from partial JSON with finish_reason "length" (unit-tested in test_tool_calls.py).
+        assert choice.finish_reason in ("tool_calls", "length")
         (call,) = choice.message.tool_calls
         assert call.function.name == "get_weather"
         arguments = json.loads(call.function.arguments)
@@ -74,7 +76,7 @@ def test_tool_calling_loop_through_the_gateway(engine_url, tmp_path):
         deltas = [tc for chunk in chunks if chunk.choices for tc in (chunk.choices[0].delta.tool_calls or [])]
         assert [(d.index, d.type, d.function.name) for d in deltas] == [(0, "function", "get_weather")]
         assert json.loads(deltas[0].function.arguments) == arguments
-        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
         assert all(c.usage is None for c in chunks)
 
         ids = [first.headers["x-request-id"], second.headers["x-request-id"]]
