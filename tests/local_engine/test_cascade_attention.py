@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 import torch
 import torch.nn.functional as F
 
+from local_engine import paged_attention as paged_attention_module
 from local_engine.cache.kv_pool import KVPool, KVPoolConfig
-from local_engine.cascade_attention import find_shared_prefixes
+from local_engine.cascade_attention import cascade_attention, find_shared_prefixes
+from local_engine.engine_types import GenerationRequest
 from local_engine.paged_attention import build_paged_batch, paged_attention
+from local_engine.sampling import SamplingParams
+
+from .conftest import run_to_end
+from .test_batching import token_ids
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64
 SCALING = HEAD_DIM**-0.5
@@ -89,3 +98,34 @@ def test_a_batch_made_only_of_one_group_and_long_prefixes():
     plain = paged_attention(build_paged_batch(pool, tables, [1] * 8, 8, min_shared_prefix=None), 0, query, key,
                             value, SCALING)
     assert (out - plain).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_requests_on_a_cached_prefix_decode_through_cascade_groups_with_unchanged_output(make_engine, page_size,
+                                                                                          monkeypatch):
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[2].rows.numel())
+        return cascade_attention(*args, **kwargs)
+
+    monkeypatch.setattr(paged_attention_module, "cascade_attention", counting)
+    engine = make_engine(kv_cache_tokens=8192, page_size=page_size, max_num_seqs=8, max_num_batched_tokens=64)
+    shared = token_ids(7, 100, 49152)
+    prompts = [tuple(shared + token_ids(200 + i, 3 + 5 * i, 49152)) for i in range(8)]
+    params = [SamplingParams(max_tokens=4 + 2 * i, temperature=0.0, ignore_eos=True) for i in range(8)]
+
+    async def alone():
+        return [(await run_to_end(engine, GenerationRequest(p, s)))[1] for p, s in zip(prompts, params)]
+
+    async def together():
+        await run_to_end(engine, GenerationRequest(tuple(shared), SamplingParams(max_tokens=1, temperature=0.0)))
+        results = await asyncio.gather(*(run_to_end(engine, GenerationRequest(p, s)) for p, s in zip(prompts, params)))
+        return [text for _, text, _ in results]
+
+    expected = asyncio.run(alone())
+    engine.flush_cache()
+    calls.clear()
+    assert asyncio.run(together()) == expected
+    assert calls and max(calls) >= 2
+    engine.check_integrity()
