@@ -7,6 +7,15 @@ with a causal mask offset by the tokens already in the pool. On CPU, for ~1.7k-t
 one padded SDPA call over the decode sequences took 0.27x (8 sequences) and 0.41x (32) the time of one call per
 sequence, and the same for a single sequence; a single variable-length packed call would need a mask over every pair
 of packed tokens and context slots.
+
+Decode sequences whose slot tables begin with the same run of at least MIN_SHARED_PREFIX slots (sequences on one
+cached system prompt) are attended as a cascade group instead (local_engine.cascade_attention): the shared prefix
+is gathered and scored once for the whole group, each row's own suffix separately, and the two merged exactly. On
+CPU (one thread, fp32, one layer of SmolLM2's shape: 9 heads, 3 KV heads, head_dim 64), with every sequence on a
+shared 1,700-token prefix plus 1-40 tokens of its own, one decode attention call took, best of 25 (median in
+brackets), 14.0-15.8 ms (25 ms) for 8 sequences and 76-90 ms (83-111 ms) for 32 on the padded path, against
+2.3-2.5 ms (2.6-3.4 ms) and 4.1-4.3 ms (4.5-8.7 ms) as a cascade group; finding the groups costs 0.2-1.2 ms once
+per step in build_paged_batch.
 """
 
 from __future__ import annotations
@@ -17,6 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from local_engine.cache import KVPool
+from local_engine.cascade_attention import (
+    MIN_SHARED_PREFIX,
+    CascadeGroup,
+    build_cascade_group,
+    cascade_attention,
+    find_shared_prefixes,
+)
 
 
 @dataclass(frozen=True)
@@ -39,9 +55,12 @@ class PagedBatch:
     """Where one packed step's tokens read and write their K/V in the pool.
 
     The packed input holds `num_decode` decode tokens first (rows `[0, num_decode)`), then the prefill chunks.
-    `write_slots`: int64 `[num_tokens]`, the pool slot of each packed token's new K/V. `decode_slots`: int64
-    `[num_decode, max_context_tokens]`, each decode sequence's slot table padded with slot 0; `decode_mask`: bool
-    `[num_decode, 1, 1, max_context_tokens]` marking real entries, or None when no padding was needed.
+    `write_slots`: int64 `[num_tokens]`, the pool slot of each packed token's new K/V. Decode rows in a shared-prefix
+    group are attended through `cascade` (one CascadeGroup each); the others, `decode_rows` (int64 `[num_plain]`,
+    or None for all of `[0, num_decode)`), through the padded path, or none when `decode_slots` is None:
+    `decode_slots`: int64 `[num_plain, max_context_tokens]`, each such row's slot table padded with slot 0;
+    `decode_mask`: bool `[num_plain, 1, 1, max_context_tokens]` marking real entries, or None when no padding was
+    needed.
     """
 
     pool: KVPool
@@ -50,26 +69,43 @@ class PagedBatch:
     decode_slots: torch.Tensor | None
     decode_mask: torch.Tensor | None
     chunks: tuple[ChunkAttention, ...]
+    decode_rows: torch.Tensor | None = None
+    cascade: tuple[CascadeGroup, ...] = ()
 
 
 def build_paged_batch(
-    pool: KVPool, slot_tables: list[torch.Tensor], num_query_tokens: list[int], num_decode: int
+    pool: KVPool,
+    slot_tables: list[torch.Tensor],
+    num_query_tokens: list[int],
+    num_decode: int,
+    min_shared_prefix: int | None = MIN_SHARED_PREFIX,
 ) -> PagedBatch:
     """`slot_tables[i]`: int64 CPU `[n_i]`, sequence i's slots up to and including its tokens in this step, whose
-    count is `num_query_tokens[i]`. The first `num_decode` sequences have one query token each."""
+    count is `num_query_tokens[i]`. The first `num_decode` sequences have one query token each; two or more of
+    them whose tables share their first `min_shared_prefix` or more slots form a cascade group (None: never)."""
     device = pool.k.device
     write_slots = torch.cat([table[len(table) - n :] for table, n in zip(slot_tables, num_query_tokens)])
-    decode_slots = decode_mask = None
-    if num_decode:
-        lengths = [len(table) for table in slot_tables[:num_decode]]
+    decode_slots = decode_mask = decode_rows = None
+    cascade: list[CascadeGroup] = []
+    plain = list(range(num_decode))
+    if num_decode > 1 and min_shared_prefix is not None:
+        groups = find_shared_prefixes(slot_tables[:num_decode], min_shared_prefix)
+        cascade = [build_cascade_group(slot_tables, rows, length, device) for rows, length in groups]
+        grouped = {row for rows, _ in groups for row in rows}
+        plain = [row for row in plain if row not in grouped]
+        if cascade and plain:
+            decode_rows = torch.tensor(plain, dtype=torch.int64).to(device, non_blocking=True)
+    if plain:
+        tables = [slot_tables[row] for row in plain]
+        lengths = [len(table) for table in tables]
         longest = max(lengths)
-        padded = torch.zeros(num_decode, longest, dtype=torch.int64)
-        for row, table in enumerate(slot_tables[:num_decode]):
+        padded = torch.zeros(len(plain), longest, dtype=torch.int64)
+        for row, table in enumerate(tables):
             padded[row, : len(table)] = table
         decode_slots = padded.to(device, non_blocking=True)
         if min(lengths) != longest:
             real = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
-            decode_mask = real.view(num_decode, 1, 1, longest).to(device, non_blocking=True)
+            decode_mask = real.view(len(plain), 1, 1, longest).to(device, non_blocking=True)
     chunks, start = [], num_decode
     for table, n in zip(slot_tables[num_decode:], num_query_tokens[num_decode:]):
         context = len(table)
@@ -80,7 +116,7 @@ def build_paged_batch(
         chunks.append(ChunkAttention(start, n, table.to(device, non_blocking=True), mask))
         start += n
     return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, decode_slots, decode_mask,
-                      tuple(chunks))
+                      tuple(chunks), decode_rows, tuple(cascade))
 
 
 def paged_attention(
@@ -98,16 +134,23 @@ def paged_attention(
     queries = query[0].transpose(0, 1)  # [num_tokens, num_heads, head_dim]
     out = torch.empty_like(queries)
     num_kv_heads, head_dim = pool_k.shape[1], pool_k.shape[2]
-    if batch.num_decode:
+    for group in batch.cascade:
+        group_queries = queries.index_select(0, group.rows).to(pool_k.dtype)  # [num_rows, num_heads, head_dim]
+        out.index_copy_(0, group.rows, cascade_attention(pool_k, pool_v, group, group_queries, scaling).to(out.dtype))
+    if batch.decode_slots is not None:
         rows, longest = batch.decode_slots.shape
         flat = batch.decode_slots.view(-1)
         keys = pool_k.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).transpose(1, 2)
         values = pool_v.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).transpose(1, 2)
-        decode_queries = queries[:rows].unsqueeze(2).to(keys.dtype)  # [rows, num_heads, 1, head_dim]
+        plain = queries[:rows] if batch.decode_rows is None else queries.index_select(0, batch.decode_rows)
+        decode_queries = plain.unsqueeze(2).to(keys.dtype)  # [rows, num_heads, 1, head_dim]
         attended = F.scaled_dot_product_attention(
             decode_queries, keys, values, attn_mask=batch.decode_mask, scale=scaling, enable_gqa=True
         )
-        out[:rows] = attended.squeeze(2).to(out.dtype)
+        if batch.decode_rows is None:
+            out[:rows] = attended.squeeze(2).to(out.dtype)
+        else:
+            out.index_copy_(0, batch.decode_rows, attended.squeeze(2).to(out.dtype))
     for chunk in batch.chunks:
         keys = pool_k.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, n, head_dim]
         values = pool_v.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)

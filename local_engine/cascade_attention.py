@@ -1,0 +1,118 @@
+"""Shared-prefix ("cascade") decode attention: decode rows whose slot tables begin with the same run of slots read
+that prefix's K/V once.
+
+Sequences on one cached system prompt get the same pool slots for it from the radix cache, so a padded decode batch
+would gather and score the same prefix once per row. Here a group's prefix is gathered once and all the group's
+queries (rows times the query heads of each KV head) are scored against it in one matmul per KV head; each row's
+suffix (its slots after the prefix) is attended separately, and the two partial results are merged exactly through
+their log-sum-exp, in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MIN_SHARED_PREFIX = 64  # the shortest shared run of slots worth a separate prefix pass
+
+
+@dataclass(frozen=True)
+class CascadeGroup:
+    """Decode rows sharing their first `len(prefix_slots)` slots.
+
+    `rows`: int64 `[num_rows]`, the rows' indices in the packed step. `prefix_slots`: int64 `[P]`, the shared slots.
+    `suffix_slots`: int64 `[num_rows, max_suffix]`, each row's slots after the prefix padded with slot 0 (every row
+    has at least one, its new token's). `suffix_mask`: bool `[num_rows, 1, 1, max_suffix]` marking real entries, or
+    None when no padding was needed. All on the pool's device.
+    """
+
+    rows: torch.Tensor
+    prefix_slots: torch.Tensor
+    suffix_slots: torch.Tensor
+    suffix_mask: torch.Tensor | None
+
+
+def find_shared_prefixes(tables: list[torch.Tensor], min_prefix: int) -> list[tuple[list[int], int]]:
+    """Groups of at least two of `tables` (int64 CPU `[n_i]`) that share their first `min_prefix` slots, each with
+    the length of the group's longest common prefix: `[(row indices, prefix length), ...]`. Keying on the whole
+    first `min_prefix` slots (not just the first) keeps a row that shares only a short opening, such as a chat
+    template's, from shrinking another group's prefix. The prefix stops short of each table's last slot so every row
+    keeps a non-empty suffix."""
+    by_start: dict[bytes, list[int]] = {}
+    for row, table in enumerate(tables):
+        if len(table) > min_prefix:
+            by_start.setdefault(table[:min_prefix].numpy().tobytes(), []).append(row)
+    groups = []
+    for rows in by_start.values():
+        if len(rows) < 2:
+            continue
+        limit = min(len(tables[row]) for row in rows) - 1
+        stacked = torch.stack([tables[row][:limit] for row in rows])  # [num_rows, limit]
+        differs = (~(stacked == stacked[:1]).all(dim=0)).nonzero()
+        groups.append((rows, int(differs[0]) if len(differs) else limit))
+    return groups
+
+
+def build_cascade_group(
+    tables: list[torch.Tensor], rows: list[int], prefix_length: int, device: torch.device
+) -> CascadeGroup:
+    """A CascadeGroup for `rows` of `tables` (int64 CPU `[n_i]`) sharing their first `prefix_length` slots."""
+    suffixes = [tables[row][prefix_length:] for row in rows]
+    lengths = [len(suffix) for suffix in suffixes]
+    longest = max(lengths)
+    padded = torch.zeros(len(rows), longest, dtype=torch.int64)
+    for index, suffix in enumerate(suffixes):
+        padded[index, : len(suffix)] = suffix
+    mask = None
+    if min(lengths) != longest:
+        real = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+        mask = real.view(len(rows), 1, 1, longest).to(device, non_blocking=True)
+    return CascadeGroup(
+        torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
+        tables[rows[0]][:prefix_length].to(device, non_blocking=True),
+        padded.to(device, non_blocking=True),
+        mask,
+    )
+
+
+def _partial(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unnormalised softmax attention: `scores` float32 `[..., M, N]`, `values` float32 `[..., N, head_dim]` ->
+    (`o` `[..., M, head_dim]`, row max `m` `[..., M, 1]`, sum of exponentials `l` `[..., M, 1]`)."""
+    m = scores.amax(dim=-1, keepdim=True)
+    p = torch.exp(scores - m)
+    return p @ values, m, p.sum(dim=-1, keepdim=True)
+
+
+def cascade_attention(
+    pool_k: torch.Tensor, pool_v: torch.Tensor, group: CascadeGroup, queries: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """One group's decode attention. `pool_k`, `pool_v`: `[num_slots, num_kv_heads, head_dim]` (one layer);
+    `queries`: `[num_rows, num_heads, head_dim]`, the group's rows. Returns `[num_rows, num_heads, head_dim]` in
+    `queries`' dtype. Query head h reads KV head h // (num_heads // num_kv_heads), as in grouped-query attention."""
+    rows, num_heads, head_dim = queries.shape
+    num_kv_heads = pool_k.shape[1]
+    per_kv = num_heads // num_kv_heads
+    grouped = queries.float().view(rows, num_kv_heads, per_kv, head_dim)  # [rows, kv, per_kv, d]
+
+    # Prefix: gathered once, every row's queries of a KV head in the M dimension.
+    prefix_k = pool_k.index_select(0, group.prefix_slots).transpose(0, 1).float()  # [kv, P, d]
+    prefix_v = pool_v.index_select(0, group.prefix_slots).transpose(0, 1).float()
+    folded = grouped.permute(1, 0, 2, 3).reshape(num_kv_heads, rows * per_kv, head_dim)  # [kv, rows*per_kv, d]
+    o1, m1, l1 = _partial(folded @ prefix_k.transpose(1, 2) * scaling, prefix_v)  # [kv, rows*per_kv, d|1]
+    o1, m1, l1 = (t.view(num_kv_heads, rows, per_kv, -1).permute(1, 0, 2, 3) for t in (o1, m1, l1))
+
+    # Suffix: each row's own slots, padded.
+    longest = group.suffix_slots.shape[1]
+    flat = group.suffix_slots.view(-1)
+    suffix_k = pool_k.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).permute(0, 2, 3, 1).float()
+    suffix_v = pool_v.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).transpose(1, 2).float()
+    scores = grouped @ suffix_k * scaling  # [rows, kv, per_kv, S]
+    if group.suffix_mask is not None:
+        scores = scores.masked_fill(~group.suffix_mask, float("-inf"))
+    o2, m2, l2 = _partial(scores, suffix_v)  # [rows, kv, per_kv, d|1]
+
+    m = torch.maximum(m1, m2)
+    w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    out = (o1 * w1 + o2 * w2) / (l1 * w1 + l2 * w2)
+    return out.reshape(rows, num_heads, head_dim).to(queries.dtype)

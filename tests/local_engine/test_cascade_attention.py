@@ -1,0 +1,131 @@
+"""Shared-prefix (cascade) decode attention computes what the plain padded path and per-sequence attention compute."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from local_engine import paged_attention as paged_attention_module
+from local_engine.cache.kv_pool import KVPool, KVPoolConfig
+from local_engine.cascade_attention import cascade_attention, find_shared_prefixes
+from local_engine.engine_types import GenerationRequest
+from local_engine.paged_attention import build_paged_batch, paged_attention
+from local_engine.sampling import SamplingParams
+
+from .conftest import run_to_end
+from .test_batching import token_ids
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64
+SCALING = HEAD_DIM**-0.5
+
+
+def mixed_tables() -> tuple[list[torch.Tensor], list[int]]:
+    """Seven decode tables: three rows on prefix A (100 slots) with suffixes of different lengths, two on prefix B
+    (80 slots), one row sharing nothing and one sharing only A's first 10 slots; then a 4-token prefill chunk on A.
+    Returns (tables, num_query_tokens)."""
+    prefix_a = torch.arange(0, 100)
+    prefix_b = torch.arange(100, 180)
+    fresh = iter(range(200, 1000))
+
+    def own(n: int) -> torch.Tensor:
+        return torch.tensor([next(fresh) for _ in range(n)])
+
+    decode = [
+        torch.cat([prefix_a, own(1)]),
+        torch.cat([prefix_a, own(37)]),
+        torch.cat([prefix_a, own(5)]),
+        torch.cat([prefix_b, own(12)]),
+        own(150),
+        torch.cat([prefix_b, own(1)]),
+        torch.cat([prefix_a[:10], own(90)]),
+    ]
+    prefill = torch.cat([prefix_a, own(6)])
+    return decode + [prefill], [1] * len(decode) + [4]
+
+
+def run(tables, counts, num_decode, min_shared_prefix, seed=0):
+    torch.manual_seed(seed)
+    pool = KVPool(KVPoolConfig(1, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu")), 1000)
+    pool.k.normal_()
+    pool.v.normal_()
+    total = sum(counts)
+    query = torch.randn(1, NUM_HEADS, total, HEAD_DIM)
+    key = torch.randn(1, NUM_KV_HEADS, total, HEAD_DIM)
+    value = torch.randn(1, NUM_KV_HEADS, total, HEAD_DIM)
+    batch = build_paged_batch(pool, tables, counts, num_decode, min_shared_prefix=min_shared_prefix)
+    out = paged_attention(batch, 0, query, key, value, SCALING)
+    return batch, out[0], query, pool
+
+
+def test_groups_are_found_by_their_shared_leading_slots():
+    tables, _ = mixed_tables()
+    groups = sorted(find_shared_prefixes(tables[:7], 64))
+    assert groups == [([0, 1, 2], 100), ([3, 5], 80)]
+
+
+def test_cascade_equals_the_padded_path_and_per_sequence_attention():
+    tables, counts = mixed_tables()
+    num_decode = 7
+    batch, cascade_out, query, pool = run(tables, counts, num_decode, 64)
+    assert len(batch.cascade) == 2 and batch.decode_rows.tolist() == [4, 6]
+    plain_batch, plain_out, _, _ = run(tables, counts, num_decode, None)
+    assert not plain_batch.cascade and plain_batch.decode_rows is None
+    assert (cascade_out - plain_out).abs().max() <= 1e-5
+    for row, table in enumerate(tables[:num_decode]):  # the pool already holds the step's new K/V
+        keys = pool.k[0][table].transpose(0, 1).unsqueeze(0)
+        values = pool.v[0][table].transpose(0, 1).unsqueeze(0)
+        alone = F.scaled_dot_product_attention(
+            query[:, :, row : row + 1], keys, values, scale=SCALING, enable_gqa=True
+        )[0, :, 0]
+        assert (cascade_out[row] - alone).abs().max() <= 1e-5
+
+
+def test_a_batch_made_only_of_one_group_and_long_prefixes():
+    prefix = torch.arange(1700)
+    tables = [torch.cat([prefix, torch.arange(2000 + 50 * i, 2000 + 50 * i + 1 + i)]) for i in range(8)]
+    torch.manual_seed(1)
+    pool = KVPool(KVPoolConfig(1, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu")), 2500)
+    pool.k.normal_()
+    pool.v.normal_()
+    query, key, value = torch.randn(1, NUM_HEADS, 8, HEAD_DIM), *torch.randn(2, 1, NUM_KV_HEADS, 8, HEAD_DIM)
+    cascade = build_paged_batch(pool, tables, [1] * 8, 8)
+    assert len(cascade.cascade) == 1 and cascade.decode_slots is None
+    assert cascade.cascade[0].prefix_slots.shape == (1700,)
+    out = paged_attention(cascade, 0, query, key, value, SCALING)
+    plain = paged_attention(build_paged_batch(pool, tables, [1] * 8, 8, min_shared_prefix=None), 0, query, key,
+                            value, SCALING)
+    assert (out - plain).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_requests_on_a_cached_prefix_decode_through_cascade_groups_with_unchanged_output(make_engine, page_size,
+                                                                                          monkeypatch):
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[2].rows.numel())
+        return cascade_attention(*args, **kwargs)
+
+    monkeypatch.setattr(paged_attention_module, "cascade_attention", counting)
+    engine = make_engine(kv_cache_tokens=8192, page_size=page_size, max_num_seqs=8, max_num_batched_tokens=64)
+    shared = token_ids(7, 100, 49152)
+    prompts = [tuple(shared + token_ids(200 + i, 3 + 5 * i, 49152)) for i in range(8)]
+    params = [SamplingParams(max_tokens=4 + 2 * i, temperature=0.0, ignore_eos=True) for i in range(8)]
+
+    async def alone():
+        return [(await run_to_end(engine, GenerationRequest(p, s)))[1] for p, s in zip(prompts, params)]
+
+    async def together():
+        await run_to_end(engine, GenerationRequest(tuple(shared), SamplingParams(max_tokens=1, temperature=0.0)))
+        results = await asyncio.gather(*(run_to_end(engine, GenerationRequest(p, s)) for p, s in zip(prompts, params)))
+        return [text for _, text, _ in results]
+
+    expected = asyncio.run(alone())
+    engine.flush_cache()
+    calls.clear()
+    assert asyncio.run(together()) == expected
+    assert calls and max(calls) >= 2
+    engine.check_integrity()
