@@ -179,8 +179,11 @@ def test_a_child_that_dies_stops_the_rest_and_fails(tmp_path: Path) -> None:
 
 def test_make_up_forwards_args() -> None:
     result = subprocess.run(
-        ["make", "-n", "-W", "pyproject.toml", "up", "ARGS=--gateway-port 9080 --config my.toml", "VENV=/nonexistent"],
+        ["make", "--no-print-directory", "-n", "-W", "pyproject.toml", "up", "ARGS=--gateway-port 9080 --config my.toml",
+         "VENV=/nonexistent"],
         cwd=ROOT, capture_output=True, text=True, check=True,
+        # Run from inside `make test` (as CI does), a nested make would also print its directory changes.
+        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")},
     )
     assert result.stdout.strip().splitlines()[-1] == "/nonexistent/bin/prefixscope up --gateway-port 9080 --config my.toml"
 

@@ -174,6 +174,10 @@ def test_sigkill_loses_nothing_with_spill_first(durability, kept, stub, stub_url
             response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT)
             assert response.status_code == 200
             ids.append(response.headers["x-request-id"])
+        if durability == "spill_first":
+            # A record is journaled as its response completes: let the last one's append land before the kill.
+            journal = tmp_path / "spill"
+            assert wait_until(lambda: sum(len(p.read_bytes().splitlines()) for p in journal.glob("*.journal.*")) >= 30)
     finally:
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
