@@ -80,7 +80,8 @@ def plan(args: argparse.Namespace) -> list[Program]:
         engine_url = f"http://{url_host}:{port}"
         engine_argv = command + ["engine", *_engine_options(args), "--host", host, "--port", str(port)]
         name = "engine" if num_replicas == 1 else f"engine{replica + 1}"
-        programs.append(Program(name, engine_argv, engine_url + "/health", engine_url + "/v1"))
+        replica_of = "engine" if num_replicas > 1 else None
+        programs.append(Program(name, engine_argv, engine_url + "/health", engine_url + "/v1", replica_of=replica_of))
         engine_urls.append(engine_url)
     engine_url = engine_urls[0]
     if _program_available("gateway.cli"):

@@ -34,6 +34,9 @@ class Program:
     health_url: str
     public_url: str
     env: Mapping[str, str] | None = None  # its environment (None: the one given to `supervise`)
+    # One of several interchangeable replicas (say "engine"): while another of the group runs, its exit is reported
+    # and the rest keep serving (the gateway routes around it); the stack stops once the last one has gone.
+    replica_of: str | None = None
 
 
 def _healthy(url: str) -> bool:
@@ -119,11 +122,20 @@ def supervise(
         if ready_message:
             print(ready_message, file=sys.stderr, flush=True)
         print("prefixscope is up; Ctrl-C stops everything.", flush=True)
+        groups = {program.name: program.replica_of for program in programs}
+        gone: set[str] = set()
         while not signalled:
             for name, process in processes:
-                if process.poll() is not None and not stopped_by_signal():
-                    print(f"{name} exited with status {process.returncode}; stopping the rest", file=sys.stderr)
-                    return process.returncode or 1
+                if name in gone or process.poll() is None or stopped_by_signal():
+                    continue
+                group = groups.get(name)
+                if group and any(groups.get(n) == group and p.poll() is None for n, p in processes):
+                    print(f"{name} exited with status {process.returncode}; the other replicas keep serving",
+                          file=sys.stderr, flush=True)
+                    gone.add(name)
+                    continue
+                print(f"{name} exited with status {process.returncode}; stopping the rest", file=sys.stderr)
+                return process.returncode or 1
             time.sleep(POLL_INTERVAL_S)
         print("stopping ...", flush=True)
         return 0

@@ -120,7 +120,8 @@ SUPERVISED = textwrap.dedent(
             + (f"threading.Timer({lifetime}, lambda: os._exit(3)).start()\\n" if lifetime else "")
             + "try:\\n    server.serve_forever()\\nexcept KeyboardInterrupt:\\n    sys.exit(0)\\n"
         )
-        return Program(f"server{port}", [sys.executable, "-c", code], f"http://127.0.0.1:{port}/", "")
+        group = "server" if sys.argv[4:] == ["replicas"] else None
+        return Program(f"server{port}", [sys.executable, "-c", code], f"http://127.0.0.1:{port}/", "", replica_of=group)
 
     first, second, lifetime = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
     sys.exit(supervise([server(first, 0), server(second, lifetime)], start_timeout_s=60))
@@ -128,10 +129,10 @@ SUPERVISED = textwrap.dedent(
 )
 
 
-def _supervise(tmp_path: Path, lifetime: float) -> tuple[subprocess.Popen, list[int]]:
+def _supervise(tmp_path: Path, lifetime: float, *extra: str) -> tuple[subprocess.Popen, list[int]]:
     ports = [_free_port(), _free_port()]
     process = subprocess.Popen(
-        [sys.executable, "-c", SUPERVISED, *map(str, ports), str(lifetime)],
+        [sys.executable, "-c", SUPERVISED, *map(str, ports), str(lifetime), *extra],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -175,6 +176,17 @@ def test_a_child_that_dies_stops_the_rest_and_fails(tmp_path: Path) -> None:
     while _listening(ports[0]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _listening(ports[0])
+
+
+def test_a_replica_that_dies_leaves_the_others_serving(tmp_path: Path) -> None:
+    process, ports = _supervise(tmp_path, 3, "replicas")
+    assert process.stderr is not None
+    line = process.stderr.readline()  # blocks until the second replica has exited and been reported
+    assert line.strip() == f"server{ports[1]} exited with status 3; the other replicas keep serving"
+    assert process.poll() is None and _listening(ports[0])
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    assert process.returncode == 0 and not _listening(ports[0])
 
 
 def test_make_up_forwards_args() -> None:
