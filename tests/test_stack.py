@@ -132,7 +132,10 @@ def test_requests_through_the_gateway_appear_on_the_dashboard(stack):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(60_000)
             page.goto(urls["dashboard"])
-            requests_metric = page.locator('[data-testid="stMetric"]', has_text="Requests").first
+            # The metric labelled exactly "Requests" (not "Requests with any hit").
+            requests_metric = page.locator('[data-testid="stMetric"]').filter(
+                has=page.get_by_text("Requests", exact=True)
+            ).first
             requests_metric.wait_for()
             assert requests_metric.locator('[data-testid="stMetricValue"]').inner_text().strip() == "3"
             hit_rate = page.locator('[data-testid="stMetric"]', has_text="Token hit rate").first
