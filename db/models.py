@@ -130,6 +130,10 @@ class RequestRecordRow(Base):
     routing_policy: Mapped[str | None] = mapped_column(String(16))
     predicted_match_tokens: Mapped[int | None] = mapped_column(Integer)
     routing_index_source: Mapped[str | None] = mapped_column(String(16))
+    cached_tokens_device: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens_host: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens_disk: Mapped[int | None] = mapped_column(Integer)
+    cache_load_ms: Mapped[float | None] = mapped_column(Float)
 
     # The explorer filters by one of these and pages newest first.
     __table_args__ = (

@@ -18,8 +18,12 @@ from db.timeutil import as_utc
 
 ENDPOINTS: Final = ("chat.completions", "completions", "messages")
 
-# Lifetime classes a request's cache breakpoints can ask for (Anthropic's `cache_control.ttl`).
-RETENTION_CLASSES: Final = ("5m", "1h")
+# Lifetime classes of cached KV, shortest first: Anthropic's `cache_control.ttl` values, and the engine's
+# `cache_retention` body field (`persistent` is exempt from TTL and kept on disk rather than dropped).
+RETENTION_CLASSES: Final = ("5m", "1h", "persistent")
+
+# Tiers that can serve cached tokens, fastest first (the engine's `prefix_cache.tiers`).
+CACHE_TIERS: Final = ("device", "host", "disk")
 
 # How far the prompt was served from cache and why not further, as the engine reports it: `hit` everything that
 # could be was (all but the last token, page-aligned); `partial` a prefix matched, then the prompt diverged from
@@ -129,7 +133,8 @@ class RequestRecord:
     # the prompt), 1 for keyed BLAKE2b under a per-tenant key derived from the gateway's secret (gateway.record_keys).
     hash_key_version: int | None = None
     # Prompt tokens written to the cache (`cache_creation_input_tokens` on the Messages API; None elsewhere), and the
-    # longest retention class (`RETENTION_CLASSES`) the request's cache breakpoints asked for (None without any).
+    # retention class (`RETENTION_CLASSES`) the request asked for: the longest of its cache breakpoints on the Messages
+    # API, the tenant's effective `cache_retention` elsewhere (None when none applies).
     cache_write_tokens: int | None = None
     retention_class: str | None = None
     # When the upstream is a replica set: the replica that served the request (its URL), the routing policy, the
@@ -138,6 +143,12 @@ class RequestRecord:
     routing_policy: str | None = None
     predicted_match_tokens: int | None = None
     routing_index_source: str | None = None
+    # `cached_tokens` split by the tier that served them (device pool, host memory, disk), and the time the engine
+    # spent loading the host and disk part back to the device (ms); None for upstreams that do not report tiers.
+    cached_tokens_device: int | None = None
+    cached_tokens_host: int | None = None
+    cached_tokens_disk: int | None = None
+    cache_load_ms: float | None = None
 
     @property
     def cache_hit(self) -> bool | None:

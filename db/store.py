@@ -75,6 +75,10 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "routing_policy": record.routing_policy,
         "predicted_match_tokens": record.predicted_match_tokens,
         "routing_index_source": record.routing_index_source,
+        "cached_tokens_device": record.cached_tokens_device,
+        "cached_tokens_host": record.cached_tokens_host,
+        "cached_tokens_disk": record.cached_tokens_disk,
+        "cache_load_ms": record.cache_load_ms,
     }
 
 
@@ -140,6 +144,10 @@ def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
         routing_policy=getattr(row, "routing_policy", None),
         predicted_match_tokens=getattr(row, "predicted_match_tokens", None),
         routing_index_source=getattr(row, "routing_index_source", None),
+        cached_tokens_device=getattr(row, "cached_tokens_device", None),
+        cached_tokens_host=getattr(row, "cached_tokens_host", None),
+        cached_tokens_disk=getattr(row, "cached_tokens_disk", None),
+        cache_load_ms=getattr(row, "cache_load_ms", None),
     )
 
 

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from local_engine.cache import MissKind
+from local_engine.cache.tiers import TierTokens
 from local_engine.errors import EngineError
 from local_engine.sampling import SamplingParams
 
@@ -15,6 +16,7 @@ class GenerationRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
     namespace: str = ""  # the cache salt: requests in different namespaces never share cached KV
+    retention: str | None = None  # `local_engine.cache.tiers.RETENTION_CLASSES`; None: the engine's `--ttl`
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,14 @@ class MatchReport:
     prompt_tokens: int
     matched_tokens: int
     miss_kind: MissKind
+    # `matched_tokens` split by the tier that held them (None: all on the device, as without lower tiers), and the
+    # time spent loading the host and disk part back into device slots (ms).
+    tier_tokens: TierTokens | None = None
+    load_ms: float = 0.0
+
+    @property
+    def tiers(self) -> TierTokens:
+        return self.tier_tokens if self.tier_tokens is not None else TierTokens(device=self.matched_tokens)
 
     def as_dict(self) -> dict:
         return {"matched_tokens": self.matched_tokens, "prompt_tokens": self.prompt_tokens, "miss": self.miss_kind.value}

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from local_engine.cache.tiers import TierTokens
+
 
 class MissKind(str, enum.Enum):
     """Why a request did (not) reuse cached KV, as reported in `x-prefix-cache-miss`."""
@@ -28,6 +30,7 @@ class MatchResult:
     prompt_tokens: int
     miss_kind: MissKind
     node: Any  # an opaque handle for lock/unlock; None when nothing matched
+    tier_tokens: TierTokens | None = None  # matched tokens by the tier holding them; None: all on the device
 
     @property
     def cached_tokens(self) -> int:
