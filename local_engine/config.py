@@ -19,6 +19,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # tokens per step: decode tokens plus prefill chunks
     shutdown_grace_s: float = 10.0  # on SIGTERM, in-flight requests may finish this long before being cancelled
     max_waiting_requests: int = 256  # beyond this new requests get a 503
+    attention_backend: str = "auto"  # auto | torch | flashinfer (local_engine.attention_backends)
 
     def __post_init__(self) -> None:
         if self.kv_cache_tokens is not None and self.kv_cache_gib is not None:

@@ -49,7 +49,7 @@ class Engine:
             self.cache: RadixCache | NoPrefixCache = RadixCache(cache_config, self.allocator)
         else:
             self.cache = NoPrefixCache(self.allocator)
-        self.runner = ModelRunner(loaded.model, self.pool)
+        self.runner = ModelRunner(loaded.model, self.pool, config.attention_backend)
         self.counters = EngineCounters()
         self.tree_lock = threading.Lock()
         self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock)
