@@ -133,7 +133,7 @@ def simulate(
     """
     _check(capacity_tokens, policy, ttl_s, host_capacity_tokens)
     if host_capacity_tokens != 0:
-        return _from_curve(trace, lru_curve(trace, ttl_s), capacity_tokens, host_capacity_tokens)
+        return curve_result(trace, lru_curve(trace, ttl_s), capacity_tokens, host_capacity_tokens)
     return _replay(trace, capacity_tokens, policy, ttl_s, None)
 
 
@@ -167,7 +167,7 @@ def sweep(
                         curve = curves.get(ttl)
                         if curve is None:
                             curve = curves[ttl] = lru_curve(trace, ttl)
-                        results.append(_from_curve(trace, curve, capacity, host_capacity))
+                        results.append(curve_result(trace, curve, capacity, host_capacity))
                     else:
                         results.append(_replay(trace, capacity, policy, ttl, next_use))
                     if on_result is not None:
@@ -211,9 +211,11 @@ def _result(
     )
 
 
-def _from_curve(
-    trace: Trace, curve: LruCurve, capacity_tokens: int | None, host_capacity_tokens: int | None
+def curve_result(
+    trace: Trace, curve: LruCurve, capacity_tokens: int | None, host_capacity_tokens: int | None = 0
 ) -> SimulationResult:
+    """The LRU result at one setting read off `curve` (`lru_curve(trace, ttl_s)`): what `simulate` gives for it."""
+    _check(capacity_tokens, "lru", curve.ttl_s, host_capacity_tokens)
     size = trace.block_size
     device = None if capacity_tokens is None else capacity_tokens // size
     host = None if host_capacity_tokens is None else host_capacity_tokens // size

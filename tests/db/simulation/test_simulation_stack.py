@@ -86,9 +86,10 @@ def test_sweep_takes_lru_points_from_the_curve(
 
 
 def _trace(*chains: list[int], block_size: int = 1) -> Trace:
-    return Trace.from_requests(
-        [TraceRequest(float(index), len(chain) * block_size, tuple(chain), block_size) for index, chain in enumerate(chains)]
-    )
+    requests = [
+        TraceRequest(float(index), len(chain) * block_size, tuple(chain), block_size) for index, chain in enumerate(chains)
+    ]
+    return Trace.from_requests(requests)
 
 
 def test_a_block_demoted_to_the_host_hits_there_and_moves_back() -> None:
