@@ -31,9 +31,11 @@ block of a run). Each function of C is kept as a second-order difference array, 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import ge
 from typing import NamedTuple
 
 from db.simulation.trace import Trace
@@ -222,19 +224,13 @@ def lru_curve(trace: Trace, ttl_s: float | None = None) -> LruCurve:
         if start == end:
             continue
         chain = hashes[start:end]
-        accessed = [last.get(key, 0) for key in chain]
-        # Runs: consecutive access times (one earlier request's blocks, still in order), or dead blocks together.
-        breaks = [
-            index
-            for index, (previous, current) in enumerate(zip(accessed, accessed[1:], strict=False), 1)
-            if current != previous - 1 and (current >= floor or previous >= floor)
-        ]
+        accessed = list(map(last.get, chain, repeat(0)))
         _request(
             ramp,
             sparse,
             fenwick,
             accessed,
-            [0, *breaks, len(chain)],
+            _runs(accessed, floor),
             floor,
             clock,
             lengths[request],
@@ -260,6 +256,35 @@ def lru_curve(trace: Trace, ttl_s: float | None = None) -> LruCurve:
         sparse=tuple(sparse),
         final_live_blocks=final_live,
     )
+
+
+def _runs(accessed: list[int], floor: int) -> list[int]:
+    """Where the runs of a request's blocks start, then its length: a run is blocks with consecutive access times
+    (deepest last: t, t - 1, ...), or blocks that are dead (never seen or expired: below `floor`) together.
+
+    In a trace of hash chains a parent is always accessed after its child, so the access times never grow along a
+    request; then each run's end is found by bisection (a run is where accessed[i] == t - (i - a)), in C-speed scans
+    and O(log n) Python steps per run. Other traces take a plain scan.
+    """
+    length = len(accessed)
+    if all(map(ge, accessed, accessed[1:])):
+        bounds = []
+        live = bisect_left(range(length), True, key=lambda index: accessed[index] < floor)
+        first = 0
+        while first < live:
+            bounds.append(first)
+            top = accessed[first] + first
+            first = bisect_left(range(first, live), True, key=lambda index: accessed[index] != top - index) + first
+        if live < length:
+            bounds.append(live)
+        bounds.append(length)
+        return bounds
+    breaks = [
+        index
+        for index, (previous, current) in enumerate(zip(accessed, accessed[1:], strict=False), 1)
+        if current != previous - 1 and (current >= floor or previous >= floor)
+    ]
+    return [0, *breaks, length]
 
 
 def _token_pieces(first: int, end: int, full_blocks: int, tail_tokens: int, size: int) -> list[tuple[int, int, int]]:
