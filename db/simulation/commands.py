@@ -109,8 +109,8 @@ def _selected_policies(args: argparse.Namespace, host_capacities: list[int | Non
     others = [policy for policy in policies if policy != "lru"]
     if others and any(capacity != 0 for capacity in host_capacities):
         raise ValueError(
-            f"--host-capacity: a host tier is modelled for lru only (an LRU hierarchy with demotion); "
-            f"{', '.join(others)} replay one level, so leave them out of --policy or set --host-capacity 0"
+            "--host-capacity: a host tier is modelled for lru only (an LRU hierarchy with demotion), not for "
+            f"{' or '.join(others)}; leave them out of --policy or set --host-capacity 0"
         )
     return policies
 

@@ -214,7 +214,7 @@ def test_simulate_host_capacity_refuses_other_policies(trace_file: Path, capsys:
     argv = ["simulate", "--trace", str(trace_file), "--host-capacity", "1M", "--policy", "lru,fifo"]
     code, out, err = _run(capsys, *argv)
     assert code == 2 and out == ""
-    assert "--host-capacity: a host tier is modelled for lru only" in err and "fifo" in err
+    assert "--host-capacity: a host tier is modelled for lru only (an LRU hierarchy with demotion), not for fifo" in err
     # Without a host tier every policy is still replayed.
     code, out, err = _run(capsys, "simulate", "--trace", str(trace_file), "--host-capacity", "0", "--policy", "fifo")
     assert code == 0, err
