@@ -46,12 +46,12 @@ Example `prefixscope.toml`::
     advice_sample_rate = 0.1            # share of requests the rule advisor estimates every rule that is off on
     hash_chain = true                   # record each prompt's block hash chain
     hash_block_size = 16                # tokens per hashed block
-    # max_cache_retention = "1h"        # the longest cache retention class a request may get (default: persistent)
+    max_cache_retention = "persistent"  # the longest cache retention class a request may get (5m | 1h | persistent)
 
     [tenants.acme]
     rules = { tool_order = false, hoist_volatile = true }
     volatile_patterns = ['\\d{4}-\\d{2}-\\d{2}']
-    # cache_retention = "1h"            # the class sent when a request names none (absent: the engine's default)
+    cache_retention = "1h"              # the class sent when a request names none (absent: the engine's default)
 
     [messages]                          # the Anthropic Messages API (see gateway/anthropic/settings.py)
     min_cacheable_tokens = 1024

@@ -61,7 +61,7 @@ def post(gw, path: str, body: dict, key: str | None = None) -> httpx.Response:
     return httpx.post(f"{gw.url}{path}", json=body, headers=headers, timeout=30)
 
 
-# --- the class sent and recorded -------------------------------------------------------------------------------------
+# --- the class sent and recorded --------------------------------------------------------------------------------------
 
 
 def test_openai_sdk_asking_for_more_than_the_maximum_gets_the_maximum(keyed_gateway, stub):
@@ -85,7 +85,8 @@ def test_asking_for_less_is_kept_and_the_default_fills_in(keyed_gateway, stub):
         body = CHAT if ask is None else {**CHAT, "cache_retention": ask}
         response = post(gw, "/v1/chat/completions", body, key)
         assert response.status_code == 200
-        sent.append((stub.state.requests[-1].get("cache_retention"), response.headers.get("x-prefixscope-cache-retention")))
+        applied = response.headers.get("x-prefixscope-cache-retention")
+        sent.append((stub.state.requests[-1].get("cache_retention"), applied))
     expected = ["5m", None, "1h", "5m", "persistent", "persistent"]
     assert sent == [(value, value) for value in expected]
     records = gw.wait_records(len(expected))
@@ -216,7 +217,8 @@ def test_no_tier_report_records_null(gateway, stub):
 def test_garbled_tier_reports_record_null_and_never_fail_the_request(gateway, stub, tiers, load_ms, header):
     stub.state.tiers, stub.state.load_ms, stub.state.tiers_header = tiers, load_ms, header
     plain = post(gateway, "/v1/chat/completions", CHAT)
-    streamed = post(gateway, "/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    with_usage = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    streamed = post(gateway, "/v1/chat/completions", with_usage)
     assert plain.status_code == streamed.status_code == 200
     assert plain.json()["choices"][0]["message"]["content"] == "ok"
     assert streamed.text.rstrip().endswith("data: [DONE]")
@@ -226,7 +228,7 @@ def test_garbled_tier_reports_record_null_and_never_fail_the_request(gateway, st
         assert record.cache_load_ms is None
 
 
-# --- the database ------------------------------------------------------------------------------------------------------
+# --- the database -----------------------------------------------------------------------------------------------------
 
 
 def _database_url(backend: str, tmp_path, request) -> str:
@@ -265,7 +267,7 @@ def test_retention_and_tiers_are_stored(stub, stub_url, tmp_path, request, backe
     ]
 
 
-# --- the Messages API -----------------------------------------------------------------------------------------------
+# --- the Messages API -------------------------------------------------------------------------------------------------
 
 
 def _messages_client(gw) -> anthropic.Anthropic:

@@ -25,7 +25,7 @@ def config(text: str):
     return parse_config(tomllib.loads(text))
 
 
-# --- configuration ---------------------------------------------------------------------------------------------------
+# --- configuration ----------------------------------------------------------------------------------------------------
 
 
 def test_absent_settings_send_no_class_and_allow_every_class():
@@ -83,7 +83,7 @@ def test_config_refuses_unknown_classes_and_a_default_above_the_maximum(text, me
         config(text)
 
 
-# --- the class a request gets ---------------------------------------------------------------------------------------
+# --- the class a request gets -----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -117,13 +117,13 @@ def test_an_unknown_requested_class_is_a_400_naming_the_field(value):
 
 def test_parse_request_reads_the_class_and_null_means_absent():
     messages = [{"role": "user", "content": "hi"}]
-    assert parse_request(CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}').cache_retention is None
+    assert parse_request(CHAT, json.dumps({"model": "m", "messages": messages}).encode()).cache_retention is None
     for value, expected in (("1h", "1h"), (None, None)):
         raw = json.dumps({"model": "m", "messages": messages, "cache_retention": value}).encode()
         assert parse_request(CHAT, raw).cache_retention == expected
 
 
-# --- adapters ----------------------------------------------------------------------------------------------------------
+# --- adapters ---------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["openai", "vllm", "sglang", "anthropic"])
@@ -159,7 +159,7 @@ def test_other_kinds_report_no_tiers():
         assert adapter_for(kind).cache_report({"x-prefix-cache-tiers": "device=1,host=0,disk=0"}).tiers is None
 
 
-# --- garbled tier reports read as "not reported" ------------------------------------------------------------------------
+# --- garbled tier reports read as "not reported" ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
