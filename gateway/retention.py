@@ -27,6 +27,7 @@ from gateway.errors import BadRequest, ConfigError
 REQUEST_FIELD = "cache_retention"  # the body field clients send and the local engine takes
 HEADER_RETENTION = "x-prefixscope-cache-retention"  # the class the gateway applied, on the response
 LONGEST_CLASS = RETENTION_CLASSES[-1]
+_JSON_TYPES = {bool: "boolean", dict: "object", list: "array"}
 
 
 def retention_rank(retention: str) -> int:
@@ -84,9 +85,12 @@ def requested_retention(body: Mapping[str, Any]) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or value not in RETENTION_CLASSES:
-        shown = value if isinstance(value, str) and len(value) <= 40 else type(value).__name__
+        if isinstance(value, str):
+            shown = repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+        else:
+            shown = f"a value of JSON type {_JSON_TYPES.get(type(value), 'number')}"
         raise BadRequest(
-            f"Invalid value for 'cache_retention': {shown!r}. Supported values are: "
+            f"Invalid value for 'cache_retention': {shown}. Supported values are: "
             + ", ".join(f"'{name}'" for name in RETENTION_CLASSES)
             + ".",
             param=REQUEST_FIELD,
