@@ -9,7 +9,6 @@ from dashboard import charts, data, ui
 from dashboard.engine_client import EngineUnavailable
 from dashboard.explain import ttft_caption
 from dashboard.loaders import OverviewData
-from db.queries import Overview
 
 settings = ui.load_settings()
 st.title("Overview")
@@ -111,8 +110,9 @@ def render_tiers(result: OverviewData, x_range: charts.XRange) -> None:
     )
 
 
-def render_retention(totals: Overview) -> None:
+def render_retention(result: OverviewData) -> None:
     """Requests per retention class asked for (nothing when no request asked for one)."""
+    totals = result.totals
     if totals.requests_by_retention:
         without = totals.requests - sum(totals.requests_by_retention.values())
         parts = [f"{name} {count:,}" for name, count in totals.requests_by_retention.items()]
@@ -142,7 +142,7 @@ def live_overview() -> None:
         kinds = sorted(result.totals.miss_kinds.items(), key=lambda item: -item[1])
         st.caption("Requests by cache outcome: " + ", ".join(f"{kind} {count:,}" for kind, count in kinds))
     render_tiers(result, x_range)
-    render_retention(result.totals)
+    render_retention(result)
 
 
 live_overview()
