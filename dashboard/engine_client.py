@@ -158,10 +158,8 @@ def _tier(name: str, values: dict[str, Any]) -> TierStats:
             "corrupt_files_total",
         )
     }
-    return TierStats(
-        name=name, enabled=bool(values.get("enabled", False)), load_ms_total=float(_number(values, "load_ms_total", where)),
-        **counts,
-    )
+    load_ms_total = float(_number(values, "load_ms_total", where))
+    return TierStats(name=name, enabled=bool(values.get("enabled", False)), load_ms_total=load_ms_total, **counts)
 
 
 def fetch_cache_stats(base_url: str, timeout_s: float, token: str | None = None) -> CacheStats:

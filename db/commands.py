@@ -255,7 +255,8 @@ def _print_tier_table(result: Sequence[queries.StatsRow], by: str | None) -> Non
     ]
     totals = queries.tier_totals(result)
     known_cache = any(row.requests_with_known_cache for row in result)
-    rows.append(["TOTAL", *([""] if by else []), *_tier_cells(totals, known_cache, totals.requests_with_known_tiers > 0)])
+    total_cells = _tier_cells(totals, known_cache, totals.requests_with_known_tiers > 0)
+    rows.append(["TOTAL", *([""] if by else []), *total_cells])
     print("cached by tier (tokens; UNKNOWN: upstreams that report no tiers)")
     print(_table(headers, rows))
     if totals.requests_by_retention:

@@ -170,7 +170,8 @@ def test_0009_backfills_what_the_writer_computes_and_downgrades(
         columns = {column["name"] for column in inspect(engine).get_columns("hourly_rollups")}
         assert "cached_tokens_device" not in columns and "cached_tokens" in columns
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT count(*) FROM hourly_label_counts WHERE dimension = 'retention'")).scalar() == 0
+            retention_labels = "SELECT count(*) FROM hourly_label_counts WHERE dimension = 'retention'"
+            assert conn.execute(text(retention_labels)).scalar() == 0
             assert conn.execute(text("SELECT count(*) FROM requests")).scalar() == 7
     finally:
         engine.dispose()
