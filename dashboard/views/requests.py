@@ -99,7 +99,8 @@ st.markdown(
 )
 tiers = (detail.cached_tokens_device, detail.cached_tokens_host, detail.cached_tokens_disk)
 if all(tokens is not None for tokens in tiers):
-    load = "" if detail.cache_load_ms is None else f", loaded back to the device in {ui.format_ms(detail.cache_load_ms)}"
+    load_ms = detail.cache_load_ms
+    load = "" if load_ms is None else f", loaded back to the device in {ui.format_ms(load_ms)}"
     served = " · ".join(f"{name} {tokens:,}" for name, tokens in zip(("device", "host", "disk"), tiers, strict=True))
     st.markdown(f"**Cached tokens by tier:** {served}{load}")
 else:
