@@ -12,7 +12,6 @@ add up to `cached_tokens`), the cache load time (`cache_load_ms_total`, `cache_l
 `requests_by_retention`; and `totals`, those figures summed over every row (`db.queries.tier_totals`).
 """
 
-
 from __future__ import annotations
 
 from typing import Any, Protocol
