@@ -34,7 +34,9 @@ from local_engine.cascade_attention import (
     CascadeGroup,
     build_cascade_group,
     cascade_attention,
+    contiguous_start,
     find_shared_prefixes,
+    read_slots,
 )
 
 
@@ -43,7 +45,7 @@ class ChunkAttention:
     """One prefill chunk: packed query rows `[query_start, query_start + num_query_tokens)` attend to `slots`.
 
     `slots`: int64 `[num_context_tokens]` on the pool's device, the sequence's slot table up to and including this
-    chunk. `mask`: bool `[num_query_tokens, num_context_tokens]` (True = attend), or None when the chunk is the whole
+    chunk; `slots_start` its first slot when they are one ascending run (read as a view of the pool), else None. `mask`: bool `[num_query_tokens, num_context_tokens]` (True = attend), or None when the chunk is the whole
     context so plain causal attention applies.
     """
 
@@ -51,6 +53,7 @@ class ChunkAttention:
     num_query_tokens: int
     slots: torch.Tensor
     mask: torch.Tensor | None
+    slots_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ def build_paged_batch(
         if context != n:
             # Query i sits at position context - n + i and sees every key up to it.
             mask = torch.ones(n, context, dtype=torch.bool).tril(diagonal=context - n).to(device, non_blocking=True)
-        chunks.append(ChunkAttention(start, n, table.to(device, non_blocking=True), mask))
+        chunks.append(ChunkAttention(start, n, table.to(device, non_blocking=True), mask, contiguous_start(table)))
         start += n
     return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, decode_slots, decode_mask,
                       tuple(chunks), decode_rows, tuple(cascade))
@@ -166,8 +169,8 @@ def paged_attention(
         else:
             out.index_copy_(0, batch.decode_rows, attended.squeeze(2).to(out.dtype))
     for chunk in batch.chunks:
-        keys = pool_k.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, n, head_dim]
-        values = pool_v.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)
+        keys = read_slots(pool_k, chunk.slots, chunk.slots_start).transpose(0, 1).unsqueeze(0)  # [1, kv, n, d]
+        values = read_slots(pool_v, chunk.slots, chunk.slots_start).transpose(0, 1).unsqueeze(0)
         end = chunk.query_start + chunk.num_query_tokens
         chunk_queries = queries[chunk.query_start : end].transpose(0, 1).unsqueeze(0).to(keys.dtype)
         attended = F.scaled_dot_product_attention(
