@@ -110,3 +110,16 @@ def test_persistent_retention_outlives_pressure_and_an_unknown_class_is_refused(
     with pytest.raises(InvalidRequest) as error:
         asyncio.run(bad())
     assert error.value.param == "cache_retention"
+
+
+def test_a_drain_writes_the_cache_to_disk_and_frees_the_directory(make_engine, tmp_path, expected):
+    engine = make_engine(kv_cache_tokens=300, disk_cache_dir=str(tmp_path))
+    serve_all(engine, PROMPTS[:2])  # both fit on the device: nothing was demoted to disk yet
+    assert engine.cache_stats()["tiers"]["disk"]["cached_tokens"] == 0
+    engine.begin_drain(0)  # what SIGTERM does
+    assert engine.wait_drained(30)
+    again = make_engine(kv_cache_tokens=300, disk_cache_dir=str(tmp_path))  # the directory's lock was released
+    assert again.cache_stats()["tiers"]["disk"]["cached_tokens"] >= 2 * 109
+    results = serve_all(again, PROMPTS[:2])
+    assert [text for _, text in results] == expected[:2]
+    assert all(report.tiers.disk == 109 for report, _ in results)
