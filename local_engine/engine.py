@@ -59,7 +59,7 @@ class Engine:
                 rebuild_from_disk(self.cache)  # headers only: the KV stays on disk until a request needs it
         else:
             self.cache = NoPrefixCache(self.allocator)
-        self.runner = ModelRunner(loaded.model, self.pool)
+        self.runner = ModelRunner(loaded.model, self.pool, config.attention_backend)
         self.counters = EngineCounters()
         self.tree_lock = threading.Lock()
         self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock)
