@@ -23,6 +23,67 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens", type=int, default=512,
         help="tokens per step (decode tokens plus prefill chunks); longer prompts are prefilled in chunks",
     )
+    _add_tier_options(parser)
+
+
+def _add_tier_options(parser: argparse.ArgumentParser) -> None:
+    host = parser.add_mutually_exclusive_group()
+    host.add_argument(
+        "--host-cache-tokens", type=_non_negative_int, default=None, metavar="N",
+        help="L2 host-memory KV tier capacity in tokens (0 or absent: off)",
+    )
+    host.add_argument(
+        "--host-cache-gib", type=_non_negative_float, default=None, metavar="G",
+        help="L2 host-memory KV tier capacity in GiB (0 or absent: off)",
+    )
+    parser.add_argument(
+        "--disk-cache-dir", default=None, metavar="PATH",
+        help="L3 disk KV tier directory (kept across restarts; one engine per directory)",
+    )
+    parser.add_argument(
+        "--disk-cache-gib", type=_positive_float, default=None, metavar="G",
+        help="L3 disk tier capacity in GiB (default 10 when --disk-cache-dir is given)",
+    )
+    parser.add_argument(
+        "--cache-write-policy", default="write_back", choices=["write_back", "write_through"],
+        help="write_back: KV goes down a tier when evicted; write_through: copies go down at insert time",
+    )
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative (0 turns the tier off)")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a size in GiB (0 turns the tier off)")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("the size must be positive")
+    return value
+
+
+def check_engine_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Cross-option checks argparse cannot express; reports through `parser.error` (exit status 2)."""
+    if getattr(args, "disk_cache_gib", None) is not None and not getattr(args, "disk_cache_dir", None):
+        parser.error("--disk-cache-gib needs --disk-cache-dir")
+    lower = bool(args.host_cache_tokens or args.host_cache_gib or args.disk_cache_dir)
+    if lower and args.no_prefix_cache:
+        parser.error("the host and disk cache tiers need the prefix cache: drop --no-prefix-cache")
 
 
 def _int_list(text: str) -> list[int]:
@@ -48,6 +109,11 @@ def engine_config_from(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         shutdown_grace_s=getattr(args, "shutdown_grace_s", 10.0),
+        host_cache_tokens=args.host_cache_tokens,
+        host_cache_gib=args.host_cache_gib,
+        disk_cache_dir=args.disk_cache_dir,
+        disk_cache_gib=args.disk_cache_gib,
+        cache_write_policy=args.cache_write_policy,
     )
 
 
@@ -62,20 +128,32 @@ def _serve(args: argparse.Namespace) -> int:
     from local_engine.server import create_app
     from local_engine.shutdown import serve
 
+    if getattr(args, "engine_parser", None) is not None:
+        check_engine_options(args.engine_parser, args)
     api_key = args.api_key or os.environ.get(ENV_API_KEY) or None
     refusal = check_bind(args.host, api_key, args.insecure)
     if refusal:
         print(f"prefixscope engine: {refusal}", file=sys.stderr)
         return 2
-    config = engine_config_from(args)
+    from local_engine.cache.disk_index import DiskCacheLocked
+
+    try:
+        config = engine_config_from(args)
+    except ValueError as error:
+        print(f"prefixscope engine: error: {error}", file=sys.stderr)
+        return 2
     loaded = load_model(config.model, resolve_device(config.device))
-    engine = Engine(config, loaded)
+    try:
+        engine = Engine(config, loaded)
+    except DiskCacheLocked as error:
+        print(f"prefixscope engine: {error}", file=sys.stderr)
+        return 2
     admin_token = args.admin_token or os.environ.get("PREFIXSCOPE_ENGINE_ADMIN_TOKEN")
     server_config = ServerConfig(host=args.host, port=args.port, admin_token=admin_token, api_key=api_key)
     print(
         f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
         f"{engine.pool.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
-        f"{'prefix cache ' + config.eviction if config.prefix_cache else 'no prefix cache'}; "
+        f"{'prefix cache ' + config.eviction if config.prefix_cache else 'no prefix cache'}{engine.tiers_summary()}; "
         f"listening on http://{args.host}:{args.port}",
         flush=True,
     )
@@ -114,7 +192,7 @@ def register(commands, bench_commands) -> None:
         "--shutdown-grace-s", type=float, default=10.0,
         help="on SIGTERM, stop admitting and give in-flight requests this long to finish before cancelling them",
     )
-    serve.set_defaults(handler=_serve)
+    serve.set_defaults(handler=_serve, engine_parser=serve)
 
     bench = bench_commands.add_parser("engine", help="TTFT on cache hits vs misses, against the no-cache baseline")
     _add_engine_options(bench)

@@ -18,10 +18,13 @@ from collections import deque
 import torch
 
 from local_engine.cache import KVPool, NoPrefixCache, RadixCache, RadixCacheConfig, SlotAllocator
+from local_engine.cache.tier_persistence import persist_to_disk, rebuild_from_disk
+from local_engine.cache.tiers import RETENTION_CLASSES, TierTokens
 from local_engine.config import DEFAULT_KV_CACHE_TOKENS, EngineConfig
 from local_engine.detokenizer import IncrementalDetokenizer
 from local_engine.engine_counters import EngineCounters
 from local_engine.engine_types import Finished, GenerationRequest, MatchReport, RequestHandle, TokenDelta
+from local_engine.kv_tiers import build_tier_store, tiers_summary
 from local_engine.errors import CapacityExceeded, EngineError, EngineStopped, InvalidRequest
 from local_engine.model_loader import LoadedModel
 from local_engine.model_runner import ModelRunner, ScheduledChunk
@@ -44,9 +47,13 @@ class Engine:
             num_slots = config.kv_cache_tokens or DEFAULT_KV_CACHE_TOKENS
         self.pool = KVPool(pool_config, num_slots)
         self.allocator = SlotAllocator(num_slots)
+        self.tiers = None
         if config.prefix_cache:
             cache_config = RadixCacheConfig(page_size=config.page_size, eviction=config.eviction, ttl_s=config.ttl_s)
-            self.cache: RadixCache | NoPrefixCache = RadixCache(cache_config, self.allocator)
+            self.tiers = build_tier_store(config, self.pool, self.allocator, loaded.model, loaded.model_id)
+            self.cache: RadixCache | NoPrefixCache = RadixCache(cache_config, self.allocator, tiers=self.tiers)
+            if self.tiers.disk is not None:
+                rebuild_from_disk(self.cache)  # headers only: the KV stays on disk until a request needs it
         else:
             self.cache = NoPrefixCache(self.allocator)
         self.runner = ModelRunner(loaded.model, self.pool)
@@ -60,6 +67,7 @@ class Engine:
         self._stopping = False
         self._drain_deadline: float | None = None  # set by begin_drain: no new requests, finish by this time
         self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
+        self._closed = False
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -67,12 +75,33 @@ class Engine:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop now: requests still in flight fail with EngineStopped; every lock and slot is released."""
+        """Stop now: requests still in flight fail with EngineStopped; every lock and slot is released. With a disk
+        tier, every cached prefix not yet on disk is written there (within its capacity) and the directory's lock is
+        released."""
         with self._wakeup:
             self._stopping = True
             self._wakeup.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self._close_tiers()
+
+    def tiers_summary(self) -> str:
+        return tiers_summary(self.tiers) if self.tiers is not None else ""
+
+    def _close_tiers(self) -> None:
+        """Once, after the worker is gone: persist the cache to the disk tier and unlock its directory."""
+        with self.tree_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.tiers is None or self.tiers.disk is None:
+                return
+            try:
+                written = persist_to_disk(self.cache)
+                log.info("disk KV cache: wrote %d tokens to %s at stop", written, self.tiers.disk.directory)
+            finally:
+                self.tiers.disk.close()
 
     def begin_drain(self, grace_s: float) -> None:
         """Stop admitting (new submits get EngineStopped); requests in flight may finish within `grace_s` seconds,
@@ -102,6 +131,10 @@ class Engine:
         """Queue a request; returns once it is admitted, with `handle.report` resolved (or raises EngineError)."""
         if not request.prompt_token_ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
+        if request.retention is not None and request.retention not in RETENTION_CLASSES:
+            raise InvalidRequest(
+                f"cache_retention must be one of {list(RETENTION_CLASSES)}", param="cache_retention"
+            )
         self.check_fits_window(len(request.prompt_token_ids), request.sampling.max_tokens)
         if len(request.prompt_token_ids) > self.allocator.num_slots:
             raise _too_big(len(request.prompt_token_ids), self.allocator.num_slots)
@@ -156,6 +189,8 @@ class Engine:
             leftover = list(self._incoming)
             self._incoming.clear()
         self._fail_all(EngineStopped("the engine stopped"), extra=leftover)
+        # Both stop paths (stop() and a SIGTERM drain) end here: keep the cache for the next start.
+        self._close_tiers()
 
     def step(self) -> None:
         """One scheduling decision and one forward pass (the worker's loop body; tests may drive it directly)."""
@@ -175,8 +210,14 @@ class Engine:
             if sequence.num_preemptions == 0:
                 sequence.matched_tokens = match.matched_tokens
                 self.counters.count_admission(match.miss_kind, len(sequence.prompt), match.matched_tokens)
-                sequence.handle._resolve_report(MatchReport(len(sequence.prompt), match.matched_tokens,
-                                                            match.miss_kind))
+                if self.tiers is not None:
+                    tier_tokens = match.tier_tokens or TierTokens(device=match.matched_tokens)
+                    for counter, tokens in zip(self.tiers.counters, (tier_tokens.device, tier_tokens.host,
+                                                                     tier_tokens.disk)):
+                        counter.hit_tokens_total += tokens
+                report = MatchReport(len(sequence.prompt), match.matched_tokens, match.miss_kind,
+                                     tier_tokens=match.tier_tokens, load_ms=match.load_ms)
+                sequence.handle._resolve_report(report)
         self.counters.preemptions += len(plan.preempted)
 
     def _forward(self, plan: StepPlan) -> None:
@@ -268,11 +309,14 @@ class Engine:
     def dry_run_match(self, namespace: str, token_ids: list[int]) -> MatchReport:
         with self.tree_lock:
             match = self.cache.match(namespace, token_ids, dry_run=True)
-        return MatchReport(len(token_ids), match.matched_tokens, match.miss_kind)
+        return MatchReport(len(token_ids), match.matched_tokens, match.miss_kind, tier_tokens=match.tier_tokens)
 
     def cache_stats(self) -> dict:
         with self.tree_lock:
             stats = self.cache.stats().as_dict()
+            stats["tiers"] = self.cache.tier_stats()
+        if self.tiers is None:
+            stats["tiers"]["device"]["capacity_bytes"] = self.pool.num_bytes
         stats.update(self.counters.derived())
         stats["active_requests"] = len(self.scheduler.running)
         stats["waiting_requests"] = len(self.scheduler.waiting) + len(self._incoming)

@@ -14,6 +14,7 @@ import time
 import torch
 
 from local_engine.cache import MatchResult, NoPrefixCache, RadixCache, SlotAllocator
+from local_engine.cache.tier_loading import load_back
 from local_engine.sequence import Sequence
 
 
@@ -32,20 +33,25 @@ class SequenceKV:
         return slots
 
     def admit(self, sequence: Sequence) -> MatchResult | None:
-        """Match the request's tokens, lock the match and allocate slots for the rest; None (nothing held) when the
-        pool cannot supply them even after evicting everything unlocked."""
+        """Match the request's tokens across tiers, lock the match, allocate device slots for its host/disk part and
+        the uncached rest, and load that part back into them (all or nothing); None (nothing held) when the pool
+        cannot supply the slots even after evicting everything unlocked. The returned match is what was served."""
         started = time.perf_counter()
         tokens = sequence.token_ids
         with self.tree_lock:
-            match = self.cache.match(sequence.namespace, tokens)
+            match = self.cache.match(sequence.namespace, tokens, retention=sequence.request.retention)
             self.cache.lock(match.node)
-            slots = self._alloc(len(tokens) - match.matched_tokens)
+            num_device = match.tier_tokens.device if match.tier_tokens is not None else match.matched_tokens
+            slots = self._alloc(len(tokens) - num_device)
             if slots is None:
                 self.cache.unlock(match.node)
                 match = None
             else:
-                sequence.slot_table[: match.matched_tokens] = match.slots
-                sequence.slot_table[match.matched_tokens : len(tokens)] = slots
+                if num_device < match.matched_tokens:
+                    # The locked path is loaded into the first slots; a cut match leaves the rest to prefill.
+                    match = load_back(self.cache, sequence.namespace, tokens, match, slots)
+                sequence.slot_table[:num_device] = match.slots[:num_device]
+                sequence.slot_table[num_device : len(tokens)] = slots
                 sequence.num_slots = len(tokens)
                 sequence.num_tree_slots = sequence.num_computed_tokens = match.matched_tokens
                 sequence.locked_node = match.node
@@ -78,7 +84,9 @@ class SequenceKV:
         if isinstance(self.cache, NoPrefixCache) or num_tokens - known < self.cache.page_size:
             return
         token_ids = sequence.token_ids[:num_tokens]
-        result = self.cache.insert(sequence.namespace, token_ids, sequence.slot_table[:num_tokens])
+        result = self.cache.insert(
+            sequence.namespace, token_ids, sequence.slot_table[:num_tokens], retention=sequence.request.retention
+        )
         keep_from = max(known, result.num_cached_tokens)
         keep_to = max(keep_from, result.num_stored_tokens)
         if keep_from > known:

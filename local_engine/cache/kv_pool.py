@@ -31,14 +31,15 @@ class KVPool:
     not track which slots are in use.
     """
 
-    def __init__(self, config: KVPoolConfig, num_slots: int) -> None:
+    def __init__(self, config: KVPoolConfig, num_slots: int, *, pin_memory: bool = False) -> None:
+        """`pin_memory`: page-lock a CPU pool (the host tier of a CUDA engine) so device copies are DMA transfers."""
         if num_slots <= 0:
             raise ValueError("the KV pool needs at least one slot")
         self.config = config
         self.num_slots = num_slots
         shape = (config.num_layers, num_slots, config.num_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=config.dtype, device=config.device)
-        self.v = torch.zeros(shape, dtype=config.dtype, device=config.device)
+        self.k = torch.zeros(shape, dtype=config.dtype, device=config.device, pin_memory=pin_memory)
+        self.v = torch.zeros(shape, dtype=config.dtype, device=config.device, pin_memory=pin_memory)
 
     @property
     def num_bytes(self) -> int:

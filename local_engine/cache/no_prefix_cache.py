@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from local_engine.cache.slot_allocator import SlotAllocator
+from local_engine.cache.tier_store import TierCounters
 from local_engine.cache.tree_views import CacheStats
 from local_engine.cache.types import EvictedPrefix, InsertResult, MatchResult, MissKind
 
@@ -24,7 +25,9 @@ class NoPrefixCache:
     def max_matchable_tokens(self, num_prompt_tokens: int) -> int:
         return 0
 
-    def match(self, namespace: str, token_ids: list[int], *, dry_run: bool = False) -> MatchResult:
+    def match(
+        self, namespace: str, token_ids: list[int], *, dry_run: bool = False, retention: str | None = None
+    ) -> MatchResult:
         return MatchResult(_NO_SLOTS, 0, len(token_ids), MissKind.COLD, None)
 
     def lock(self, node: object) -> None:
@@ -33,7 +36,9 @@ class NoPrefixCache:
     def unlock(self, node: object) -> None:
         pass
 
-    def insert(self, namespace: str, token_ids: list[int], slots: torch.Tensor) -> InsertResult:
+    def insert(
+        self, namespace: str, token_ids: list[int], slots: torch.Tensor, retention: str | None = None
+    ) -> InsertResult:
         # Stores nothing: the caller frees every slot it passed in.
         return InsertResult(num_cached_tokens=0, num_stored_tokens=0)
 
@@ -65,6 +70,24 @@ class NoPrefixCache:
             eviction="none",
             ttl_s=None,
         )
+
+    def tier_stats(self) -> dict[str, dict]:
+        """The `/v1/cache` "tiers" object: only the device tier, holding nothing."""
+        stats = {}
+        for name in ("device", "host", "disk"):
+            device = name == "device"
+            stats[name] = {
+                "enabled": device,
+                "capacity_tokens": self.allocator.num_slots if device else 0,
+                "cached_tokens": 0,
+                "free_tokens": self.allocator.num_free if device else 0,
+                "evictable_tokens": 0,
+                "protected_tokens": 0,
+                "capacity_bytes": 0,
+                **TierCounters().as_dict(),
+                "corrupt_files_total": 0,
+            }
+        return stats
 
     def snapshot(self, max_nodes: int) -> dict:
         return {"namespaces": [], "truncated": False}

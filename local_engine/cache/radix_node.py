@@ -1,4 +1,4 @@
-"""One node of the radix tree: a compressed edge of token ids and the pool slots that hold their KV."""
+"""One node of the radix tree: a compressed edge of token ids and where their KV lives (device, host, disk)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,21 @@ _node_ids = itertools.count(1)
 
 
 class RadixNode:
-    """`key` (token ids) and `slots` (int64 `[len(key)]`) always have equal length; the root's are empty.
+    """`key` (token ids) and each copy of its KV always have equal length; the root's are empty.
+
+    Copies: `slots` (device pool slot ids, int64 `[len(key)]`, or None once the KV left L1), `host_slots` (host pool
+    slot ids, or None) and `disk` (a `DiskExtent`, or None). A node holds at least one copy; its tier is the fastest
+    one (`tier_index`: 0 device, 1 host, 2 disk), and a child's tier is never faster than its parent's.
 
     `lock_ref` counts the requests using this node (and therefore every ancestor); a node with `lock_ref > 0` is
-    protected from eviction.
+    protected from eviction. `ttl_s` (idle seconds before expiry; None never expires) and `persistent` come from the
+    longest retention class that stored or used the node.
     """
 
-    __slots__ = ("node_id", "parent", "key", "slots", "children", "lock_ref", "last_access_s", "created_s", "hit_count")
+    __slots__ = (
+        "node_id", "parent", "key", "slots", "children", "lock_ref", "last_access_s", "created_s", "hit_count",
+        "host_slots", "disk", "ttl_s", "persistent",
+    )
 
     def __init__(self, parent: RadixNode | None, key: list[int], slots: torch.Tensor, now_s: float) -> None:
         self.node_id = next(_node_ids)
@@ -29,10 +37,27 @@ class RadixNode:
         self.last_access_s = now_s
         self.created_s = now_s
         self.hit_count = 0
+        self.host_slots: torch.Tensor | None = None
+        self.disk = None  # DiskExtent | None
+        self.ttl_s: float | None = None
+        self.persistent = False
 
     @property
     def num_tokens(self) -> int:
         return len(self.key)
+
+    @property
+    def tier_index(self) -> int:
+        """The fastest tier holding this node's KV: 0 device, 1 host, 2 disk (3: none, only while being dropped)."""
+        if self.slots is not None:
+            return 0
+        if self.host_slots is not None:
+            return 1
+        return 2 if self.disk is not None else 3
+
+    def copy_in(self, tier: int):
+        """This node's copy in tier `tier` (0 device slots, 1 host slots, 2 disk extent), or None."""
+        return (self.slots, self.host_slots, self.disk)[tier]
 
     @property
     def is_root(self) -> bool:

@@ -66,6 +66,7 @@ def _node_view(node: RadixNode, now_s: float) -> dict:
         "hit_count": node.hit_count,
         "last_access_s": round(max(0.0, now_s - node.last_access_s), 3),
         "locked": node.lock_ref > 0,
+        "tier": ("device", "host", "disk", "none")[node.tier_index],
         "children": [],
     }
 
@@ -91,16 +92,18 @@ def check_tree_integrity(
                 assert child.parent is node, f"node {child.node_id}: wrong parent"
                 assert child.num_tokens > 0, f"node {child.node_id}: empty edge"
                 assert child.num_tokens % page_size == 0, f"node {child.node_id}: edge not page-aligned"
-                assert child.slots.numel() == child.num_tokens, f"node {child.node_id}: slots and tokens differ"
+                if child.slots is not None:
+                    assert child.slots.numel() == child.num_tokens, f"node {child.node_id}: slots and tokens differ"
                 assert key == child_key(child.key, 0, page_size), f"node {child.node_id}: filed under a wrong key"
                 assert child.lock_ref >= 0, f"node {child.node_id}: negative lock count"
                 if not node.is_root:
                     assert node.lock_ref >= child.lock_ref, f"node {child.node_id}: locked more than its parent"
-                if child.lock_ref:
-                    protected += child.num_tokens
-                else:
-                    evictable += child.num_tokens
-                slot_pieces.append(child.slots)
+                if child.slots is not None:  # the device pool's part; lower tiers are checked in tier_integrity
+                    if child.lock_ref:
+                        protected += child.num_tokens
+                    else:
+                        evictable += child.num_tokens
+                    slot_pieces.append(child.slots)
                 stack.append(child)
     assert evictable == evictable_tokens, f"evictable count {evictable_tokens} but tree holds {evictable}"
     assert protected == protected_tokens, f"protected count {protected_tokens} but tree holds {protected}"

@@ -31,6 +31,7 @@ class MatchResult:
     miss_kind: MissKind
     node: Any  # an opaque handle for lock/unlock; None when nothing matched
     tier_tokens: TierTokens | None = None  # matched tokens by the tier holding them; None: all on the device
+    load_ms: float = 0.0  # time spent loading the host and disk part into device slots (after `load_back`)
 
     @property
     def cached_tokens(self) -> int:
