@@ -230,7 +230,8 @@ def register(commands, bench_commands) -> None:
     bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     bench.add_argument("--prefix-tokens", type=int, default=2048, help="tokens of the shared system prompt")
     bench.add_argument("--repeats", type=int, default=5, help="measured requests per tier")
-    bench.add_argument("--write-policy", default="write_through", choices=["write_back", "write_through"],
-                       help="--cache-write-policy of the disk-tier engine")
+    bench.add_argument("--write-policy", default="write_back", choices=["write_back", "write_through"],
+                       help="--cache-write-policy of the disk-tier engine (a clean stop writes the cache down "
+                            "either way)")
     bench.add_argument("--seed", type=int, default=0)
     bench.set_defaults(handler=run_tiers_benchmark)
