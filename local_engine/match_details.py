@@ -41,16 +41,16 @@ class MatchDetails:
     miss_kind: MissKind
     template_tokens: int | None = None
     divergence: Location | None = None
-    tiers: TierTokens | None = None  # None: everything matched was on the device
+    tier_tokens: TierTokens | None = None  # None: everything matched was on the device (as in `MatchReport`)
     load_ms: float = 0.0  # loading host/disk KV back into device slots
 
     @property
-    def tier_tokens(self) -> TierTokens:
-        return self.tiers if self.tiers is not None else TierTokens(device=self.matched_tokens)
+    def tiers(self) -> TierTokens:
+        return self.tier_tokens if self.tier_tokens is not None else TierTokens(device=self.matched_tokens)
 
     def as_dict(self, ttft_ms: float | None = None) -> dict:
         body: dict = {"matched_tokens": self.matched_tokens, "prompt_tokens": self.prompt_tokens,
-                      "miss": self.miss_kind.value, "tiers": self.tier_tokens.as_dict(),
+                      "miss": self.miss_kind.value, "tiers": self.tiers.as_dict(),
                       "load_ms": round(self.load_ms, 3)}
         if self.template_tokens is not None:
             body["template_tokens"] = self.template_tokens
@@ -65,7 +65,7 @@ class MatchDetails:
             "x-prefix-cache-matched-tokens": str(self.matched_tokens),
             "x-prefix-cache-prompt-tokens": str(self.prompt_tokens),
             "x-prefix-cache-miss": self.miss_kind.value,
-            HEADER_TIERS: self.tier_tokens.header_value(),
+            HEADER_TIERS: self.tiers.header_value(),
         }
         if self.template_tokens is not None:
             headers[HEADER_TEMPLATE_TOKENS] = str(self.template_tokens)
@@ -77,9 +77,9 @@ class MatchDetails:
 
 def describe_match(report: MatchReport, layout: PromptLayout | None) -> MatchDetails:
     """`report` with the template opening counted and the first uncached token located in the request."""
-    tiers, load_ms = report.tiers, report.load_ms
+    tiers, load_ms = report.tier_tokens, report.load_ms
     if layout is None:
-        return MatchDetails(report.prompt_tokens, report.matched_tokens, report.miss_kind, tiers=tiers,
+        return MatchDetails(report.prompt_tokens, report.matched_tokens, report.miss_kind, tier_tokens=tiers,
                             load_ms=load_ms)
     template_tokens = layout.template_tokens
     miss_kind = report.miss_kind

@@ -147,3 +147,13 @@ def test_metrics_expose_every_tier_under_the_tier_label(client):
     assert samples[("prefixscope_engine_tier_hit_tokens_total", (("tier", "device"),))] == \
         stats["device"]["hit_tokens_total"] > 0
     assert samples[("prefixscope_engine_disk_corrupt_files_total", ())] == 0
+
+
+def test_a_prompt_sent_as_token_ids_reports_its_split_too(client):
+    body = {"model": "tiny-llama", "prompt": list(range(100, 400)), "max_tokens": 2, "cache_salt": "tiers-ids"}
+    client.post("/v1/completions", json=body)
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["prefix_cache"]["tiers"] == {"device": 299, "host": 0, "disk": 0}
+    assert TierTokens.parse_header(response.headers[HEADER_TIERS]).total == 299
