@@ -1,11 +1,13 @@
 """Making room in a tier: which copies go, where they go (demotion), and the per-tier stats.
 
 Candidates in tier T are unlocked nodes holding a copy in T none of whose children is held in T or a faster tier
-(so the fastest-tier order parent <= child survives the move). They go in eviction order: non-persistent first,
+(so the fastest-tier order parent <= child survives the move), and unlocked nodes whose copy in T is a spare behind
+a faster copy (giving it back changes no node's tier). They go in eviction order: non-persistent first,
 then the policy's order (LRU by default). Taking a node's copy out of T:
 
-- if it has another copy (write-through, or a copy kept after a load-back), T's copy is simply given back;
-- else it is demoted: copied to the nearest slower enabled tier that has (or can make) room;
+- if it has another copy no slower than its children (write-through, or a copy kept after a load-back), T's copy
+  is simply given back;
+- else it is demoted: copied to the nearest slower enabled tier (no slower than its children) with room;
 - else (last tier, or no room anywhere below) the node and its subtree leave the tree; the ghost index remembers
   them as `evicted`.
 
@@ -27,7 +29,8 @@ def is_candidate(node: RadixNode, tier: int) -> bool:
         node.parent is not None
         and node.lock_ref == 0
         and node.copy_in(tier) is not None
-        and all(child.tier_index > tier for child in node.children.values())
+        # A copy behind a faster one can always go; otherwise no child may be held in this tier or a faster one.
+        and (node.tier_index < tier or all(child.tier_index > tier for child in node.children.values()))
     )
 
 
@@ -63,21 +66,27 @@ def make_room(cache, tier: int, num_tokens: int) -> list[EvictedPrefix]:
 
 
 def release_copy(cache, node: RadixNode, tier: int) -> list[EvictedPrefix]:
-    """Take `node`'s copy out of `tier` (see the module docstring); returns what left the tree."""
+    """Take `node`'s copy out of `tier` (see the module docstring); returns what left the tree.
+
+    The node's new fastest tier must stay no slower than its children's (`limit`): a remaining copy counts only if it
+    is within that limit, and a demotion only goes as far as it."""
     tiers = cache.tiers
-    others = [t for t in range(3) if t != tier and node.copy_in(t) is not None]
-    if others:
+    limit = min((child.tier_index for child in node.children.values()), default=DISK)
+    remaining = [t for t in range(3) if t != tier and node.copy_in(t) is not None]
+    if remaining and min(remaining) <= limit:
         cache.account(node, -1)
         tiers.free_copy(node, tier)
         cache.account(node, 1)
         counter = tiers.counters[tier]
-        if max(others) > tier:
+        if max(remaining) > tier:
             counter.demoted_tokens_total += node.num_tokens
         else:
             counter.dropped_tokens_total += node.num_tokens
         return []
     removed: list[EvictedPrefix] = []
     for target in tiers.lower_tiers(tier):
+        if target > limit:
+            break
         if demote(cache, node, tier, target, removed):
             return removed
     return removed + cache.drop_subtree(node)

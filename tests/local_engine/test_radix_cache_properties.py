@@ -195,3 +195,154 @@ _settings = settings(max_examples=60, stateful_step_count=40, deadline=None, sup
 def test_random_operations_agree_with_reference(machine) -> None:
     machine.TestCase.settings = _settings
     machine.TestCase().runTest()
+
+
+# ---- tiers: demote, load back, restart, corruption ---------------------------------------------------------------
+
+RETENTIONS = (None, "5m", "1h", "persistent")
+
+
+class TieredRadixCacheMachine(RuleBasedStateMachine):
+    """Random operations on a cache with a device pool, a host pool and a disk directory, all small. The KV written
+    for each token encodes its namespace and path, so whatever a match loads back (from any tier, across restarts)
+    must be exactly the KV of the matched tokens; a corrupted file must never be served. Integrity is checked per
+    tier after every step."""
+
+    device_tokens, host_tokens, disk_tokens = 24, 16, 40
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        self.directory = tempfile.mkdtemp(prefix="tiers-")
+        self.clock = FakeClock()
+        self.cache = self._new_cache()
+        self.inserted: dict[str, set[tuple[int, ...]]] = {ns: set() for ns in NAMESPACES}
+        self.held: list[tuple[object, object]] = []
+
+    def _new_cache(self):
+        from .tier_fixtures import tiered_cache
+
+        return tiered_cache(self.device_tokens, self.host_tokens, self.directory, self.disk_tokens, clock=self.clock)
+
+    def teardown(self) -> None:
+        import shutil
+
+        self.cache.tiers.disk.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def sequences(self):
+        return st.lists(st.integers(0, 2), min_size=1, max_size=12)
+
+    @rule(namespace=st.sampled_from(NAMESPACES), data=st.data(), retention=st.sampled_from(RETENTIONS))
+    def insert(self, namespace: str, data, retention) -> None:
+        from .tier_fixtures import fill_kv
+
+        tokens = list(data.draw(self.sequences()))
+        slots = self.cache.allocator.alloc(len(tokens))
+        if slots is None:
+            self.cache.evict(len(tokens) - self.cache.allocator.num_free)
+            slots = self.cache.allocator.alloc(len(tokens))
+        if slots is None:
+            return
+        fill_kv(self.cache.tiers.device_pool, slots, namespace, tokens)
+        result = self.cache.insert(namespace, tokens, slots, retention=retention)
+        self.cache.allocator.free(slots[: result.num_cached_tokens])
+        self.cache.allocator.free(slots[result.num_stored_tokens :])
+        self.inserted[namespace].update(tuple(tokens[:n]) for n in range(1, len(tokens) + 1))
+
+    @rule(namespace=st.sampled_from(NAMESPACES), data=st.data(), keep=st.booleans(),
+          retention=st.sampled_from(RETENTIONS))
+    def admit_and_load_back(self, namespace: str, data, keep: bool, retention) -> None:
+        from local_engine.cache.tier_loading import load_back
+
+        from .tier_fixtures import assert_kv
+
+        tokens = list(data.draw(self.sequences()))
+        match = self.cache.match(namespace, tokens, retention=retention)
+        assert match.tier_tokens.total == match.matched_tokens
+        assert match.matched_tokens == 0 or tuple(tokens[: match.matched_tokens]) in self.inserted[namespace]
+        self.cache.lock(match.node)
+        num_device = match.tier_tokens.device
+        needed = len(tokens) - num_device
+        slots = self.cache.allocator.alloc(needed)
+        if slots is None:
+            self.cache.evict(needed - self.cache.allocator.num_free)
+            slots = self.cache.allocator.alloc(needed)
+        if slots is None:
+            self.cache.unlock(match.node)
+            return
+        if num_device < match.matched_tokens:
+            served = load_back(self.cache, namespace, tokens, match, slots)
+            assert served.matched_tokens <= match.matched_tokens
+            assert served.tier_tokens.total == served.matched_tokens
+            match = served
+        assert match.slots.numel() == match.matched_tokens
+        assert_kv(self.cache.tiers.device_pool, match.slots, namespace, tokens)
+        own = slots[match.matched_tokens - num_device :]
+        if keep:
+            self.held.append((match.node, own))
+        else:
+            self.cache.unlock(match.node)
+            self.cache.allocator.free(own)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def finish(self, data) -> None:
+        node, own = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
+        self.cache.unlock(node)
+        self.cache.allocator.free(own)
+
+    @rule(tier=st.sampled_from([0, 1, 2]), num_tokens=st.integers(1, 30))
+    def evict_from_tier(self, tier: int, num_tokens: int) -> None:
+        from local_engine.cache.tier_eviction import make_room
+
+        evictable_before = self.cache.evictable[tier]
+        free_before = self.cache.tiers.free_tokens(tier)
+        make_room(self.cache, tier, num_tokens)
+        freed = self.cache.tiers.free_tokens(tier) - free_before
+        assert freed >= min(num_tokens, evictable_before) or self.cache.evictable[tier] == 0
+
+    @rule(seconds=st.sampled_from([10.0, 400.0, 4000.0]))
+    def advance_clock_and_expire(self, seconds: float) -> None:
+        self.clock.now += seconds
+        self.cache.expire()
+
+    @rule(data=st.data())
+    def corrupt_a_file(self, data) -> None:
+        import os
+
+        names = sorted(name for name in os.listdir(self.directory) if name.endswith(".kv"))
+        if not names:
+            return
+        path = os.path.join(self.directory, data.draw(st.sampled_from(names)))
+        with open(path, "r+b") as target:
+            target.seek(-1, os.SEEK_END)
+            last = target.read(1)
+            target.seek(-1, os.SEEK_END)
+            target.write(bytes([last[0] ^ 0x5A]))
+
+    @rule()
+    def restart(self) -> None:
+        from local_engine.cache.tier_persistence import persist_to_disk, rebuild_from_disk
+
+        for node, own in self.held:
+            self.cache.unlock(node)
+            self.cache.allocator.free(own)
+        self.held.clear()
+        persist_to_disk(self.cache)
+        self.cache.check_integrity()
+        self.cache.tiers.disk.close()
+        self.cache = self._new_cache()
+        rebuild_from_disk(self.cache)
+
+    @invariant()
+    def integrity(self) -> None:
+        self.cache.check_integrity(num_slots_outside_tree=sum(own.numel() for _, own in self.held))
+
+
+def test_tiered_random_operations_keep_every_tier_consistent() -> None:
+    TieredRadixCacheMachine.TestCase.settings = settings(
+        max_examples=40, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
+    )
+    TieredRadixCacheMachine.TestCase().runTest()
