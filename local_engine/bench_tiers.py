@@ -172,7 +172,7 @@ def run_tiers_benchmark(args: argparse.Namespace) -> int:
     roomy, tight = str(4 * request_tokens), str(request_tokens * 3 // 2)
     device, model = args.device, args.model
     samples: dict[str, list[Sample]] = {"miss": [], "device": [], "host": [], "disk": []}
-    with progress("bench tiers: miss and L1", total=3 * (2 * repeats + 1) + repeats, unit="requests") as bar:
+    with progress("bench tiers: miss and L1", total=3 + 5 * repeats, unit="requests") as bar:
         with running(engine_config(model, device, "--kv-cache-tokens", roomy), loaded) as engine:
             send(engine, hits[0])
             bar.advance()
@@ -223,13 +223,26 @@ def run_tiers_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    return parse
+
+
 def register(commands, bench_commands) -> None:
     bench = bench_commands.add_parser(
         "tiers", help="TTFT of a long prefix served from the device, host and disk tiers, against the cold miss")
     bench.add_argument("--model", default="smollm2", help="'smollm2' or a local transformers model directory")
     bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    bench.add_argument("--prefix-tokens", type=int, default=2048, help="tokens of the shared system prompt")
-    bench.add_argument("--repeats", type=int, default=5, help="measured requests per tier")
+    bench.add_argument("--prefix-tokens", type=_at_least(64), default=2048, help="tokens of the shared system prompt")
+    bench.add_argument("--repeats", type=_at_least(1), default=5, help="measured requests per tier")
     bench.add_argument("--write-policy", default="write_back", choices=["write_back", "write_through"],
                        help="--cache-write-policy of the disk-tier engine (a clean stop writes the cache down "
                             "either way)")
