@@ -8,6 +8,7 @@ from datetime import datetime
 import plotly.graph_objects as go
 
 from dashboard.cache_tree import FlatTree
+from dashboard.engine_client import TierStats
 from db.queries import StatsRow
 
 CACHED_COLOR = "#2a9d8f"
@@ -15,6 +16,8 @@ COMPUTED_COLOR = "#e76f51"
 HIT_COLOR = "#2a9d8f"
 MISS_COLOR = "#e76f51"
 TREE_KINDS = ("icicle", "treemap", "sunburst")
+# Cached tokens by the tier that served them, fastest first, and those of unknown tier.
+TIER_COLORS = {"device": "#2a9d8f", "host": "#e9c46a", "disk": "#8d6a9f", "unknown": "#bfbfbf"}
 _MARGIN = {"l": 10, "r": 10, "t": 40, "b": 10}
 
 
@@ -67,6 +70,49 @@ def ttft_figure(series: Sequence[StatsRow], x_range: XRange = None) -> go.Figure
         legend={"orientation": "h", "y": -0.15},
         margin=_MARGIN,
         height=340,
+    )
+    return figure
+
+
+def tier_tokens_figure(series: Sequence[StatsRow], x_range: XRange = None) -> go.Figure:
+    """Cached tokens per bucket, stacked by the tier that served them: device, host, disk, and unknown (upstreams
+    that report no tiers). Each bar adds up to the bucket's cached tokens."""
+    x = [row.bucket_start for row in series]
+    figure = go.Figure()
+    for tier, color in TIER_COLORS.items():
+        values = [getattr(row.tiers, tier) for row in series]
+        figure.add_trace(go.Bar(x=x, y=values, name=tier, marker_color=color))
+    figure.update_layout(
+        title="Cached tokens by tier",
+        barmode="stack",
+        xaxis=_time_axis(x_range),
+        yaxis={"title": "tokens", "rangemode": "tozero"},
+        legend={"orientation": "h", "y": -0.15, "traceorder": "normal"},
+        margin=_MARGIN,
+        height=340,
+    )
+    return figure
+
+
+def tier_occupancy_figure(tiers: Sequence[TierStats]) -> go.Figure:
+    """One stacked bar per enabled tier, in tokens: cached and locked by running requests, cached and evictable (or
+    demotable), free."""
+    enabled = [tier for tier in tiers if tier.enabled]
+    names = [tier.name for tier in enabled]
+    figure = go.Figure()
+    for label, values, color in (
+        ("cached, locked", [tier.protected_tokens for tier in enabled], "#e9c46a"),
+        ("cached, evictable", [tier.evictable_tokens for tier in enabled], CACHED_COLOR),
+        ("free", [tier.free_tokens for tier in enabled], "#d9d9d9"),
+    ):
+        figure.add_trace(go.Bar(y=names, x=values, name=label, orientation="h", marker_color=color))
+    figure.update_layout(
+        barmode="stack",
+        height=110 + 40 * len(names),
+        margin={"l": 10, "r": 10, "t": 10, "b": 10},
+        legend={"orientation": "h", "y": -0.3, "traceorder": "normal"},
+        xaxis={"title": "tokens"},
+        yaxis={"autorange": "reversed"},
     )
     return figure
 

@@ -14,7 +14,7 @@ import streamlit as st
 
 from dashboard import loaders_explain
 from dashboard.data import LIVE_TTL_S, _read
-from dashboard.what_if_model import CurrentSetting, WhatIfResult, run_what_if
+from dashboard.what_if_model import CurrentSetting, TiersResult, WhatIfResult, run_tiers, run_what_if
 from db.queries import RequestRow
 
 # Replays are the expensive part; keep them a little longer than the live figures.
@@ -53,3 +53,21 @@ def what_if(
 ) -> WhatIfResult:
     sample = chain_sample(url, since, until, tenant, max_blocks)
     return run_what_if(sample.requests, page_size, capacities, policies, ttls, today)
+
+
+@st.cache_data(ttl=WHAT_IF_TTL_S, show_spinner="Computing the LRU curve ...")
+def what_if_tiers(
+    url: str,
+    since: datetime,
+    until: datetime,
+    tenant: str | None,
+    max_blocks: int,
+    page_size: int,
+    capacities: tuple[int, ...],
+    host_capacity_tokens: int,
+    ttl_s: float | None,
+    today_capacity_tokens: int | None,
+) -> TiersResult:
+    """The What-if page's device + host tier curve (one pass over the sampled chains), cached like `what_if`."""
+    sample = chain_sample(url, since, until, tenant, max_blocks)
+    return run_tiers(sample.requests, page_size, capacities, host_capacity_tokens, ttl_s, today_capacity_tokens)

@@ -1,7 +1,8 @@
 """Read-only client for the engine's cache API (`GET /v1/cache`, `GET /v1/cache/tree`), over HTTP only.
 
 The dashboard never imports the engine; it asks a running one. Any failure (refused connection, timeout, non-2xx,
-malformed JSON) becomes `EngineUnavailable` with a one-line reason the page can show.
+malformed JSON) becomes `EngineUnavailable` with a one-line reason the page can show. An engine from before cache
+tiers sends no `tiers` object: `CacheStats.tiers` is then None, and the page says so rather than failing.
 """
 
 from __future__ import annotations
@@ -14,6 +15,43 @@ import httpx
 
 class EngineUnavailable(Exception):
     """The engine could not be reached or answered something unusable."""
+
+
+# The engine's tiers, fastest first (`tiers` keys of `/v1/cache`).
+TIER_NAMES = ("device", "host", "disk")
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """One tier of the engine's cache (`/v1/cache` `tiers[name]`): occupancy in tokens (and capacity in bytes), and
+    counters since the engine started: tokens served from it (`hit_tokens_total`), loads back to the device (count,
+    tokens, ms), tokens demoted to the next tier and tokens dropped for good; corrupt files found (disk only)."""
+
+    name: str
+    enabled: bool
+    capacity_tokens: int
+    cached_tokens: int
+    free_tokens: int
+    evictable_tokens: int
+    protected_tokens: int
+    capacity_bytes: int
+    hit_tokens_total: int
+    loads_total: int
+    load_tokens_total: int
+    load_ms_total: float
+    demoted_tokens_total: int
+    dropped_tokens_total: int
+    corrupt_files_total: int
+
+    @property
+    def used_share(self) -> float:
+        """Cached tokens as a share of capacity (0 for a tier without capacity)."""
+        return self.cached_tokens / self.capacity_tokens if self.capacity_tokens else 0.0
+
+    @property
+    def load_ms_mean(self) -> float | None:
+        """Mean time of one load back to the device; None before the first."""
+        return self.load_ms_total / self.loads_total if self.loads_total else None
 
 
 @dataclass(frozen=True)
@@ -35,6 +73,8 @@ class CacheStats:
     expired_tokens_total: int
     prefill_tokens_per_s: float | None
     raw: dict[str, Any] = field(default_factory=dict)
+    # The cache's tiers, fastest first; None when the engine does not report tiers (an engine from before them).
+    tiers: tuple[TierStats, ...] | None = None
 
     @property
     def in_flight_tokens(self) -> int:
@@ -71,14 +111,55 @@ def _get_json(
         raise EngineUnavailable(f"the engine's answer to GET {path} is not JSON") from exc
 
 
-def _int(payload: dict[str, Any], key: str) -> int:
+def _int(payload: dict[str, Any], key: str, where: str = "/v1/cache") -> int:
+    return int(_number(payload, key, where))
+
+
+def _number(payload: dict[str, Any], key: str, where: str = "/v1/cache") -> float:
     value = payload.get(key)
     if value is None:
         return 0
+    if isinstance(value, bool):
+        raise EngineUnavailable(f"{where} field {key!r} is not a number: {value!r}")
     try:
-        return int(value)
+        return float(value) if isinstance(value, float) else int(value)
     except (TypeError, ValueError) as exc:
-        raise EngineUnavailable(f"/v1/cache field {key!r} is not a number: {value!r}") from exc
+        raise EngineUnavailable(f"{where} field {key!r} is not a number: {value!r}") from exc
+
+
+def tiers_from_payload(payload: dict[str, Any]) -> tuple[TierStats, ...] | None:
+    """The `tiers` object of a `/v1/cache` answer, fastest tier first (tiers of other names after, by name); None
+    when absent. Raises `EngineUnavailable` when present but malformed."""
+    tiers = payload.get("tiers")
+    if tiers is None:
+        return None
+    if not isinstance(tiers, dict) or not all(isinstance(value, dict) for value in tiers.values()):
+        raise EngineUnavailable("/v1/cache field 'tiers' is not an object of tier objects")
+    names = [name for name in TIER_NAMES if name in tiers] + sorted(set(tiers) - set(TIER_NAMES))
+    return tuple(_tier(name, tiers[name]) for name in names)
+
+
+def _tier(name: str, values: dict[str, Any]) -> TierStats:
+    where = f"/v1/cache tiers.{name}"
+    counts = {
+        key: _int(values, key, where)
+        for key in (
+            "capacity_tokens",
+            "cached_tokens",
+            "free_tokens",
+            "evictable_tokens",
+            "protected_tokens",
+            "capacity_bytes",
+            "hit_tokens_total",
+            "loads_total",
+            "load_tokens_total",
+            "demoted_tokens_total",
+            "dropped_tokens_total",
+            "corrupt_files_total",
+        )
+    }
+    load_ms_total = float(_number(values, "load_ms_total", where))
+    return TierStats(name=name, enabled=bool(values.get("enabled", False)), load_ms_total=load_ms_total, **counts)
 
 
 def fetch_cache_stats(base_url: str, timeout_s: float, token: str | None = None) -> CacheStats:
@@ -119,6 +200,7 @@ def stats_from_payload(payload: dict[str, Any]) -> CacheStats:
         expired_tokens_total=_int(payload, "expired_tokens_total"),
         prefill_tokens_per_s=prefill_tokens_per_s,
         raw=payload,
+        tiers=tiers_from_payload(payload),
     )
 
 

@@ -196,6 +196,16 @@ def format_tokens(value: float | None) -> str:
     return f"{value:,.0f}"
 
 
+def format_bytes(value: float | None) -> str:
+    """Binary units (a KV pool is sized in GiB): `512 B`, `1.50 KiB`, `2.00 GiB`."""
+    if value is None:
+        return "n/a"
+    for threshold, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(value) >= threshold:
+            return f"{value / threshold:.2f} {suffix}"
+    return f"{value:,.0f} B"
+
+
 def format_ms(value: float | None) -> str:
     if value is None:
         return "n/a"

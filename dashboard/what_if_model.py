@@ -3,7 +3,11 @@ recorded chains, with the page's choices and defaults. Pure functions over `db.s
 
 A cache that can hold every distinct block of the trace never evicts, so at or above that size every policy gives the
 unlimited cache's figures: those grid points are copied from one unlimited replay per TTL instead of being replayed,
-which keeps the default grid (up to 10M tokens) cheap on a small sample.
+which keeps the default grid (up to 10M tokens) cheap on a small sample. LRU's points come from one pass over the
+trace per TTL (stack distances, `db.simulation.lru_curve`), however many sizes are asked for.
+
+`run_tiers` models a device tier with a host tier below it (LRU with demotion) and returns the whole curve over the
+device size, from the same single pass, with the split of the hits between the tiers.
 """
 
 from __future__ import annotations
@@ -12,7 +16,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from db.simulation import POLICIES, SimulationResult, Trace, TraceRequest, simulate, sweep
+from db.simulation import (
+    POLICIES,
+    SimulationResult,
+    Trace,
+    TraceRequest,
+    curve_result,
+    lru_curve,
+    simulate,
+    sweep,
+)
 
 CAPACITY_CHOICES = (
     1_000,
@@ -131,4 +144,83 @@ def run_what_if(
         num_blocks=trace.num_blocks,
         distinct_blocks=distinct_blocks,
         prompt_tokens=trace.prompt_tokens,
+    )
+
+
+# Host tier (L2) sizes offered: none, or one of the cache sizes.
+HOST_CAPACITY_CHOICES = (0, *CAPACITY_CHOICES)
+# Points of the drawn LRU curve: log-spaced device sizes, plus the chosen ones.
+CURVE_POINTS = 160
+
+
+@dataclass(frozen=True)
+class TiersResult:
+    """LRU with a device tier and a host tier below it (demotion on eviction), from one pass over the trace.
+
+    `curve_*` hold the whole curve, by device capacity in tokens (ascending): token hit rates of the device tier and
+    of both tiers together when the host holds `host_capacity_tokens` (0: no host tier; then the two are equal).
+    `points` are the chosen device sizes with that host tier; `today` today's device size with it.
+    """
+
+    host_capacity_tokens: int
+    ttl_s: float | None
+    page_size: int
+    curve_capacity_tokens: tuple[int, ...]
+    curve_device_rates: tuple[float | None, ...]
+    curve_total_rates: tuple[float | None, ...]
+    points: tuple[SimulationResult, ...]
+    today: SimulationResult | None
+    distinct_blocks: int
+
+
+def curve_capacities_blocks(max_blocks: int, chosen_blocks: Sequence[int], num_points: int = CURVE_POINTS) -> list[int]:
+    """Device sizes in blocks to draw the curve at: about `num_points` log-spaced from 1 to one past `max_blocks`
+    (where the curve is flat), and every chosen size."""
+    top = max_blocks + 1
+    spaced = {round(top ** (step / (num_points - 1))) for step in range(num_points)} if top > 1 else {1}
+    return sorted(spaced | {blocks for blocks in chosen_blocks if blocks >= 1})
+
+
+def run_tiers(
+    requests: Sequence[TraceRequest],
+    page_size: int,
+    capacities: Sequence[int],
+    host_capacity_tokens: int,
+    ttl_s: float | None,
+    today_capacity_tokens: int | None = None,
+) -> TiersResult:
+    """The LRU curve over every device size with a host tier of `host_capacity_tokens` below it, at `ttl_s`, and the
+    split between the tiers at each of `capacities` (and today's device size), all from one pass over the trace.
+
+    Raises `db.simulation.TraceError` for a page size the chains cannot be merged into, ValueError for a negative
+    size or TTL.
+    """
+    trace = Trace.from_requests(requests, page_size=page_size)
+    curve = lru_curve(trace, ttl_s)
+    size = trace.block_size
+    host_blocks = host_capacity_tokens // size
+    chosen = sorted(set(capacities))
+    drawn = curve_capacities_blocks(curve.max_blocks, [capacity // size for capacity in chosen])
+    prompt_tokens = trace.prompt_tokens
+
+    def rate(tokens: int) -> float | None:
+        return tokens / prompt_tokens if prompt_tokens else None
+
+    split = [curve.counts(blocks, host_blocks) for blocks in drawn]
+    points = [curve_result(trace, curve, capacity, host_capacity_tokens) for capacity in chosen]
+    today = (
+        None
+        if today_capacity_tokens is None
+        else curve_result(trace, curve, today_capacity_tokens, host_capacity_tokens)
+    )
+    return TiersResult(
+        host_capacity_tokens=host_capacity_tokens,
+        ttl_s=ttl_s,
+        page_size=size,
+        curve_capacity_tokens=tuple(blocks * size for blocks in drawn),
+        curve_device_rates=tuple(rate(counts.device_hit_tokens) for counts in split),
+        curve_total_rates=tuple(rate(counts.hit_tokens) for counts in split),
+        points=tuple(points),
+        today=today,
+        distinct_blocks=curve.max_blocks,
     )

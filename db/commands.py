@@ -224,8 +224,44 @@ def stats(args: argparse.Namespace) -> int:
         ]
         for row in result
     ]
-    print(_table(headers, rows) if rows else "no requests in this range")
+    if not rows:
+        print("no requests in this range")
+        return 0
+    print(_table(headers, rows))
+    print()
+    _print_tier_table(result, args.by)
     return 0
+
+
+def _tier_cells(figures: queries.CacheFigures | queries.TierTotals, known_cache: bool, known_tiers: bool) -> list[str]:
+    """DEVICE, HOST, DISK, UNKNOWN and the mean load time: `-` where nothing was reported (no tier split, or no
+    cached-token count at all), as distinct from a reported 0."""
+    tiers = figures.tiers
+    split = [str(tiers.device), str(tiers.host), str(tiers.disk)] if known_tiers else ["-", "-", "-"]
+    load = "-" if figures.cache_load_ms_mean is None else f"{figures.cache_load_ms_mean:.1f}"
+    return [*split, str(tiers.unknown) if known_cache else "-", load]
+
+
+def _print_tier_table(result: Sequence[queries.StatsRow], by: str | None) -> None:
+    """The `cached by tier` table under the `stats` table: per row, then the total over the range."""
+    headers = ["BUCKET (UTC)", *([by.upper()] if by else []), "DEVICE", "HOST", "DISK", "UNKNOWN", "LOAD ms avg"]
+    rows = [
+        [
+            f"{row.bucket_start:%Y-%m-%d %H:%M}",
+            *([row.group or "-"] if by else []),
+            *_tier_cells(row, row.requests_with_known_cache > 0, row.requests_with_known_tiers > 0),
+        ]
+        for row in result
+    ]
+    totals = queries.tier_totals(result)
+    known_cache = any(row.requests_with_known_cache for row in result)
+    total_cells = _tier_cells(totals, known_cache, totals.requests_with_known_tiers > 0)
+    rows.append(["TOTAL", *([""] if by else []), *total_cells])
+    print("cached by tier (tokens; UNKNOWN: upstreams that report no tiers)")
+    print(_table(headers, rows))
+    if totals.requests_by_retention:
+        classes = [f"{name} {count}" for name, count in totals.requests_by_retention.items()]
+        print("requests by retention class: " + ", ".join([*classes, f"none {totals.requests_without_retention}"]))
 
 
 def _best_ms(fn: Callable[[], object], repeat: int) -> float:

@@ -206,6 +206,15 @@ class HourlyRollup(Base):
     normalization_requests_with_gain: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     normalization_gain_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     normalization_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Cached tokens by the tier that served them, over the requests whose split is known (`db.rollups.tier_split`);
+    # the rest of `cached_tokens` came from an unknown tier. The engine's time loading host/disk KV back (ms), summed
+    # over the requests that reported it.
+    cached_tokens_device: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cached_tokens_host: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cached_tokens_disk: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    requests_with_known_tiers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cache_load_ms_sum: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    cache_load_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
         # Dashboard filters by tenant or model over a time range; the primary key already leads with bucket_start.
@@ -237,7 +246,7 @@ class HourlyTtftBin(Base):
 
 class HourlyLabelCount(Base):
     """Per-hour counts of labelled events: `dimension` is `rule` (a normalization rule that changed the request),
-    `miss_kind` or `error_type`, and `value` the label."""
+    `miss_kind`, `error_type`, `status` or `retention` (the retention class asked for), and `value` the label."""
 
     __tablename__ = "hourly_label_counts"
 

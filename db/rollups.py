@@ -34,6 +34,17 @@ RollupKey = tuple[datetime, str, str, str]  # (bucket_start, tenant, model, upst
 PrefixKey = tuple[datetime, str, str]  # (bucket_start, tenant, prefix_hash)
 
 ROLLUP_KEY_COLUMNS: Final = ("bucket_start", "tenant", "model", "upstream")
+# Cached tokens by the tier that served them, the requests whose split is known, and the engine's time loading host
+# and disk KV back to the device (its sum and how many requests reported it). Tokens of unknown tier are not stored:
+# they are `cached_tokens` minus the three tier sums.
+TIER_SUM_COLUMNS: Final = (
+    "cached_tokens_device",
+    "cached_tokens_host",
+    "cached_tokens_disk",
+    "requests_with_known_tiers",
+    "cache_load_ms_sum",
+    "cache_load_count",
+)
 _SUM_COLUMNS: Final = (
     "requests",
     "error_requests",
@@ -53,6 +64,7 @@ _SUM_COLUMNS: Final = (
     "normalization_requests_with_gain",
     "normalization_gain_tokens",
     "normalization_prompt_tokens",
+    *TIER_SUM_COLUMNS,
 )
 PREFIX_KEY_COLUMNS: Final = ("bucket_start", "tenant", "prefix_hash")
 # Divergence offsets are counted in buckets of this many characters (the stored granularity of `hourly_divergences`).
@@ -63,6 +75,8 @@ DIMENSION_RULE: Final = "rule"
 DIMENSION_MISS_KIND: Final = "miss_kind"
 DIMENSION_ERROR_TYPE: Final = "error_type"
 DIMENSION_STATUS: Final = "status"
+# The retention class a request asked for (`db.records.RETENTION_CLASSES`); requests without one are not counted.
+DIMENSION_RETENTION: Final = "retention"
 
 
 def cache_state(cached_tokens: int | None, template_tokens: int | None = None) -> str:
@@ -72,6 +86,17 @@ def cache_state(cached_tokens: int | None, template_tokens: int | None = None) -
     if hit is None:
         return "unknown"
     return "hit" if hit else "miss"
+
+
+def tier_split(record: RequestRecord) -> tuple[int, int, int] | None:
+    """`(device, host, disk)` cached tokens of a request, or None when the split is unknown: a tier not reported, no
+    cached-token count, or a split that does not fit in `cached_tokens` (such a report is not trusted, so that the
+    tier sums never exceed the cached tokens and the unknown remainder is never negative)."""
+    split = (record.cached_tokens_device, record.cached_tokens_host, record.cached_tokens_disk)
+    if record.cached_tokens is None or any(tokens is None or tokens < 0 for tokens in split):
+        return None
+    device, host, disk = (int(tokens or 0) for tokens in split)
+    return (device, host, disk) if device + host + disk <= record.cached_tokens else None
 
 
 def _zero_sums() -> dict[str, float]:
@@ -116,6 +141,14 @@ class RollupAccumulator:
             if record.prompt_tokens is not None:
                 sums["cache_known_prompt_tokens"] += record.prompt_tokens
                 sums["cache_known_cached_tokens"] += record.cached_tokens
+        split = tier_split(record)
+        if split is not None:
+            for tier, tokens in zip(("device", "host", "disk"), split, strict=True):
+                sums[f"cached_tokens_{tier}"] += tokens
+            sums["requests_with_known_tiers"] += 1
+        if record.cache_load_ms is not None:
+            sums["cache_load_ms_sum"] += record.cache_load_ms
+            sums["cache_load_count"] += 1
         sums["latency_ms_sum"] += record.latency_ms
         state = cache_state(record.cached_tokens, record.template_tokens)
         if record.ttft_ms is not None:
@@ -136,6 +169,8 @@ class RollupAccumulator:
         if record.error_type is not None:
             self.labels[(key, DIMENSION_ERROR_TYPE, record.error_type[:LABEL_MAX_CHARS])] += 1
         self.labels[(key, DIMENSION_STATUS, str(record.status_code))] += 1
+        if record.retention_class is not None:
+            self.labels[(key, DIMENSION_RETENTION, record.retention_class[:LABEL_MAX_CHARS])] += 1
         if record.normalization_gain_tokens is not None:
             sums["normalization_sampled_requests"] += 1
             sums["normalization_gain_tokens"] += record.normalization_gain_tokens

@@ -2,7 +2,8 @@
 
 Request path (`proxy`): authenticate the key in memory (`auth`) -> read the body within the size limit
 (`asgi_io`) -> parse and validate (`parsing`) -> normalize (`normalize/`) -> replace any client salt with the
-tenant's derived one (`tenancy`, `upstreams/`) -> route by model (`routing`) -> forward or stream through the
+tenant's derived one (`tenancy`, `upstreams/`) -> pick the retention class, the ask lowered to the tenant's maximum
+(`retention`) -> route by model (`routing`) -> forward or stream through the
 shared HTTP client (`http_client`, `transport`, `forwarding`, `sse`) -> hand one record to the background
 writer (`recording`). Nothing on that path waits on the database.
 

@@ -46,10 +46,12 @@ Example `prefixscope.toml`::
     advice_sample_rate = 0.1            # share of requests the rule advisor estimates every rule that is off on
     hash_chain = true                   # record each prompt's block hash chain
     hash_block_size = 16                # tokens per hashed block
+    max_cache_retention = "persistent"  # the longest cache retention class a request may get (5m | 1h | persistent)
 
     [tenants.acme]
     rules = { tool_order = false, hoist_volatile = true }
     volatile_patterns = ['\\d{4}-\\d{2}-\\d{2}']
+    cache_retention = "1h"              # the class sent when a request names none (absent: the engine's default)
 
     [messages]                          # the Anthropic Messages API (see gateway/anthropic/settings.py)
     min_cacheable_tokens = 1024
@@ -210,9 +212,12 @@ def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
     for name in [default_upstream, *routes.values()]:
         if name not in names:
             raise ConfigError(f"route to unknown upstream {name!r}; known: {names}")
-    tenant_defaults = parse_tenant(dict(data.get("tenant_defaults", {})), TenantSettings())
+    try:
+        tenant_defaults = parse_tenant(dict(data.get("tenant_defaults", {})), TenantSettings())
+    except ConfigError as exc:
+        raise ConfigError(f"[tenant_defaults] {exc}") from None
     tenants = {
-        str(tenant): parse_tenant(dict(values), tenant_defaults)
+        str(tenant): _parse_named_tenant(str(tenant), values, tenant_defaults)
         for tenant, values in dict(data.get("tenants", {})).items()
     }
     recorder = _parse_recorder(dict(data.get("recorder", {})))
@@ -331,6 +336,16 @@ def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
         routing=routing,
         router=router,
     )
+
+
+def _parse_named_tenant(tenant: str, values: Any, defaults: TenantSettings) -> TenantSettings:
+    """A `[tenants.NAME]` table over the defaults; errors name the table."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"[tenants.{tenant}] must be a table")
+    try:
+        return parse_tenant(dict(values), defaults)
+    except ConfigError as exc:
+        raise ConfigError(f"[tenants.{tenant}] {exc}") from None
 
 
 def _parse_recorder(values: dict[str, Any]) -> RecorderConfig:

@@ -17,6 +17,7 @@ from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
 from gateway.explain.chains import body_without_hash_chain
 from gateway.recording import Outcome, RequestTracker
+from gateway.retention import retention_header
 from gateway.routing import Route
 from gateway.sse import SSERelay
 
@@ -47,8 +48,9 @@ def map_transport_error(exc: httpx.HTTPError, route: Route) -> GatewayError:
     return UpstreamUnavailable(f"The upstream {route.name!r} is unavailable: {type(exc).__name__}: {exc}")
 
 
-def _response_headers(route: Route, upstream: httpx.Response, request_id: bytes) -> list[tuple[bytes, bytes]]:
-    headers = [(b"x-request-id", request_id)]
+def _response_headers(route: Route, upstream: httpx.Response, tracker: RequestTracker) -> list[tuple[bytes, bytes]]:
+    """The request id, the retention class the gateway applied, and the upstream's match headers."""
+    headers = [(b"x-request-id", tracker.request_id.encode()), *retention_header(tracker.retention_class)]
     for name in route.adapter.passthrough_headers:
         value = upstream.headers.get(name)
         if value is not None:
@@ -99,7 +101,7 @@ async def forward_plain(
         upstream = await client.send(route.request(endpoint, payload))
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
-    headers = _response_headers(route, upstream, tracker.request_id.encode())
+    headers = _response_headers(route, upstream, tracker)
     _answered(tracker, route, upstream)
     if upstream.status_code >= 400:
         return await _relay_upstream_error(send, upstream, headers, tracker)
@@ -138,7 +140,7 @@ async def forward_stream(
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     try:
-        headers = _response_headers(route, upstream, tracker.request_id.encode())
+        headers = _response_headers(route, upstream, tracker)
         _answered(tracker, route, upstream)
         if upstream.status_code >= 400:
             try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from db.records import RETENTION_CLASSES
+
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
@@ -27,6 +29,12 @@ _COMMON: dict[str, Any] = {
         "description": "usage is sent on the stream only when include_usage is true",
     }),
     "return_hash_chain": _nullable({"type": "boolean"}),
+    "cache_retention": {
+        **_nullable({"enum": list(RETENTION_CLASSES)}),
+        "description": "how long the engine keeps the prompt's cached prefix; lowered to the tenant's "
+        "max_cache_retention (the applied class comes back in x-prefixscope-cache-retention), absent: the tenant's "
+        "cache_retention; sent only to upstreams that take it (the local engine)",
+    },
 }
 
 

@@ -9,6 +9,7 @@ import msgspec
 
 from gateway.body_checks import undecodable_body
 from gateway.errors import BadRequest
+from gateway.retention import requested_retention
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
@@ -24,6 +25,7 @@ class ParsedRequest:
     model: str
     stream: bool
     client_wants_usage: bool  # the client itself asked for `stream_options.include_usage`
+    cache_retention: str | None = None  # the retention class the client asked for (`gateway.retention`), if any
 
 
 def decode_json_object(raw: bytes) -> dict[str, Any]:
@@ -64,7 +66,7 @@ def parse_request(endpoint: str, raw: bytes) -> ParsedRequest:
     if include_usage is not None and not isinstance(include_usage, bool):
         raise BadRequest("stream_options.include_usage must be a boolean", param="stream_options.include_usage")
     wants_usage = include_usage is True
-    return ParsedRequest(endpoint, body, model, stream, wants_usage)
+    return ParsedRequest(endpoint, body, model, stream, wants_usage, requested_retention(body))
 
 
 def _check_messages(messages: Any) -> None:

@@ -129,6 +129,13 @@ class CompletionProxy:
         body = route.adapter.apply_salt(normalized.request, salt)
         if route.adapter.salt_field is not None:
             tracker.namespace_label = runtime.salts.label_for(principal.tenant)
+        # The class asked for (or the tenant's default), lowered to the tenant's maximum; sent only to upstreams
+        # that take one, and recorded as sent.
+        retention = settings.retention.effective(parsed.cache_retention)
+        if route.adapter.retention_field is None:
+            retention = None
+        route.adapter.apply_retention(body, retention)
+        tracker.retention_class = retention
         if parsed.stream:
             # Ask for usage on the client's behalf; the relay drops that chunk again if the client did not ask.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}

@@ -138,8 +138,10 @@ class RequestTracker:
         self.finished = False
         self.explain: ExplainContext | None = None
         self.namespace_label: str | None = None  # the engine's label of the tenant's cache namespace
-        # Messages API only: prompt tokens written to the cache, and the longest lifetime class a breakpoint asked for.
+        # Messages API only: prompt tokens written to the cache.
         self.cache_write_tokens: int | None = None
+        # The retention class sent upstream (`gateway.retention`), or on the Messages API the one its breakpoints ask
+        # for; None when none applies.
         self.retention_class: str | None = None
         self.replica: str | None = None
         self.routing_policy: str | None = None
@@ -172,6 +174,8 @@ class RequestTracker:
         report = self.cache_report or CacheReport()
         prompt_tokens = usage.prompt_tokens if usage.prompt_tokens is not None else report.prompt_tokens
         cached_tokens = usage.cached_tokens if usage.cached_tokens is not None else report.matched_tokens
+        # The body's split (or the usage chunk's) wins over the header's; the load time is only ever in the body.
+        tiers = usage.tiers if usage.tiers is not None else report.tiers
         explained = Explained()
         explainer = self._recorder.explainer
         if explainer is not None and self.explain is not None:
@@ -226,6 +230,10 @@ class RequestTracker:
             hash_key_version=None if hasher is None else KEY_VERSION,
             cache_write_tokens=self.cache_write_tokens,
             retention_class=self.retention_class,
+            cached_tokens_device=None if tiers is None else tiers.device_tokens,
+            cached_tokens_host=None if tiers is None else tiers.host_tokens,
+            cached_tokens_disk=None if tiers is None else tiers.disk_tokens,
+            cache_load_ms=usage.cache_load_ms,
             replica=self.replica,
             routing_policy=self.routing_policy,
             predicted_match_tokens=self.predicted_match_tokens,

@@ -5,6 +5,11 @@ Query parameters: `since` and `until` (a duration before now such as `24h`, `now
 tenant (optionally one, with `tenant=`); a tenant key sees only its own tenant, and asking for another is a 403.
 In open mode (no key exists yet) the caller is treated as an admin, as every request is.
 This endpoint awaits the database; it is not on the request path.
+
+The answer: `data`, one object per bucket (and group) with the history's figures, among them `tiers` (cached tokens
+by the tier that served them: `device`, `host`, `disk`, and `unknown` for upstreams that do not report tiers; the four
+add up to `cached_tokens`), the cache load time (`cache_load_ms_total`, `cache_load_ms_mean`) and
+`requests_by_retention`; and `totals`, those figures summed over every row (`db.queries.tier_totals`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ class StatsSource(Protocol):
 
 
 def make_stats_handler(keys: KeyStore, source: StatsSource) -> Any:
+    from db.queries.results import CacheFigures
+    from db.queries.tiers import tier_totals
     from db.timeutil import parse_moment, utc_now
 
     @get("/api/stats")
@@ -63,6 +70,9 @@ def make_stats_handler(keys: KeyStore, source: StatsSource) -> Any:
             "bucket": bucket,
             "group_by": group_by,
             "tenant": tenant,
+            # A source that answers something else than history rows (a test double) has no totals to fold.
+            "totals": msgspec.to_builtins(tier_totals(rows)) if all(isinstance(row, CacheFigures) for row in rows)
+            else None,
             "data": msgspec.to_builtins(rows),
         }
         return Response(content=msgspec.json.encode(body), media_type="application/json")

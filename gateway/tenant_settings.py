@@ -1,4 +1,4 @@
-"""Per-tenant settings: normalization rules, prompt storage and how misses are explained.
+"""Per-tenant settings: normalization rules, prompt storage, how misses are explained and cache retention.
 
 Example (in `prefixscope.toml`)::
 
@@ -9,10 +9,12 @@ Example (in `prefixscope.toml`)::
     advice_sample_rate = 0.1            # share of requests the rule advisor estimates every rule that is off on
     hash_chain = true                   # record each prompt's block hash chain
     hash_block_size = 16                # tokens per hashed block
+    max_cache_retention = "1h"          # the longest retention class a request may get (see gateway/retention.py)
 
     [tenants.acme]
     rules = { tool_order = false, hoist_volatile = true }
     volatile_patterns = ['\\d{4}-\\d{2}-\\d{2}']
+    cache_retention = "1h"              # the class sent when a request names none (absent: the engine's default)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from gateway.errors import ConfigError
 from gateway.normalize.volatile import DEFAULT_VOLATILE_PATTERNS, compile_patterns
+from gateway.retention import LONGEST_CLASS, RetentionPolicy, parse_retention
 
 SEMANTIC_RULES = ("newlines", "tool_schema_key_order", "tool_order", "tool_call_arguments_key_order")
 OPT_IN_RULES = ("hoist_volatile",)
@@ -33,8 +36,10 @@ MAX_HASH_BLOCK_SIZE = 1024
 
 @dataclass(frozen=True)
 class TenantSettings:
-    """Per-tenant behaviour: which normalization rules run, whether prompt text is stored, and how misses are
-    explained (history size, the share of requests whose normalization gain is measured, hash chains)."""
+    """Per-tenant behaviour: which normalization rules run, whether prompt text is stored, how misses are
+    explained (history size, the share of requests whose normalization gain is measured, hash chains) and which cache
+    retention class requests get (`cache_retention`: sent when a request names none, None: send none;
+    `max_cache_retention`: the longest a request may get)."""
 
     rules: frozenset[str] = frozenset(SEMANTIC_RULES)
     volatile_patterns: tuple[str, ...] = DEFAULT_VOLATILE_PATTERNS
@@ -45,6 +50,12 @@ class TenantSettings:
     advice_sample_rate: float = 0.1
     hash_chain: bool = True
     hash_block_size: int = 16
+    cache_retention: str | None = None
+    max_cache_retention: str = LONGEST_CLASS
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(self.cache_retention, self.max_cache_retention)
 
 
 def parse_tenant(values: dict[str, Any], base: TenantSettings) -> TenantSettings:
@@ -67,6 +78,7 @@ def parse_tenant(values: dict[str, Any], base: TenantSettings) -> TenantSettings
         raise ConfigError(f"hoist_placement must be one of {HOIST_PLACEMENTS}")
     store_prompt_text = bool(values.pop("store_prompt_text", base.store_prompt_text))
     explain = _parse_explain(values, base)
+    retention = parse_retention(values, base.retention)
     if values:
         raise ConfigError(f"unknown tenant settings: {sorted(values)}")
     return TenantSettings(
@@ -74,6 +86,8 @@ def parse_tenant(values: dict[str, Any], base: TenantSettings) -> TenantSettings
         volatile_patterns=patterns,
         hoist_placement=placement,
         store_prompt_text=store_prompt_text,
+        cache_retention=retention.default,
+        max_cache_retention=retention.maximum,
         **explain,
     )
 

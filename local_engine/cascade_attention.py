@@ -21,7 +21,9 @@ MIN_SHARED_PREFIX = 64  # the shortest shared run of slots worth a separate pref
 class CascadeGroup:
     """Decode rows sharing their first `len(prefix_slots)` slots.
 
-    `rows`: int64 `[num_rows]`, the rows' indices in the packed step. `prefix_slots`: int64 `[P]`, the shared slots.
+    `rows`: int64 `[num_rows]`, the rows' indices in the packed step. `prefix_slots`: int64 `[P]`, the shared slots;
+    `prefix_start`: the first of them when they are one ascending run of pool slots (as a prefix computed in one go
+    usually is), so the prefix is read as a view of the pool instead of gathered, else None.
     `suffix_slots`: int64 `[num_rows, max_suffix]`, each row's slots after the prefix padded with slot 0 (every row
     has at least one, its new token's). `suffix_mask`: bool `[num_rows, 1, 1, max_suffix]` marking real entries, or
     None when no padding was needed. All on the pool's device.
@@ -31,6 +33,23 @@ class CascadeGroup:
     prefix_slots: torch.Tensor
     suffix_slots: torch.Tensor
     suffix_mask: torch.Tensor | None
+    prefix_start: int | None = None
+
+
+def contiguous_start(slots: torch.Tensor) -> int | None:
+    """The first slot of `slots` (int64 CPU `[n]`, n >= 1) when they are `start, start + 1, ...`, else None."""
+    start = int(slots[0])
+    if int(slots[-1]) - start != len(slots) - 1:
+        return None
+    return start if bool((slots.diff() == 1).all()) else None
+
+
+def read_slots(pool_layer: torch.Tensor, slots: torch.Tensor, start: int | None) -> torch.Tensor:
+    """Rows `slots` of one pool layer (`[num_slots, num_kv_heads, head_dim]`): a view when they are the run beginning
+    at `start`, a gathered copy otherwise. Returns `[len(slots), num_kv_heads, head_dim]`."""
+    if start is not None:
+        return pool_layer.narrow(0, start, len(slots))
+    return pool_layer.index_select(0, slots)
 
 
 def find_shared_prefixes(tables: list[torch.Tensor], min_prefix: int) -> list[tuple[list[int], int]]:
@@ -68,11 +87,13 @@ def build_cascade_group(
     if min(lengths) != longest:
         real = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
         mask = real.view(len(rows), 1, 1, longest).to(device, non_blocking=True)
+    prefix = tables[rows[0]][:prefix_length]
     return CascadeGroup(
         torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
-        tables[rows[0]][:prefix_length].to(device, non_blocking=True),
+        prefix.to(device, non_blocking=True),
         padded.to(device, non_blocking=True),
         mask,
+        contiguous_start(prefix),
     )
 
 
@@ -96,8 +117,8 @@ def cascade_attention(
     grouped = queries.float().view(rows, num_kv_heads, per_kv, head_dim)  # [rows, kv, per_kv, d]
 
     # Prefix: gathered once, every row's queries of a KV head in the M dimension.
-    prefix_k = pool_k.index_select(0, group.prefix_slots).transpose(0, 1).float()  # [kv, P, d]
-    prefix_v = pool_v.index_select(0, group.prefix_slots).transpose(0, 1).float()
+    prefix_k = read_slots(pool_k, group.prefix_slots, group.prefix_start).transpose(0, 1).float()  # [kv, P, d]
+    prefix_v = read_slots(pool_v, group.prefix_slots, group.prefix_start).transpose(0, 1).float()
     folded = grouped.permute(1, 0, 2, 3).reshape(num_kv_heads, rows * per_kv, head_dim)  # [kv, rows*per_kv, d]
     o1, m1, l1 = _partial(folded @ prefix_k.transpose(1, 2) * scaling, prefix_v)  # [kv, rows*per_kv, d|1]
     o1, m1, l1 = (t.view(num_kv_heads, rows, per_kv, -1).permute(1, 0, 2, 3) for t in (o1, m1, l1))

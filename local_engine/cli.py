@@ -23,6 +23,11 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens", type=int, default=512,
         help="tokens per step (decode tokens plus prefill chunks); longer prompts are prefilled in chunks",
     )
+    parser.add_argument(
+        "--attention-backend", default="auto", choices=["auto", "torch", "flashinfer"],
+        help="paged attention over the KV pool: FlashInfer's kernels (CUDA, flashinfer-python installed) or the "
+        "torch path; auto picks FlashInfer when it can run",
+    )
     _add_tier_options(parser)
 
 
@@ -109,6 +114,7 @@ def engine_config_from(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         shutdown_grace_s=getattr(args, "shutdown_grace_s", 10.0),
+        attention_backend=args.attention_backend,
         host_cache_tokens=args.host_cache_tokens,
         host_cache_gib=args.host_cache_gib,
         disk_cache_dir=args.disk_cache_dir,
@@ -125,6 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
     from local_engine.engine import Engine
     from local_engine.model_loader import load_model, resolve_device
     from local_engine.access import ENV_API_KEY, check_bind
+    from local_engine.attention_backends import resolve_attention_backend
     from local_engine.server import create_app
     from local_engine.shutdown import serve
 
@@ -142,7 +149,13 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"prefixscope engine: error: {error}", file=sys.stderr)
         return 2
-    loaded = load_model(config.model, resolve_device(config.device))
+    device = resolve_device(config.device)
+    try:
+        resolve_attention_backend(config.attention_backend, device)
+    except ValueError as error:
+        print(f"prefixscope engine: {error}", file=sys.stderr)
+        return 2
+    loaded = load_model(config.model, device)
     try:
         engine = Engine(config, loaded)
     except DiskCacheLocked as error:
@@ -153,7 +166,8 @@ def _serve(args: argparse.Namespace) -> int:
     print(
         f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
         f"{engine.pool.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
-        f"{'prefix cache ' + config.eviction if config.prefix_cache else 'no prefix cache'}{engine.tiers_summary()}; "
+        f"{'prefix cache ' + config.eviction if config.prefix_cache else 'no prefix cache'}{engine.tiers_summary()}, "
+        f"{engine.runner.attention_backend} attention; "
         f"listening on http://{args.host}:{args.port}",
         flush=True,
     )

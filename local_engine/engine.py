@@ -5,6 +5,9 @@ within the step token budget -> decode, one token per step, batched with every o
 prompt + output into the tree -> unlock -> report. K/V live only in the pool: attention reads each request's
 context through its slot table and writes new K/V straight into its slots. The Scheduler decides what runs in each
 step; SequenceKV does the tree and slot work under `tree_lock`, which the HTTP side also takes for its cache views.
+
+With lower tiers (`--host-cache-*`, `--disk-cache-dir`), admission also loads the host/disk part of a match back into
+device slots before prefill; the disk tier is indexed at start and written down at stop (and at the end of a drain).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class Engine:
                 rebuild_from_disk(self.cache)  # headers only: the KV stays on disk until a request needs it
         else:
             self.cache = NoPrefixCache(self.allocator)
-        self.runner = ModelRunner(loaded.model, self.pool)
+        self.runner = ModelRunner(loaded.model, self.pool, config.attention_backend)
         self.counters = EngineCounters()
         self.tree_lock = threading.Lock()
         self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock)

@@ -17,7 +17,9 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from local_engine.attention_backends import resolve_attention_backend
 from local_engine.cache import KVPool, KVPoolConfig
+from local_engine.flashinfer_attention import FlashInferAttention
 from local_engine.paged_attention import PagedBatch, build_paged_batch, paged_attention
 
 ATTENTION_IMPLEMENTATION = "prefixscope_paged"
@@ -54,10 +56,18 @@ class ScheduledChunk:
 class ModelRunner:
     """Runs a causal LM over packed batches whose K/V live in a KVPool."""
 
-    def __init__(self, model: torch.nn.Module, pool: KVPool) -> None:
+    def __init__(self, model: torch.nn.Module, pool: KVPool, attention_backend: str = "auto") -> None:
+        """`attention_backend`: one of `local_engine.attention_backends.ATTENTION_BACKENDS` (raises ValueError when
+        it cannot run on the pool's device)."""
         self.model = model
         self.pool = pool
         self.device = pool.k.device
+        self.attention_backend = resolve_attention_backend(attention_backend, self.device)
+        self._kernel: FlashInferAttention | None = None
+        if self.attention_backend == "flashinfer":
+            config = model.config.get_text_config(decoder=True)
+            self._kernel = FlashInferAttention(self.device, config.num_attention_heads, pool.config.num_kv_heads,
+                                               pool.config.head_dim, pool.config.dtype)
         if model.config._attn_implementation != ATTENTION_IMPLEMENTATION:
             model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
 
@@ -96,6 +106,7 @@ class ModelRunner:
             [chunks[i].slot_table for i in order],
             [len(chunks[i].token_ids) for i in order],
             num_decode,
+            kernel=self._kernel,
         )
         input_ids = torch.tensor([token_ids], dtype=torch.int64).to(self.device, non_blocking=True)
         position_ids = torch.tensor([positions], dtype=torch.int64).to(self.device, non_blocking=True)

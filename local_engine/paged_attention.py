@@ -1,7 +1,9 @@
 """Attention over the KV pool: a step's new K/V go straight into pool slots, and each sequence reads its context
 through its slot table. No per-request copy of the KV exists; the pool is the only place it lives.
 
-Plain torch (gather the slots, then scaled-dot-product attention), so it runs on CPU and CUDA alike. Decode-only
+Plain torch (gather the slots, then scaled-dot-product attention), so it runs on CPU and CUDA alike; on CUDA with
+flashinfer-python installed, one FlashInfer kernel per layer attends the whole step instead
+(local_engine.flashinfer_attention, chosen by local_engine.attention_backends). Decode-only
 sequences (one query token each) are attended together in one padded batch; prefill chunks are attended one by one
 with a causal mask offset by the tokens already in the pool. On CPU, for ~1.7k-token contexts of SmolLM2's shape,
 one padded SDPA call over the decode sequences took 0.27x (8 sequences) and 0.41x (32) the time of one call per
@@ -26,12 +28,15 @@ import torch
 import torch.nn.functional as F
 
 from local_engine.cache import KVPool
+from local_engine.flashinfer_attention import FlashInferAttention, PageTable, build_page_table
 from local_engine.cascade_attention import (
     MIN_SHARED_PREFIX,
     CascadeGroup,
     build_cascade_group,
     cascade_attention,
+    contiguous_start,
     find_shared_prefixes,
+    read_slots,
 )
 
 
@@ -40,7 +45,7 @@ class ChunkAttention:
     """One prefill chunk: packed query rows `[query_start, query_start + num_query_tokens)` attend to `slots`.
 
     `slots`: int64 `[num_context_tokens]` on the pool's device, the sequence's slot table up to and including this
-    chunk. `mask`: bool `[num_query_tokens, num_context_tokens]` (True = attend), or None when the chunk is the whole
+    chunk; `slots_start` its first slot when they are one ascending run (read as a view of the pool), else None. `mask`: bool `[num_query_tokens, num_context_tokens]` (True = attend), or None when the chunk is the whole
     context so plain causal attention applies.
     """
 
@@ -48,6 +53,7 @@ class ChunkAttention:
     num_query_tokens: int
     slots: torch.Tensor
     mask: torch.Tensor | None
+    slots_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,9 @@ class PagedBatch:
     chunks: tuple[ChunkAttention, ...]
     decode_rows: torch.Tensor | None = None
     cascade: tuple[CascadeGroup, ...] = ()
+    # With a FlashInfer kernel every row is attended by it through `page_table` instead of the torch paths above.
+    kernel: FlashInferAttention | None = None
+    page_table: PageTable | None = None
 
 
 def build_paged_batch(
@@ -79,12 +88,17 @@ def build_paged_batch(
     num_query_tokens: list[int],
     num_decode: int,
     min_shared_prefix: int | None = MIN_SHARED_PREFIX,
+    kernel: FlashInferAttention | None = None,
 ) -> PagedBatch:
     """`slot_tables[i]`: int64 CPU `[n_i]`, sequence i's slots up to and including its tokens in this step, whose
     count is `num_query_tokens[i]`. The first `num_decode` sequences have one query token each; two or more of
-    them whose tables share their first `min_shared_prefix` or more slots form a cascade group (None: never)."""
+    them whose tables share their first `min_shared_prefix` or more slots form a cascade group (None: never).
+    With `kernel`, the step is attended by FlashInfer through one page table instead."""
     device = pool.k.device
     write_slots = torch.cat([table[len(table) - n :] for table, n in zip(slot_tables, num_query_tokens)])
+    if kernel is not None:
+        return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, None, None, (),
+                          kernel=kernel, page_table=build_page_table(slot_tables, num_query_tokens))
     decode_slots = decode_mask = decode_rows = None
     cascade: list[CascadeGroup] = []
     plain = list(range(num_decode))
@@ -113,7 +127,7 @@ def build_paged_batch(
         if context != n:
             # Query i sits at position context - n + i and sees every key up to it.
             mask = torch.ones(n, context, dtype=torch.bool).tril(diagonal=context - n).to(device, non_blocking=True)
-        chunks.append(ChunkAttention(start, n, table.to(device, non_blocking=True), mask))
+        chunks.append(ChunkAttention(start, n, table.to(device, non_blocking=True), mask, contiguous_start(table)))
         start += n
     return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, decode_slots, decode_mask,
                       tuple(chunks), decode_rows, tuple(cascade))
@@ -132,6 +146,9 @@ def paged_attention(
     pool_k.index_copy_(0, batch.write_slots, key[0].transpose(0, 1).to(pool_k.dtype))
     pool_v.index_copy_(0, batch.write_slots, value[0].transpose(0, 1).to(pool_v.dtype))
     queries = query[0].transpose(0, 1)  # [num_tokens, num_heads, head_dim]
+    if batch.kernel is not None:
+        batch.kernel.ensure_planned(batch.page_table, scaling)
+        return batch.kernel.run(queries, pool_k, pool_v).to(queries.dtype).unsqueeze(0)
     out = torch.empty_like(queries)
     num_kv_heads, head_dim = pool_k.shape[1], pool_k.shape[2]
     for group in batch.cascade:
@@ -152,8 +169,8 @@ def paged_attention(
         else:
             out.index_copy_(0, batch.decode_rows, attended.squeeze(2).to(out.dtype))
     for chunk in batch.chunks:
-        keys = pool_k.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, n, head_dim]
-        values = pool_v.index_select(0, chunk.slots).transpose(0, 1).unsqueeze(0)
+        keys = read_slots(pool_k, chunk.slots, chunk.slots_start).transpose(0, 1).unsqueeze(0)  # [1, kv, n, d]
+        values = read_slots(pool_v, chunk.slots, chunk.slots_start).transpose(0, 1).unsqueeze(0)
         end = chunk.query_start + chunk.num_query_tokens
         chunk_queries = queries[chunk.query_start : end].transpose(0, 1).unsqueeze(0).to(keys.dtype)
         attended = F.scaled_dot_product_attention(

@@ -55,7 +55,9 @@ class SequenceKV:
                 sequence.num_slots = len(tokens)
                 sequence.num_tree_slots = sequence.num_computed_tokens = match.matched_tokens
                 sequence.locked_node = match.node
-        sequence.bookkeeping_s += time.perf_counter() - started
+        # Loading is reported on its own (MatchReport.load_ms, per-tier counters), not as tree bookkeeping.
+        load_s = match.load_ms / 1000 if match is not None else 0.0
+        sequence.bookkeeping_s += max(0.0, time.perf_counter() - started - load_s)
         return match
 
     def append_slot(self, sequence: Sequence) -> bool:

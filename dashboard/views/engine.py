@@ -1,4 +1,5 @@
-"""Engine cache: the live radix tree from the engine's cache API, pool usage and evictions. Refreshes itself."""
+"""Engine cache: the live radix tree from the engine's cache API, pool usage and evictions, and each cache tier's
+occupancy and counters (for engines that report tiers). Refreshes itself."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import streamlit as st
 
 from dashboard import charts, data, ui
 from dashboard.cache_tree import flatten_tree
-from dashboard.engine_client import EngineUnavailable
+from dashboard.engine_client import CacheStats, EngineUnavailable
 
 settings = ui.load_settings()
 st.title("Engine cache")
@@ -17,6 +18,54 @@ kind = left.segmented_control("Chart", list(charts.TREE_KINDS), default="icicle"
 max_nodes = right.select_slider(
     "Most nodes to draw", options=[100, 250, 500, 1000, 2500, 5000], value=1000, key="engine_max_nodes"
 )
+
+
+def render_tiers(stats: CacheStats) -> None:
+    """Each tier's occupancy and counters, from `/v1/cache` `tiers`; a note when the engine reports none."""
+    st.subheader("Tiers")
+    if stats.tiers is None:
+        st.caption(
+            "This engine does not report cache tiers (it predates them): everything it caches is in the device pool "
+            "above."
+        )
+        return
+    columns = st.columns(len(stats.tiers))
+    for column, tier in zip(columns, stats.tiers, strict=True):
+        if tier.enabled:
+            column.metric(
+                f"{tier.name.capitalize()} tier used",
+                f"{tier.used_share:.1%}",
+                help=f"{tier.cached_tokens:,} of {tier.capacity_tokens:,} tokens cached",
+            )
+        else:
+            column.metric(f"{tier.name.capitalize()} tier used", "off")
+    if any(tier.enabled for tier in stats.tiers):
+        st.plotly_chart(charts.tier_occupancy_figure(stats.tiers), width="stretch")
+    st.dataframe(
+        [
+            {
+                "tier": tier.name,
+                "enabled": tier.enabled,
+                "cached tokens": tier.cached_tokens,
+                "capacity tokens": tier.capacity_tokens,
+                "capacity": ui.format_bytes(tier.capacity_bytes) if tier.enabled else "-",
+                "hit tokens": tier.hit_tokens_total,
+                "loads": tier.loads_total,
+                "tokens loaded": tier.load_tokens_total,
+                "mean load": ui.format_ms(tier.load_ms_mean),
+                "demoted tokens": tier.demoted_tokens_total,
+                "dropped tokens": tier.dropped_tokens_total,
+                "corrupt files": tier.corrupt_files_total,
+            }
+            for tier in stats.tiers
+        ],
+        hide_index=True,
+    )
+    st.caption(
+        "Counters since the engine started. Hit tokens were served from the tier; loads copied host or disk KV back "
+        "to the device; demoted tokens moved on to the next tier when evicted; dropped tokens left the cache for good "
+        "(evicted from the last tier, expired, or flushed)."
+    )
 
 
 @st.fragment(run_every=settings.refresh_s)
@@ -58,6 +107,7 @@ def live_engine() -> None:
     ]
     if details:
         st.caption(" · ".join(details))
+    render_tiers(stats)
 
     tenants = data.namespace_tenants_if_readable(settings.database_url)
     flat, summaries = flatten_tree(tree.namespaces, tenants)

@@ -1,4 +1,5 @@
-"""Overview: hit rates over time, tokens and prefill time saved, TTFT on hits vs misses. Refreshes itself."""
+"""Overview: hit rates over time, tokens and prefill time saved, TTFT on hits vs misses, and which cache tier served
+the cached tokens. Refreshes itself."""
 
 from __future__ import annotations
 
@@ -84,6 +85,40 @@ def render_totals(result: OverviewData) -> None:
     st.caption(ttft_caption(totals.ttft_ranges_ms))
 
 
+def render_tiers(result: OverviewData, x_range: charts.XRange) -> None:
+    """Cached tokens by the tier that served them, over time and in total, with the engine's load time."""
+    totals = result.totals
+    st.subheader("Cached tokens by tier")
+    if totals.requests_with_known_tiers == 0:
+        st.caption(
+            "No request in this range reported which cache tier served it (upstreams without tiers, or an engine from "
+            f"before them): all {totals.tiers.unknown:,} cached tokens are of unknown tier."
+        )
+        return
+    left, right = st.columns([3, 1])
+    left.plotly_chart(charts.tier_tokens_figure(result.series, x_range), width="stretch")
+    shares = totals.tiers.total or 1
+    for tier in ("device", "host", "disk", "unknown"):
+        tokens = getattr(totals.tiers, tier)
+        right.metric(f"From {tier}" if tier != "unknown" else "Tier unknown", ui.format_tokens(tokens),
+                     help=f"{tokens:,} tokens, {tokens / shares:.1%} of the cached tokens")
+    right.metric(
+        "Mean cache load",
+        ui.format_ms(totals.cache_load_ms_mean),
+        help="Time the engine spent loading host and disk KV back to the device, per request that reported it "
+        f"({totals.requests_with_known_load:,} requests)",
+    )
+
+
+def render_retention(result: OverviewData) -> None:
+    """Requests per retention class asked for (nothing when no request asked for one)."""
+    totals = result.totals
+    if totals.requests_by_retention:
+        without = totals.requests - sum(totals.requests_by_retention.values())
+        parts = [f"{name} {count:,}" for name, count in totals.requests_by_retention.items()]
+        st.caption("Requests by retention class: " + ", ".join([*parts, f"none {without:,}"]))
+
+
 @st.fragment(run_every=settings.refresh_s)
 def live_overview() -> None:
     current = filters.refreshed()
@@ -106,6 +141,8 @@ def live_overview() -> None:
     if result.totals.miss_kinds:
         kinds = sorted(result.totals.miss_kinds.items(), key=lambda item: -item[1])
         st.caption("Requests by cache outcome: " + ", ".join(f"{kind} {count:,}" for kind, count in kinds))
+    render_tiers(result, x_range)
+    render_retention(result)
 
 
 live_overview()

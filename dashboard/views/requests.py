@@ -97,6 +97,16 @@ st.markdown(
     f"**Cache outcome:** "
     f"{describe_miss_kind(detail.miss_kind, None if detail.divergence_segment else detail.diverged_at_token)}"
 )
+tiers = (detail.cached_tokens_device, detail.cached_tokens_host, detail.cached_tokens_disk)
+if all(tokens is not None for tokens in tiers):
+    load_ms = detail.cache_load_ms
+    load = "" if load_ms is None else f", loaded back to the device in {ui.format_ms(load_ms)}"
+    served = " · ".join(f"{name} {tokens:,}" for name, tokens in zip(("device", "host", "disk"), tiers, strict=True))
+    st.markdown(f"**Cached tokens by tier:** {served}{load}")
+else:
+    st.markdown("**Cached tokens by tier:** unknown (the upstream does not report tiers)")
+if detail.retention_class:
+    st.markdown(f"**Retention class:** {detail.retention_class}")
 why = describe_divergence(
     detail.miss_reason,
     detail.divergence_segment,

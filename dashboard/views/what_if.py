@@ -1,5 +1,6 @@
 """What-if: the token hit rate the recorded traffic would get with another cache size, eviction policy or TTL, from
-a replay of the newest recorded block hash chains, with today's setting marked."""
+a replay of the newest recorded block hash chains, with today's setting marked; and LRU over every device size with a
+host tier below it (one pass over the chains), split between the tiers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import UTC, datetime
 
 import streamlit as st
 
-from dashboard import charts_explain, data, data_explain, ui
+from dashboard import charts_explain, charts_what_if, data, data_explain, ui
 from dashboard import what_if_model as model
 from dashboard.engine_client import CacheStats, EngineUnavailable
 from db.simulation import POLICIES, TraceError
@@ -82,6 +83,25 @@ page_size = st.sidebar.selectbox(
     page_choices,
     index=page_choices.index(model.default_page_size(page_choices, engine_page)),
     key="what_if_page_size",
+)
+
+# The engine's host tier (`/v1/cache` "tiers"), when it has one, is the default host size.
+tier_stats = raw.get("tiers")
+host_stats = tier_stats.get("host") if isinstance(tier_stats, dict) else None
+engine_host_tokens = (
+    host_stats.get("capacity_tokens") if isinstance(host_stats, dict) and host_stats.get("enabled") else None
+)
+host_choices = list(model.HOST_CAPACITY_CHOICES)
+if isinstance(engine_host_tokens, int) and engine_host_tokens > 0 and engine_host_tokens not in host_choices:
+    host_choices = sorted([*host_choices, engine_host_tokens])
+host_capacity = st.sidebar.selectbox(
+    "Host tier (L2) size (tokens)",
+    host_choices,
+    index=host_choices.index(engine_host_tokens) if engine_host_tokens in host_choices else 0,
+    format_func=lambda tokens: "off" if tokens == 0 else format_size(tokens),
+    key="what_if_host_capacity",
+    help="A host tier below the device cache: blocks the device evicts are demoted there, a host hit moves the block "
+    "back. Modelled with LRU (the curve below).",
 )
 
 context = ui.read_database(data.engine_context, settings.database_url)
@@ -216,5 +236,61 @@ st.dataframe(
         "requests with a hit": st.column_config.NumberColumn(format="percent"),
         "evicted blocks": st.column_config.NumberColumn(format="localized"),
         "expired blocks": st.column_config.NumberColumn(format="localized"),
+    },
+)
+
+st.subheader("Device and host tiers (LRU)")
+tiers = ui.read_database(
+    data_explain.what_if_tiers,
+    settings.database_url,
+    filters.since,
+    filters.until,
+    filters.tenant,
+    budget,
+    page_size,
+    tuple(sorted(capacities)),
+    host_capacity,
+    today.ttl_s,
+    today.capacity_tokens,
+)
+host_text = f"a host tier of {format_size(host_capacity)} tokens" if host_capacity else "no host tier"
+if tiers.today is not None:
+    columns = st.columns(3)
+    columns[0].metric("Device tier hits (today's size)", ui.format_share(tiers.today.device_token_hit_rate))
+    columns[1].metric("Host tier hits", ui.format_share(tiers.today.host_token_hit_rate))
+    columns[2].metric("Both tiers", ui.format_share(tiers.today.token_hit_rate))
+st.plotly_chart(charts_what_if.tiers_figure(tiers), width="stretch", key="what_if_tiers_chart")
+st.caption(
+    f"LRU at today's TTL ({format_ttl(tiers.ttl_s)}) with {host_text} below the device: a block the device evicts "
+    "moves to the host, a host hit moves it back, a block the host evicts is gone. LRU keeps the most recently used "
+    "blocks at every size, so one pass over the chains gives every size at once (stack distances): the device holds "
+    "the blocks at distance up to its size, the host the next ones. fifo and optimal have no such shortcut and are "
+    "replayed per size above."
+)
+st.dataframe(
+    [
+        {
+            "device (tokens)": item.capacity_tokens,
+            "host (tokens)": item.host_capacity_tokens,
+            "device hit rate": item.device_token_hit_rate,
+            "host hit rate": item.host_token_hit_rate,
+            "token hit rate": item.token_hit_rate,
+            "device hit tokens": item.device_hit_tokens,
+            "host hit tokens": item.host_hit_tokens,
+            "evicted blocks": item.evicted_blocks,
+        }
+        for item in tiers.points
+    ],
+    hide_index=True,
+    key="what_if_tiers_table",
+    column_config={
+        "device (tokens)": st.column_config.NumberColumn(format="localized"),
+        "host (tokens)": st.column_config.NumberColumn(format="localized"),
+        "device hit rate": st.column_config.NumberColumn(format="percent"),
+        "host hit rate": st.column_config.NumberColumn(format="percent"),
+        "token hit rate": st.column_config.NumberColumn(format="percent"),
+        "device hit tokens": st.column_config.NumberColumn(format="localized"),
+        "host hit tokens": st.column_config.NumberColumn(format="localized"),
+        "evicted blocks": st.column_config.NumberColumn(format="localized"),
     },
 )

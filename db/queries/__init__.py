@@ -5,7 +5,9 @@ code run them on an `AsyncConnection` with `await conn.run_sync(stats, since, ..
 History (`stats`, `overview`, `totals_by`, `rule_counts`, `label_counts`, `top_prefixes`, `miss_reasons_over_time`,
 `miss_reason_totals`, `divergence_locations`, `normalization_gains`) reads the hourly rollups; the request explorer
 (`recent_requests`, `request_detail`, `miss_examples`, `prefix_labels`) reads indexed request rows, and
-`iter_chains` streams stored hash chains.
+`iter_chains` streams stored hash chains. Every history row (`CacheFigures`) also splits its cached tokens by the
+tier that served them (`tiers`: device, host, disk, unknown), with the engine's cache load time and requests per
+retention class; `tier_totals` folds a series of rows into one `TierTotals`.
 """
 
 from db.queries.catalog import first_seen, models, namespace_tenants, tenants, upstreams
@@ -30,6 +32,7 @@ from db.queries.misses import (
 from db.queries.prefixes import prefix_labels, top_prefixes
 from db.queries.requests import recent_requests, request_detail
 from db.queries.results import (
+    CachedByTier,
     CacheFigures,
     DivergenceLocation,
     GroupTotals,
@@ -42,11 +45,13 @@ from db.queries.results import (
     RequestRow,
     StatsRow,
 )
+from db.queries.tiers import TierTotals, tier_totals
 
 __all__ = [
     "REJECTED_GROUP",
     "BUCKETS",
     "GROUP_BY_CHOICES",
+    "CachedByTier",
     "CacheFigures",
     "ChainEntry",
     "DivergenceLocation",
@@ -59,6 +64,7 @@ __all__ = [
     "PrefixRow",
     "RequestRow",
     "StatsRow",
+    "TierTotals",
     "bucket_floor",
     "divergence_locations",
     "iter_chains",
@@ -77,6 +83,7 @@ __all__ = [
     "rule_counts",
     "stats",
     "tenants",
+    "tier_totals",
     "top_prefixes",
     "totals_by",
     "upstreams",

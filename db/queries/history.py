@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 from db.dialect import bucket_index
-from db.queries.labels import label_counts
+from db.queries.labels import LABELS, label_counts, summed_labels
 from db.queries.results import GroupTotals, Overview, StatsRow
 from db.queries.totals import (
     BINS,
@@ -25,7 +25,7 @@ from db.queries.totals import (
     summed_rollups,
 )
 from db.queries.minutes import MINUTE_BUCKETS, minute_stats
-from db.rollups import DIMENSION_ERROR_TYPE, DIMENSION_MISS_KIND
+from db.rollups import DIMENSION_ERROR_TYPE, DIMENSION_MISS_KIND, DIMENSION_RETENTION
 from db.timeutil import as_utc, floor_hour, utc_now
 
 GroupBy = Literal["tenant", "model", "upstream"]
@@ -118,6 +118,9 @@ def stats(
         groups[key_of(row)].add_sums(row)
     for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant, model=model), group_columns(BINS)):
         groups[key_of(row)].add_bin(*bin_args(row))
+    labels_where = rollup_filters(LABELS, start, end, tenant=tenant, model=model)
+    for row in summed_labels(conn, DIMENSION_RETENTION, labels_where, group_columns(LABELS)):
+        groups[key_of(row)].add_retention(row["value"], row["requests"])
     return [
         StatsRow(bucket_start=bucket_start, group=group, **totals.figures())
         for (bucket_start, group), totals in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1] or ""))
@@ -139,6 +142,8 @@ def overview(
         totals.add_sums(row)
     for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant, model=model), []):
         totals.add_bin(*bin_args(row))
+    for item in label_counts(conn, DIMENSION_RETENTION, start, end, tenant=tenant, model=model):
+        totals.add_retention(item.value, item.requests)
     miss_kinds = label_counts(conn, DIMENSION_MISS_KIND, start, end, tenant=tenant, model=model)
     error_types = label_counts(conn, DIMENSION_ERROR_TYPE, start, end, tenant=tenant, model=model)
     return Overview(
@@ -160,8 +165,9 @@ def totals_by(
 ) -> list[GroupTotals]:
     """Totals over [since, until) for each tenant, model or upstream with requests in the range, by group name.
 
-    One query over `hourly_rollups` whatever the number of groups, plus one over the TTFT bins for the quantiles
-    (`quantiles=False` skips it and leaves the TTFT quantiles None, e.g. when only token counts are wanted).
+    One query over `hourly_rollups` whatever the number of groups, one over the retention labels, plus one over the
+    TTFT bins for the quantiles (`quantiles=False` skips it and leaves the TTFT quantiles None, e.g. when only token
+    counts are wanted).
     """
     if group_by not in GROUP_BY_CHOICES:
         raise ValueError(f"group_by must be one of {GROUP_BY_CHOICES}, got {group_by!r}")
@@ -174,6 +180,9 @@ def totals_by(
     if quantiles:
         for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant), [BINS.c[group_by].label("grp")]):
             groups[group_label(row["grp"]) or ""].add_bin(*bin_args(row))
+    labels_where = rollup_filters(LABELS, start, end, tenant=tenant)
+    for row in summed_labels(conn, DIMENSION_RETENTION, labels_where, [LABELS.c[group_by].label("grp")]):
+        groups[group_label(row["grp"]) or ""].add_retention(row["value"], row["requests"])
     return [
         GroupTotals(group=name, **totals.figures())
         for name, totals in sorted(groups.items())

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 
 from db.models import HourlyLabelCount, table_of
 from db.queries.results import LabelCount
@@ -34,6 +35,19 @@ def label_counts(
         .order_by(total.desc(), LABELS.c.value)
     )
     return [LabelCount(value=row.value, requests=int(row.requests)) for row in conn.execute(stmt)]
+
+
+def summed_labels(
+    conn: Reader, dimension: str, where: list[ColumnElement[bool]], group_columns: list[Any]
+) -> list[Any]:
+    """Rows of `group_columns`, the label `value` and its summed `requests`, for one dimension (the per-bucket or
+    per-group counterpart of `label_counts`; build `where` and `group_columns` on `LABELS`)."""
+    stmt = (
+        select(*group_columns, LABELS.c.value, func.sum(LABELS.c.requests).label("requests"))
+        .where(LABELS.c.dimension == dimension, *where)
+        .group_by(*group_columns, LABELS.c.value)
+    )
+    return list(conn.execute(stmt).mappings())
 
 
 def rule_counts(

@@ -16,7 +16,7 @@ from sqlalchemy import literal, select
 from db.models import RequestRecordRow, table_of
 from db.queries.results import StatsRow
 from db.queries.totals import Reader, Totals
-from db.rollups import RollupAccumulator
+from db.rollups import DIMENSION_RETENTION, RollupAccumulator
 from db.store import row_to_record
 
 MINUTE_BUCKETS: Final[dict[str, timedelta]] = {
@@ -66,6 +66,9 @@ def minute_stats(
     for row in accumulator.ttft_bin_rows():
         groups[key_of(row)].add_bin(row["cache_state"], row["bin"], row["requests"], row["ttft_min_ms"],
                                     row["ttft_max_ms"])
+    for row in accumulator.label_rows():
+        if row["dimension"] == DIMENSION_RETENTION:
+            groups[key_of(row)].add_retention(row["value"], row["requests"])
     return [
         StatsRow(bucket_start=bucket_start, group=group, **totals.figures())
         for (bucket_start, group), totals in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1] or ""))

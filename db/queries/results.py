@@ -9,6 +9,32 @@ from db.records import is_hit
 
 
 @dataclass(frozen=True)
+class CachedByTier:
+    """Cached prompt tokens by the tier that served them: the engine's device pool, host memory, disk, and `unknown`
+    for upstreams that do not report tiers (or a split that did not fit the cached count). The four add up to the
+    cached tokens they split."""
+
+    device: int = 0
+    host: int = 0
+    disk: int = 0
+    unknown: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.device + self.host + self.disk + self.unknown
+
+    @property
+    def known(self) -> int:
+        """Tokens whose tier is known."""
+        return self.device + self.host + self.disk
+
+    def __add__(self, other: CachedByTier) -> CachedByTier:
+        return CachedByTier(
+            self.device + other.device, self.host + other.host, self.disk + other.disk, self.unknown + other.unknown
+        )
+
+
+@dataclass(frozen=True)
 class CacheFigures:
     """Cache and latency figures over a set of requests, as computed from the rollups.
 
@@ -17,6 +43,12 @@ class CacheFigures:
     TTFT quantiles come from the rollups' histograms, interpolated within the smallest and largest value observed in
     the bin that holds them (`ttft_ranges_ms` states that bound); None without samples. A request counts as a hit when
     it reused more than the chat template's fixed opening (`db.records.is_hit`).
+
+    `tiers` splits `cached_tokens` by the tier that served them (`CachedByTier`); `requests_with_known_tiers` counts
+    the requests whose upstream reported the split. `cache_load_ms_total` is the engine's time loading host and disk
+    KV back to the device, summed over the `requests_with_known_load` that reported it (`cache_load_ms_mean` is per
+    such request; None without any). `requests_by_retention` counts requests per retention class asked for (only
+    classes with requests; requests without a class are the rest of `requests`).
     """
 
     requests: int = 0
@@ -37,6 +69,12 @@ class CacheFigures:
     ttft_miss_p50_ms: float | None = None
     ttft_miss_p95_ms: float | None = None
     ttft_miss_mean_ms: float | None = None
+    tiers: CachedByTier = field(default_factory=CachedByTier)
+    requests_with_known_tiers: int = 0
+    cache_load_ms_total: float = 0.0
+    cache_load_ms_mean: float | None = None
+    requests_with_known_load: int = 0
+    requests_by_retention: dict[str, int] = field(default_factory=dict)
     # Where each quantile lies for sure (`p50`, `p95`, `hit_p50`, ...): the smallest and largest TTFT observed in the
     # histogram bin that holds it (`db.histogram.quantile_range`); the estimate lies inside.
     ttft_ranges_ms: dict[str, tuple[float, float | None]] = field(default_factory=dict)
@@ -97,6 +135,11 @@ class RequestRow:
     routing_policy: str | None = None
     predicted_match_tokens: int | None = None
     routing_index_source: str | None = None
+    # `cached_tokens` by the tier that served them and the engine's load time (ms); None when not reported.
+    cached_tokens_device: int | None = None
+    cached_tokens_host: int | None = None
+    cached_tokens_disk: int | None = None
+    cache_load_ms: float | None = None
 
     @property
     def cache_hit(self) -> bool | None:

@@ -10,6 +10,9 @@ from sqlalchemy.orm import Session
 
 from db.histogram import Range, merge, quantile, quantile_range
 from db.models import HourlyRollup, HourlyTtftBin, table_of
+from db.queries.results import CachedByTier
+from db.records import RETENTION_CLASSES
+from db.rollups import TIER_SUM_COLUMNS
 
 # Rollup columns summed by the history queries.
 SUMMED: Final = (
@@ -27,6 +30,7 @@ SUMMED: Final = (
     "ttft_hit_count",
     "ttft_miss_ms_sum",
     "ttft_miss_count",
+    *TIER_SUM_COLUMNS,
 )
 
 Reader = Connection | Session
@@ -46,11 +50,17 @@ class Totals:
         self.bins: dict[str, dict[int, int]] = {"hit": {}, "miss": {}, "unknown": {}}
         # Per state and bin, the smallest and largest TTFT observed (None when not kept).
         self.ranges: dict[str, dict[int, Range]] = {"hit": {}, "miss": {}, "unknown": {}}
+        # Requests per retention class (`hourly_label_counts`, dimension `retention`).
+        self.retention: dict[str, int] = {}
 
     def add_sums(self, row: Mapping[str, Any]) -> None:
         """Add a row holding (at least) the `SUMMED` columns; NULL sums (no rows) count as zero."""
         for name in SUMMED:
             self.sums[name] += row[name] or 0
+
+    def add_retention(self, retention_class: str, count: int) -> None:
+        """Add `count` requests that asked for `retention_class`."""
+        self.retention[retention_class] = self.retention.get(retention_class, 0) + int(count)
 
     def add_bin(
         self, cache_state: str, index: int, count: int, low_ms: float | None = None, high_ms: float | None = None
@@ -88,6 +98,19 @@ class Totals:
                 for prefix, (counts, ranges) in sources.items()
                 for name, q in (("p50", 0.5), ("p95", 0.95))
             },
+            "tiers": CachedByTier(
+                device=int(s["cached_tokens_device"]),
+                host=int(s["cached_tokens_host"]),
+                disk=int(s["cached_tokens_disk"]),
+                # Never negative: a request's split counts only when it fits in its cached tokens (db.rollups).
+                unknown=max(0, int(s["cached_tokens"] - s["cached_tokens_device"] - s["cached_tokens_host"]
+                                   - s["cached_tokens_disk"])),
+            ),
+            "requests_with_known_tiers": int(s["requests_with_known_tiers"]),
+            "cache_load_ms_total": float(s["cache_load_ms_sum"]),
+            "cache_load_ms_mean": _ratio(s["cache_load_ms_sum"], s["cache_load_count"]),
+            "requests_with_known_load": int(s["cache_load_count"]),
+            "requests_by_retention": by_retention_class(self.retention),
             "ttft_hit_mean_ms": _ratio(s["ttft_hit_ms_sum"], s["ttft_hit_count"]),
             "ttft_miss_mean_ms": _ratio(s["ttft_miss_ms_sum"], s["ttft_miss_count"]),
             "ttft_ranges_ms": {
@@ -97,6 +120,13 @@ class Totals:
                 if (bound := quantile_range(counts, q, ranges)) is not None
             },
         }
+
+
+def by_retention_class(counts: dict[str, int]) -> dict[str, int]:
+    """`counts` without zeros, by retention class, shortest first (any other recorded value after them, by name)."""
+    order = {name: index for index, name in enumerate(RETENTION_CLASSES)}
+    ranked = sorted(counts.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
+    return {name: count for name, count in ranked if count}
 
 
 def _widen(seen: Range | None, low: float | None, high: float | None) -> Range:

@@ -21,6 +21,7 @@ from db.simulation.units import format_size, format_ttl, parse_list, parse_size,
 from db.timeutil import parse_moment, utc_now
 
 DEFAULT_SINCE = "7d"
+DEFAULT_POLICIES = ",".join(POLICIES)
 
 
 def _fail(message: str) -> int:
@@ -96,14 +97,37 @@ def _policies(text: str) -> list[str]:
     return policies
 
 
+def _host_capacities(args: argparse.Namespace) -> list[int | None]:
+    return [0] if args.host_capacity is None else parse_list(args.host_capacity, parse_size)
+
+
+def _selected_policies(args: argparse.Namespace, host_capacities: list[int | None]) -> list[str]:
+    """`--policy`, by default every policy, or only lru when `--host-capacity` is given (a host tier is LRU only)."""
+    if args.policy is None:
+        return _policies("lru" if args.host_capacity is not None else DEFAULT_POLICIES)
+    policies = _policies(args.policy)
+    others = [policy for policy in policies if policy != "lru"]
+    if others and any(capacity != 0 for capacity in host_capacities):
+        raise ValueError(
+            "--host-capacity: a host tier is modelled for lru only (an LRU hierarchy with demotion), not for "
+            f"{' or '.join(others)}; leave them out of --policy or set --host-capacity 0"
+        )
+    return policies
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-def _table(results: list[SimulationResult]) -> str:
+def _table(results: list[SimulationResult], tiers: bool = False) -> str:
+    """The results as a table; with `tiers`, the host capacity and the token hit rate of each tier as well."""
     headers = ["CAPACITY", "POLICY", "TTL", "TOKEN HIT", "BLOCK HIT", "REQ HIT", "EVICTED", "EXPIRED"]
-    rows = [
-        [
+    if tiers:
+        headers[1:1] = ["HOST"]
+        headers[5:5] = ["DEVICE HIT", "HOST HIT"]
+    rows = []
+    for result in results:
+        row = [
             format_size(result.capacity_tokens),
             result.policy,
             format_ttl(result.ttl_s),
@@ -113,8 +137,10 @@ def _table(results: list[SimulationResult]) -> str:
             f"{result.evicted_blocks:,}",
             f"{result.expired_blocks:,}",
         ]
-        for result in results
-    ]
+        if tiers:
+            row[1:1] = [format_size(result.host_capacity_tokens)]
+            row[5:5] = [_pct(result.device_token_hit_rate), _pct(result.host_token_hit_rate)]
+        rows.append(row)
     widths = [max(len(headers[i]), *(len(row[i]) for row in rows)) for i in range(len(headers))]
     lines = [headers, *rows]
     return "\n".join(
@@ -135,7 +161,8 @@ def _describe(trace: Trace) -> dict[str, int]:
 @_guarded
 def simulate_command(args: argparse.Namespace) -> int:
     capacities = parse_list(args.capacity, parse_size)
-    policies = _policies(args.policy)
+    host_capacities = _host_capacities(args)
+    policies = _selected_policies(args, host_capacities)
     ttls = parse_list(args.ttl, parse_ttl)
     trace = _load_trace(args)
     if trace.num_requests == 0:
@@ -146,9 +173,11 @@ def simulate_command(args: argparse.Namespace) -> int:
         return 0
     from prefixscope.progress import progress
 
-    runs = len(capacities) * len(policies) * len(ttls)
-    with progress("simulate", total=runs * trace.num_blocks, unit="blocks replayed") as bar:
-        results = sweep(trace, capacities, policies, ttls, on_result=lambda _: bar.advance(trace.num_blocks))
+    runs = len(capacities) * len(host_capacities) * len(policies) * len(ttls)
+    with progress("simulate", total=runs, unit="settings") as bar:
+        results = sweep(
+            trace, capacities, policies, ttls, on_result=lambda _: bar.advance(1), host_capacities=host_capacities
+        )
     if args.json:
         print(json.dumps({"trace": _describe(trace), "results": [result.to_dict() for result in results]}, indent=2))
         return 0
@@ -157,7 +186,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         f"{trace.num_requests:,} requests{approximate}, {trace.num_blocks:,} blocks of {trace.block_size} tokens, "
         f"{trace.prompt_tokens:,} prompt tokens"
     )
-    print(_table(results))
+    print(_table(results, tiers=args.host_capacity is not None))
     return 0
 
 
@@ -174,12 +203,51 @@ def export_trace_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_trace(args: argparse.Namespace) -> Trace:
+    if args.trace is not None:
+        return read_trace(args.trace, block_size=args.block_size)
+    return Trace.from_requests(synthetic_trace(args.blocks, seed=args.seed))
+
+
+def _lru_sweep_figures(trace: Trace, capacities: list[int | None], ttl_s: float | None) -> dict[str, Any]:
+    """The LRU sweep from one pass (stack distances) and from one replay per capacity, timed, and whether every
+    figure of every point agrees. blocks/s counts each capacity's pass over the trace: points x blocks / seconds."""
+    from prefixscope.progress import progress
+
+    swept = len(capacities) * trace.num_blocks
+    with progress("bench simulate: lru sweep", total=len(capacities) + 1, unit="passes") as bar:
+        started = time.perf_counter()
+        one_pass = sweep(trace, capacities, ["lru"], [ttl_s])
+        one_pass_s = time.perf_counter() - started
+        bar.advance(1)
+        started = time.perf_counter()
+        replayed = []
+        for capacity in capacities:
+            replayed.append(simulate(trace, capacity, "lru", ttl_s))
+            bar.advance(1)
+        replay_s = time.perf_counter() - started
+
+    def timing(seconds: float) -> dict[str, Any]:
+        return {"seconds": round(seconds, 3), "blocks_per_s": round(swept / seconds) if seconds else None}
+
+    return {
+        "points": len(capacities),
+        "capacities_tokens": capacities,
+        "one_pass": timing(one_pass_s),
+        "replay": timing(replay_s),
+        "speedup": round(replay_s / one_pass_s, 2) if one_pass_s else None,
+        "agree": one_pass == replayed,
+        "token_hit_rates": [round(result.token_hit_rate or 0.0, 4) for result in one_pass],
+    }
+
+
 @_guarded
 def bench_simulate(args: argparse.Namespace) -> int:
     capacity = parse_size(args.capacity)
+    sweep_capacities = parse_list(args.sweep, parse_size)
     ttl_s = parse_ttl(args.ttl)
     started = time.perf_counter()
-    trace = Trace.from_requests(synthetic_trace(args.blocks, seed=args.seed))
+    trace = _bench_trace(args)
     figures: dict[str, Any] = {
         "blocks": trace.num_blocks,
         "requests": trace.num_requests,
@@ -204,5 +272,6 @@ def bench_simulate(args: argparse.Namespace) -> int:
             "blocks_per_s": round(trace.num_blocks / seconds) if seconds else None,
             "token_hit_rate": round(result.token_hit_rate or 0.0, 4),
         }
+    figures["lru_sweep"] = _lru_sweep_figures(trace, sweep_capacities, ttl_s)
     print(json.dumps(figures, indent=2))
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -29,6 +29,7 @@ from gateway.errors import GatewayError
 from gateway.forwarding import map_transport_error, upstream_error_type
 from gateway.parsing import CHAT
 from gateway.recording import Outcome, RequestTracker
+from gateway.retention import retention_header
 from gateway.routing import Route
 from gateway.upstreams.base import UsageReport
 
@@ -57,10 +58,11 @@ class Exchange:
     min_cacheable_tokens: int
     positions: asyncio.Task[list[CachePoint]] | None
     start_perf: float
+    retention: str | None = None  # the retention class sent upstream (`gateway.retention`), if any
 
     def response_headers(self, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
         request_id = self.tracker.request_id.encode()
-        headers = [(b"x-request-id", request_id), (b"request-id", request_id)]
+        headers = [(b"x-request-id", request_id), (b"request-id", request_id), *retention_header(self.retention)]
         for name in self.route.adapter.passthrough_headers:
             value = upstream.headers.get(name)
             if value is not None:
@@ -91,10 +93,12 @@ class Exchange:
         else:
             split = split_usage(prompt, matched, points, self.min_cacheable_tokens)
         known_prompt = usage.prompt_tokens is not None or (report is not None and report.prompt_tokens is not None)
-        self.tracker.usage = UsageReport(
+        # The tier split and load time stay as the engine reported them: they describe its match, of which the
+        # cache reads are a part.
+        self.tracker.usage = replace(
+            usage,
             prompt_tokens=split.prompt_tokens if known_prompt else None,
             cached_tokens=split.cache_read_input_tokens if known_prompt else None,
-            completion_tokens=usage.completion_tokens,
         )
         self.tracker.cache_write_tokens = split.cache_creation_input_tokens if known_prompt else None
         return split

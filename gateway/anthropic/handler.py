@@ -197,6 +197,12 @@ class MessagesProxy(CompletionProxy):
         runtime = self._runtime
         settings = runtime.config.tenant_settings(tracker.tenant)
         body = route.adapter.apply_salt(chat_body, salt)
+        # The breakpoints' class (or the tenant's default), lowered to the tenant's maximum, goes to upstreams that
+        # take one and is recorded as sent; for the others the record keeps the class the breakpoints asked for.
+        retention = settings.retention.effective(request.retention_class) if route.adapter.retention_field else None
+        route.adapter.apply_retention(body, retention)
+        if retention is not None:
+            tracker.retention_class = retention
         if route.adapter.kind == "openai":
             body.pop("top_k", None)  # OpenAI's chat API has no top_k (vLLM and SGLang take it)
         if request.stream:
@@ -214,6 +220,7 @@ class MessagesProxy(CompletionProxy):
             min_cacheable_tokens=runtime.config.messages.min_cacheable_for(request.model),
             positions=positions,
             start_perf=start_perf,
+            retention=retention,
         )
 
 

@@ -1,7 +1,8 @@
 """The adapter interface shared by all upstream kinds.
 
-An adapter is stateless and knows three things about one kind of server: which body field carries the cache
-salt (if any), where its responses report cached prompt tokens, and which response headers describe the match.
+An adapter is stateless and knows four things about one kind of server: which body field carries the cache
+salt (if any), which carries the retention class (if any), where its responses report cached prompt tokens (and their
+split over cache tiers), and which response headers describe the match.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from gateway.retention import REQUEST_FIELD as RETENTION_FIELD
+from gateway.upstreams.tiers import TierSplit
 
 # Fields through which a client could choose a cache namespace on some server. The gateway always removes them
 # and sets only the salt it derived itself.
@@ -24,6 +28,10 @@ class UsageReport:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
+    # Where the matched tokens' KV was found (device, host, disk) and the time spent loading it back to the device;
+    # None when the upstream does not report it (every kind but the local engine).
+    tiers: TierSplit | None = None
+    cache_load_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +49,8 @@ class CacheReport:
     divergence_char_offset: int | None = None
     # The engine's own queue + prefill time to the first token (non-streamed responses).
     ttft_ms: float | None = None
+    # The matched tokens by tier (`x-prefix-cache-tiers`).
+    tiers: TierSplit | None = None
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -68,6 +78,9 @@ class UpstreamAdapter:
 
     kind = "openai"
     salt_field: str | None = None
+    # The body field that takes a retention class (`gateway.retention`); None: the server has no such field, and the
+    # gateway sends none (OpenAI's own `prompt_cache_retention` is a different field with different classes).
+    retention_field: str | None = None
     # Response headers passed back to the client unchanged (lower case).
     passthrough_headers: tuple[str, ...] = ()
     # Whether the server returns a prompt's block hash chain when asked (`ask_for_hash_chain`).
@@ -86,6 +99,14 @@ class UpstreamAdapter:
         if self.salt_field is not None:
             cleaned[self.salt_field] = salt
         return cleaned
+
+    def apply_retention(self, request: dict[str, Any], retention: str | None) -> None:
+        """Set the retention class, in place on the gateway's own copy of the request: the client's
+        `cache_retention` always goes (the gateway decided the class), and `retention` is sent where this kind of
+        server takes one."""
+        request.pop(RETENTION_FIELD, None)
+        if retention is not None and self.retention_field is not None:
+            request[self.retention_field] = retention
 
     def usage(self, payload: Mapping[str, Any]) -> UsageReport:
         """Usage from a non-streamed response body or from a stream's final usage chunk."""

@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from gateway.retention import REQUEST_FIELD as RETENTION_FIELD
 from gateway.upstreams.base import MISS_KINDS, CacheReport, UpstreamAdapter, UsageReport, _int_or_none
+from gateway.upstreams.tiers import HEADER_TIERS, load_ms_from_prefix_cache, tiers_from_header, tiers_from_prefix_cache
 
 
 class OpenAICompatibleAdapter(UpstreamAdapter):
@@ -19,6 +21,9 @@ class OpenAICompatibleAdapter(UpstreamAdapter):
     sent). Hosted APIs isolate their prompt caches per organization: every tenant that reaches one through the
     same upstream entry (the same API key) shares that organization's cache. Tenants that must not share a cache
     need separate upstream entries with separate organizations' keys.
+
+    No retention class is sent: OpenAI's own `prompt_cache_retention` takes other classes (`in_memory`, `24h`), only
+    some models accept `24h`, and other OpenAI-compatible servers know neither field, so no mapping is safe.
     """
 
     kind = "openai"
@@ -93,12 +98,15 @@ class LocalEngineAdapter(UpstreamAdapter):
     """prefixscope's own engine: salt in `cache_salt`; cached tokens in `usage.prompt_tokens_details`; the match
     report (matched/prompt tokens, the miss kind, the template's opening tokens and where the match ended in the
     request) in `x-prefix-cache-*` headers, known before the first byte (and its TTFT on non-streamed responses); the
-    prompt's block hash chain in `prefix_cache.hash_chain` when asked (`return_hash_chain`); a dry-run match."""
+    prompt's block hash chain in `prefix_cache.hash_chain` when asked (`return_hash_chain`); a dry-run match. It takes
+    a retention class in `cache_retention` and splits the matched tokens over its cache tiers (`prefix_cache.tiers`
+    and `load_ms` in the body or the usage chunk, `x-prefix-cache-tiers` in the headers)."""
 
     kind = "local_engine"
     salt_field = "cache_salt"
+    retention_field = RETENTION_FIELD
     passthrough_headers = (HEADER_MATCHED, HEADER_PROMPT, HEADER_MISS, HEADER_TEMPLATE, HEADER_SEGMENT, HEADER_OFFSET,
-                           HEADER_TTFT)
+                           HEADER_TTFT, HEADER_TIERS)
     returns_hash_chain = True
     supports_dry_run_match = True
 
@@ -119,14 +127,20 @@ class LocalEngineAdapter(UpstreamAdapter):
             divergence_segment=segment if segment is not None and _SEGMENT.fullmatch(segment) else None,
             divergence_char_offset=_header_int(headers, HEADER_OFFSET),
             ttft_ms=_header_float(headers, HEADER_TTFT),
+            tiers=tiers_from_header(headers.get(HEADER_TIERS)),
         )
 
     def usage(self, payload: Mapping[str, Any]) -> UsageReport:
         report = super().usage(payload)
+        prefix_cache = payload.get("prefix_cache")
+        if not isinstance(prefix_cache, dict):
+            return report
         if report.cached_tokens is None:
-            prefix_cache = payload.get("prefix_cache")
-            if isinstance(prefix_cache, dict):
-                report = replace(report, cached_tokens=_int_or_none(prefix_cache.get("matched_tokens")))
+            report = replace(report, cached_tokens=_int_or_none(prefix_cache.get("matched_tokens")))
+        tiers = tiers_from_prefix_cache(prefix_cache)
+        load_ms = load_ms_from_prefix_cache(prefix_cache)
+        if tiers is not None or load_ms is not None:
+            report = replace(report, tiers=tiers, cache_load_ms=load_ms)
         return report
 
 

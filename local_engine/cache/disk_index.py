@@ -10,6 +10,7 @@ raises DiskCacheLocked naming the directory when another process holds it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -121,6 +122,11 @@ class DiskTier:
         `corrupt_files_total`) corrupt headers, truncated files and files of another model, dtype or page size."""
         found = []
         for entry in sorted(os.scandir(self.directory), key=lambda e: e.name):
+            if entry.name.startswith(".tmp-"):
+                # A write that never reached its rename (a crash): nobody else writes here while we hold the lock.
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                continue
             if not entry.name.endswith(FILE_SUFFIX) or entry.name.startswith("."):
                 continue
             try:

@@ -26,7 +26,7 @@ from local_engine.cache.slot_allocator import SlotAllocator
 from local_engine.cache.tier_integrity import check_tier_integrity
 from local_engine.cache.tier_store import DEVICE, TierStore
 from local_engine.cache.tiers import TierTokens
-from local_engine.cache.tree_views import CacheStats, check_tree_integrity, tree_snapshot
+from local_engine.cache.tree_views import CacheStats, cache_stats, check_tree_integrity, tree_snapshot
 from local_engine.cache.types import EvictedPrefix, InsertResult, MatchResult, MissKind
 
 _NO_SLOTS = torch.empty(0, dtype=torch.int64)
@@ -371,21 +371,8 @@ class RadixCache:
         return tier_eviction.tier_stats(self)
 
     def stats(self) -> CacheStats:
-        num_nodes = sum(_count_nodes(root) for root in self._roots.values())
-        return CacheStats(
-            capacity_tokens=self.allocator.num_slots,
-            free_tokens=self.allocator.num_free,
-            cached_tokens=self.cached_tokens,
-            evictable_tokens=self.evictable_tokens,
-            protected_tokens=self.protected_tokens,
-            num_nodes=num_nodes,
-            num_namespaces=sum(1 for root in self._roots.values() if root.children),
-            evicted_tokens_total=self.evicted_tokens_total,
-            expired_tokens_total=self.expired_tokens_total,
-            page_size=self.page_size,
-            eviction=self.config.eviction,
-            ttl_s=self.config.ttl_s,
-        )
+        """Device (L1) occupancy and totals; `tier_stats` has every tier."""
+        return cache_stats(self)
 
     def snapshot(self, max_nodes: int) -> dict:
         return tree_snapshot(self._roots, max_nodes, self._clock())
@@ -404,11 +391,3 @@ class RadixCache:
         )
         check_tier_integrity(self, num_slots_outside_tree)
 
-
-def _count_nodes(root: RadixNode) -> int:
-    count, stack = 0, list(root.children.values())
-    while stack:
-        node = stack.pop()
-        count += 1
-        stack.extend(node.children.values())
-    return count

@@ -30,6 +30,34 @@ class CacheStats:
         return asdict(self)
 
 
+def cache_stats(cache) -> CacheStats:
+    """A RadixCache's device (L1) occupancy and removal totals."""
+    roots = cache.roots()
+    return CacheStats(
+        capacity_tokens=cache.allocator.num_slots,
+        free_tokens=cache.allocator.num_free,
+        cached_tokens=cache.cached_tokens,
+        evictable_tokens=cache.evictable_tokens,
+        protected_tokens=cache.protected_tokens,
+        num_nodes=sum(_count_nodes(root) for root in roots.values()),
+        num_namespaces=sum(1 for root in roots.values() if root.children),
+        evicted_tokens_total=cache.evicted_tokens_total,
+        expired_tokens_total=cache.expired_tokens_total,
+        page_size=cache.page_size,
+        eviction=cache.config.eviction,
+        ttl_s=cache.config.ttl_s,
+    )
+
+
+def _count_nodes(root: RadixNode) -> int:
+    count, stack = 0, list(root.children.values())
+    while stack:
+        node = stack.pop()
+        count += 1
+        stack.extend(node.children.values())
+    return count
+
+
 def namespace_label(namespace: str) -> str:
     """Namespaces are tenant salts: show a short hash, never the salt itself."""
     if not namespace:

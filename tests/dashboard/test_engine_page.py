@@ -85,3 +85,58 @@ def test_namespaces_are_named_by_tenant_from_the_database(run_page, engine, tmp_
     labels = chart_specs(app)[1]["data"][0]["labels"]
     assert "tenant acme" in labels and "ns 5a1t0002" in labels
     assert not any("/v1/cache/tenants" in query for query in engine[1].tree_queries)
+
+
+def _tier(enabled: bool, capacity: int, cached: int, evictable: int, **counters: float) -> dict:
+    values = {
+        "enabled": enabled, "capacity_tokens": capacity, "cached_tokens": cached, "free_tokens": capacity - cached,
+        "evictable_tokens": evictable, "protected_tokens": cached - evictable, "capacity_bytes": capacity * 1024,
+        "hit_tokens_total": 0, "loads_total": 0, "load_tokens_total": 0, "load_ms_total": 0.0,
+        "demoted_tokens_total": 0, "dropped_tokens_total": 0, "corrupt_files_total": 0,
+    }
+    return values | counters
+
+
+def tiers_payload() -> dict:
+    """Device and host tiers on, disk off, in the shape of `/v1/cache` `tiers`."""
+    return {
+        "device": _tier(True, 4096, 1024, 960, hit_tokens_total=5000, demoted_tokens_total=3000),
+        "host": _tier(True, 16384, 3000, 3000, hit_tokens_total=1200, loads_total=4, load_tokens_total=1200,
+                      load_ms_total=10.0, dropped_tokens_total=500),
+        "disk": _tier(False, 0, 0, 0),
+    }
+
+
+def test_each_tier_s_occupancy_and_counters(run_page, empty_url, engine) -> None:
+    engine[1].stats = dict(engine_stats_payload(), tiers=tiers_payload())
+    app = run_page("engine", empty_url, engine_url=engine[0])
+    shown = metrics(app)
+    assert shown["Device tier used"] == "25.0%"
+    assert shown["Host tier used"] == f"{3000 / 16384:.1%}"
+    assert shown["Disk tier used"] == "off"
+    occupancy = chart_specs(app)[1]
+    assert occupancy["data"][0]["y"] == ["device", "host"]  # enabled tiers only
+    # locked, evictable, free per tier
+    assert [trace["x"] for trace in occupancy["data"]] == [[64, 0], [960, 3000], [3072, 13384]]
+    assert chart_specs(app)[2]["data"][0]["type"] == "icicle"  # the tree still follows
+    table = app.dataframe[0].value.set_index("tier")
+    assert list(table.index) == ["device", "host", "disk"]
+    assert table.loc["host", "capacity"] == "16.00 MiB"
+    assert (table.loc["host", "loads"], table.loc["host", "tokens loaded"], table.loc["host", "mean load"]) == (
+        4, 1200, "2 ms")
+    assert (table.loc["device", "hit tokens"], table.loc["device", "demoted tokens"]) == (5000, 3000)
+    assert table.loc["host", "dropped tokens"] == 500 and table.loc["disk", "capacity"] == "-"
+    assert not bool(table.loc["disk", "enabled"])
+
+
+def test_an_engine_without_tiers_is_shown_without_them(run_page, empty_url, engine) -> None:
+    app = run_page("engine", empty_url, engine_url=engine[0])  # the stand-in's default answer has no `tiers`
+    assert any("does not report cache tiers" in caption.value for caption in app.caption)
+    assert not any(label.endswith("tier used") for label in metrics(app))
+    assert len(chart_specs(app)) == 2  # the pool and the tree only
+
+
+def test_a_malformed_tiers_object_is_reported_not_drawn(run_page, empty_url, engine) -> None:
+    engine[1].stats = dict(engine_stats_payload(), tiers=["device"])
+    app = run_page("engine", empty_url, engine_url=engine[0])
+    assert any("'tiers' is not an object" in warning.value for warning in app.warning)

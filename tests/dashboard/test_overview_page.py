@@ -206,3 +206,46 @@ def test_the_fallback_caption_says_what_the_engine_answered(run_page, seeded_url
         server.shutdown()
         server.server_close()
     assert "the engine answered 401 to GET /v1/cache" in captions(app)
+
+
+def _tiered_records() -> list:
+    """The seeded requests, with tier splits, load times and retention classes on the four hits."""
+    from dataclasses import replace
+
+    from dashboard_testkit import seeded_records
+
+    def split(device: int, host: int, disk: int) -> dict:
+        return {"cached_tokens_device": device, "cached_tokens_host": host, "cached_tokens_disk": disk}
+
+    changes = {
+        "req-001": {**split(900, 0, 0), "retention_class": "5m"},
+        "req-002": {**split(300, 600, 0), "cache_load_ms": 6.0, "retention_class": "1h"},
+        # req-003 reports no tiers: its 900 cached tokens are of unknown tier.
+        "req-004": {**split(0, 0, 448), "cache_load_ms": 14.0, "retention_class": "persistent"},
+    }
+    return [replace(record, **changes.get(record.request_id, {})) for record in seeded_records()]
+
+
+def test_cached_tokens_by_tier_over_time_and_in_total(run_page, tmp_path) -> None:
+    from dashboard_testkit import create_database
+
+    app = run_page("overview", create_database(tmp_path / "tiers.db", _tiered_records()))
+    shown = metrics(app)
+    assert (shown["From device"], shown["From host"], shown["From disk"], shown["Tier unknown"]) == (
+        "1.20k", "600", "448", "900")
+    assert shown["Mean cache load"] == "10 ms"  # (6 + 14) / 2: per request that reported a load
+    [figure] = [spec for spec in map(json.loads, (c.proto.spec for c in app.get("plotly_chart")))
+                if spec["layout"]["title"]["text"] == "Cached tokens by tier"]
+    stacked = {trace["name"]: sum(trace["y"]) for trace in figure["data"]}
+    assert stacked == {"device": 1200, "host": 600, "disk": 448, "unknown": 900}
+    assert sum(stacked.values()) == 3148  # every cached token, once
+    assert figure["layout"]["barmode"] == "stack"
+    assert "Requests by retention class: 5m 1, 1h 1, persistent 1, none 5" in captions(app)
+
+
+def test_history_without_tiers_says_the_tier_is_unknown(run_page, seeded_url) -> None:
+    app = run_page("overview", seeded_url)
+    assert "all 3,148 cached tokens are of unknown tier" in captions(app)
+    assert "From device" not in metrics(app)
+    titles = [json.loads(chart.proto.spec)["layout"]["title"]["text"] for chart in app.get("plotly_chart")]
+    assert "Cached tokens by tier" not in titles

@@ -115,3 +115,22 @@ def test_unknown_request_id_warns(run_page, seeded_url) -> None:
 def test_empty_database_shows_a_message(run_page, empty_url) -> None:
     app = run_page("requests", empty_url)
     assert any("No requests recorded yet" in info.value for info in app.info)
+
+
+def test_detail_splits_cached_tokens_by_tier(run_page, tmp_path) -> None:
+    from dataclasses import replace
+
+    from dashboard_testkit import create_database, seeded_records
+
+    tiered = [
+        replace(record, cached_tokens_device=400, cached_tokens_host=48, cached_tokens_disk=0, cache_load_ms=3.0,
+                retention_class="1h") if record.request_id == "req-004" else record
+        for record in seeded_records()
+    ]
+    app = run_page("requests", create_database(tmp_path / "tiers.db", tiered))
+    app.text_input[0].set_value("req-004").run()
+    text = markdown(app)
+    assert "**Cached tokens by tier:** device 400 · host 48 · disk 0, loaded back to the device in 3 ms" in text
+    assert "**Retention class:** 1h" in text
+    app.text_input[0].set_value("req-001").run()
+    assert "**Cached tokens by tier:** unknown (the upstream does not report tiers)" in markdown(app)

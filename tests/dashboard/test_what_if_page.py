@@ -16,7 +16,7 @@ from explain_testkit import (
 
 from dashboard import ui
 from dashboard.what_if_model import DEFAULT_CAPACITIES, DEFAULT_POLICIES, DEFAULT_TTLS
-from db.simulation.units import format_ttl
+from db.simulation.units import format_size, format_ttl
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +117,70 @@ def test_todays_setting_comes_from_the_database_s_own_context(run_page, engine, 
     text = markdown(app)
     assert "recorded with this database (engine `local`" in text
     assert "2,048 tokens, fifo, TTL 5m, page size 8" in text
+
+
+def _tier_metrics(app: object) -> tuple[str, str, str]:
+    shown = metrics(app)
+    return shown["Device tier hits (today's size)"], shown["Host tier hits"], shown["Both tiers"]
+
+
+def test_host_tier_splits_hits_between_device_and_host(run_page, chains_url) -> None:
+    app = run_page("what_if", chains_url)
+    app.sidebar.number_input(key="what_if_today_capacity").set_value(8).run()
+    # No host tier: everything LRU hits with two blocks is a device hit.
+    assert _tier_metrics(app) == (
+        ui.format_share(LRU_8_TOKENS_HIT_RATE),
+        ui.format_share(0.0),
+        ui.format_share(LRU_8_TOKENS_HIT_RATE),
+    )
+    app.sidebar.selectbox(key="what_if_host_capacity").set_value(1_000).run()
+    assert not app.exception
+    # Two blocks on the device, the rest demoted to a host that holds everything (worked out in explain_testkit's
+    # chains): c2 hits 1, 2 on the device (8 tokens); c3 hits 1, 2 there and 3 on the host (8 + 4); after c4's two
+    # new blocks, c5 finds 1, 2, 3, 5 on the host (16). Device 16, host 20: the unlimited cache's 36 of 65.
+    assert _tier_metrics(app) == (
+        ui.format_share(16 / 65),
+        ui.format_share(20 / 65),
+        ui.format_share(CEILING_HIT_RATE),
+    )
+    tiers_chart = json.loads(app.get("plotly_chart")[1].proto.spec)
+    names = [trace["name"] for trace in tiers_chart["data"]]
+    assert names[:2] == ["device (L1) hits", "device + host (1k tokens) hits"]
+    device_line, total_line = tiers_chart["data"][:2]
+    # The curve covers every device size up to the trace's 7 distinct blocks of 4 tokens, and the host tier adds
+    # hits only while the device cannot hold everything.
+    assert device_line["x"][0] == 4 and device_line["x"][-1] >= 7 * 4
+    assert total_line["y"][-1] == pytest.approx(CEILING_HIT_RATE)
+    assert all(total >= device for total, device in zip(total_line["y"], device_line["y"], strict=True))
+    table = app.dataframe[1].value
+    assert list(table["device (tokens)"]) == sorted(DEFAULT_CAPACITIES)
+    assert set(table["host (tokens)"]) == {1_000}
+    # The default sizes hold every block on the device: nothing is left for the host.
+    assert list(table["host hit rate"]) == [0.0] * len(DEFAULT_CAPACITIES)
+
+
+def test_host_tier_defaults_to_the_engine_s(run_page, chains_url, engine) -> None:
+    engine_url, state = engine
+    state.stats = {**state.stats, "tiers": {"host": {"enabled": True, "capacity_tokens": 12_345}}}
+    app = run_page("what_if", chains_url, engine_url=engine_url)
+    assert app.sidebar.selectbox(key="what_if_host_capacity").value == 12_345
+    assert f"a host tier of {format_size(12_345)} tokens" in "\n".join(item.value for item in app.caption)
+
+
+def test_tiers_model_reads_every_point_off_one_curve() -> None:
+    from explain_testkit import CHAINS
+
+    from dashboard.what_if_model import run_tiers
+    from db.simulation import Trace, TraceRequest, simulate
+
+    requests = [TraceRequest(10.0 * index, length, chain, 4) for index, (chain, length, _) in enumerate(CHAINS)]
+    result = run_tiers(requests, 4, [8, 12, 1_000], 8, None, today_capacity_tokens=4)
+    trace = Trace.from_requests(requests)
+    assert list(result.points) == [simulate(trace, capacity, "lru", None, 8) for capacity in (8, 12, 1_000)]
+    assert result.today == simulate(trace, 4, "lru", None, 8)
+    for capacity, device_rate, total_rate in zip(
+        result.curve_capacity_tokens, result.curve_device_rates, result.curve_total_rates, strict=True
+    ):
+        expected = simulate(trace, capacity, "lru", None, 8)
+        assert (device_rate, total_rate) == (expected.device_token_hit_rate, expected.token_hit_rate)
+    assert result.curve_capacity_tokens == tuple(sorted(set(result.curve_capacity_tokens)))

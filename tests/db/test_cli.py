@@ -123,3 +123,34 @@ def test_prune_deletes_old_rows_and_keeps_history(db_url: str, capsys: pytest.Ca
             assert queries.overview(conn, now - timedelta(days=60), now + timedelta(hours=1)).requests == 2
     finally:
         engine.dispose()
+
+
+def test_stats_prints_cached_tokens_by_tier(
+    db_url: str, capsys: pytest.CaptureFixture[str], make_record
+) -> None:  # type: ignore[no-untyped-def]
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    engine = create_sync_engine_for(db_url)
+    with engine.begin() as conn:
+        store_records(conn, [
+            make_record(created_at=hour, tenant="acme", cached_tokens=90, cached_tokens_device=50,
+                        cached_tokens_host=30, cached_tokens_disk=10, cache_load_ms=4.0, retention_class="1h"),
+            make_record(created_at=hour + timedelta(minutes=1), tenant="acme", cached_tokens=20),  # no tiers
+            make_record(created_at=hour + timedelta(hours=1), tenant="beta", cached_tokens=7),  # no tiers
+            make_record(created_at=hour + timedelta(hours=1), tenant="beta", cached_tokens=None),
+        ])
+    engine.dispose()
+    code, out, _ = _run(capsys, "stats", "--since", "1d", "--by", "tenant", "--database-url", db_url)
+    assert code == 0
+    table = out.split("cached by tier")[1].splitlines()
+    assert table[1].split() == ["BUCKET", "(UTC)", "TENANT", "DEVICE", "HOST", "DISK", "UNKNOWN", "LOAD", "ms", "avg"]
+    assert table[2].split()[2:] == ["acme", "50", "30", "10", "20", "4.0"]
+    assert table[3].split()[2:] == ["beta", "-", "-", "-", "7", "-"]  # no tier reported: unknown, not zero
+    assert table[4].split() == ["TOTAL", "50", "30", "10", "27", "4.0"]
+    assert "requests by retention class: 1h 1, none 3" in out
+
+    code, out, _ = _run(capsys, "stats", "--since", "1d", "--by", "tenant", "--json", "--database-url", db_url)
+    rows = {row["group"]: row for row in json.loads(out)}
+    assert rows["acme"]["tiers"] == {"device": 50, "host": 30, "disk": 10, "unknown": 20}
+    assert rows["acme"]["cache_load_ms_mean"] == 4.0 and rows["acme"]["requests_by_retention"] == {"1h": 1}
+    assert rows["beta"]["tiers"] == {"device": 0, "host": 0, "disk": 0, "unknown": 7}
+    assert rows["beta"]["requests_with_known_tiers"] == 0

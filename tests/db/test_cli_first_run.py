@@ -161,7 +161,8 @@ def test_stats_labels_rejected_requests_prints_unknown_cache_as_unknown_and_api_
     assert rows[0]["bucket_start"] == api_form and api_form.endswith("T00:00:00Z")
 
     code, out, _ = _run(capsys, "stats", "--since", "1d", "--bucket", "1d", "--by", "model", "--database-url", db_url)
-    lines = {line.split()[2]: line.split() for line in out.splitlines()[1:]}
+    # The figures table, up to the blank line before the cached-by-tier table.
+    lines = {line.split()[2]: line.split() for line in out.split("\n\n")[0].splitlines()[1:]}
     assert code == 0 and set(lines) == {"(rejected)", "m1", "m2"}
     # columns: date time group requests prompt cached token-hit req-hit ttft-hit ttft-miss
     assert lines["m1"][5:7] == ["40", "40.0%"]

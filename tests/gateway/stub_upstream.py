@@ -28,6 +28,11 @@ class StubState:
     slow_seconds: float = 5.0
     cached_tokens: int | None = 4
     miss: str = "partial"
+    # The per-tier report: `prefix_cache.tiers` and `prefix_cache.load_ms` in the body and usage chunk (when not
+    # None, sent as given, garbled or not) and the `x-prefix-cache-tiers` header value.
+    tiers: Any = None
+    load_ms: Any = None
+    tiers_header: str | None = None
 
 
 def _sse(obj: Any) -> bytes:
@@ -106,17 +111,24 @@ class StubUpstream:
         """The engine's `prefix_cache` object, with a hash chain when the request asked for one."""
         report: dict[str, Any] = {"matched_tokens": self.state.cached_tokens or 0, "prompt_tokens": 10}
         report["miss"] = self.state.miss
+        if self.state.tiers is not None:
+            report["tiers"] = self.state.tiers
+        if self.state.load_ms is not None:
+            report["load_ms"] = self.state.load_ms
         if body.get("return_hash_chain") is True:
             block_size = body.get("hash_block_size", 16)
             report["hash_chain"] = {"block_size": block_size, "input_length": 10, "hash_ids": STUB_HASH_IDS}
         return report
 
     def _cache_headers(self) -> list[tuple[bytes, bytes]]:
-        return [
+        headers = [
             (b"x-prefix-cache-matched-tokens", str(self.state.cached_tokens or 0).encode()),
             (b"x-prefix-cache-prompt-tokens", b"10"),
             (b"x-prefix-cache-miss", self.state.miss.encode()),
         ]
+        if self.state.tiers_header is not None:
+            headers.append((b"x-prefix-cache-tiers", self.state.tiers_header.encode()))
+        return headers
 
     def _completion(self, body: dict[str, Any], path: str) -> dict[str, Any]:
         if path.endswith("/chat/completions") and body.get("model") == "tool-calls":

@@ -182,3 +182,5 @@ def test_the_documented_example_config_loads(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.default_upstream == "local"
     assert "acme" in config.tenants
+    assert config.tenant_settings("acme").retention.effective("persistent") == "persistent"
+    assert config.tenant_settings("acme").retention.effective(None) == "1h"

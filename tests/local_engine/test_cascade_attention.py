@@ -129,3 +129,38 @@ def test_requests_on_a_cached_prefix_decode_through_cascade_groups_with_unchange
     assert asyncio.run(together()) == expected
     assert calls and max(calls) >= 2
     engine.check_integrity()
+
+
+def test_contiguous_runs_are_read_as_views_and_others_gathered():
+    from local_engine.cascade_attention import contiguous_start, read_slots
+
+    assert contiguous_start(torch.arange(5, 9)) == 5
+    assert contiguous_start(torch.tensor([5, 7, 6, 8])) is None  # same ends, not a run
+    assert contiguous_start(torch.tensor([3])) == 3
+    layer = torch.randn(20, NUM_KV_HEADS, HEAD_DIM)
+    view = read_slots(layer, torch.arange(4, 9), 4)
+    assert view.data_ptr() == layer[4].data_ptr() and torch.equal(view, layer[4:9])
+    assert torch.equal(read_slots(layer, torch.tensor([9, 2, 4]), None), layer[[9, 2, 4]])
+
+
+def test_a_scattered_prefix_attends_as_a_contiguous_one():
+    """The same K/V placed in one run of slots and scattered over the pool give the same attention."""
+    torch.manual_seed(3)
+    run_tables = [torch.cat([torch.arange(0, 120), torch.tensor([500 + i])]) for i in range(4)]
+    scattered_prefix = torch.randperm(400)[:120] + 100
+    scattered_tables = [torch.cat([scattered_prefix, torch.tensor([500 + i])]) for i in range(4)]
+    pool_run = KVPool(KVPoolConfig(1, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu")), 600)
+    pool_run.k.normal_()
+    pool_run.v.normal_()
+    pool_scattered = KVPool(KVPoolConfig(1, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu")), 600)
+    pool_scattered.k[0][scattered_prefix] = pool_run.k[0][:120]
+    pool_scattered.v[0][scattered_prefix] = pool_run.v[0][:120]
+    query = torch.randn(1, NUM_HEADS, 4, HEAD_DIM)
+    key = torch.randn(1, NUM_KV_HEADS, 4, HEAD_DIM)
+    value = torch.randn(1, NUM_KV_HEADS, 4, HEAD_DIM)
+    run_batch = build_paged_batch(pool_run, run_tables, [1] * 4, 4)
+    scattered_batch = build_paged_batch(pool_scattered, scattered_tables, [1] * 4, 4)
+    assert run_batch.cascade[0].prefix_start == 0 and scattered_batch.cascade[0].prefix_start is None
+    out_run = paged_attention(run_batch, 0, query, key, value, SCALING)
+    out_scattered = paged_attention(scattered_batch, 0, query, key, value, SCALING)
+    assert (out_run - out_scattered).abs().max() <= 1e-5

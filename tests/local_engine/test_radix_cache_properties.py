@@ -209,6 +209,7 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
     tier after every step."""
 
     device_tokens, host_tokens, disk_tokens = 24, 16, 40
+    write_policy = "write_back"
 
     def __init__(self) -> None:
         super().__init__()
@@ -223,7 +224,8 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
     def _new_cache(self):
         from .tier_fixtures import tiered_cache
 
-        return tiered_cache(self.device_tokens, self.host_tokens, self.directory, self.disk_tokens, clock=self.clock)
+        return tiered_cache(self.device_tokens, self.host_tokens, self.directory, self.disk_tokens, clock=self.clock,
+                            write_policy=self.write_policy)
 
     def teardown(self) -> None:
         import shutil
@@ -341,8 +343,14 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
         self.cache.check_integrity(num_slots_outside_tree=sum(own.numel() for _, own in self.held))
 
 
-def test_tiered_random_operations_keep_every_tier_consistent() -> None:
-    TieredRadixCacheMachine.TestCase.settings = settings(
+class WriteThroughTieredMachine(TieredRadixCacheMachine):
+    write_policy = "write_through"
+
+
+@pytest.mark.parametrize("machine", [TieredRadixCacheMachine, WriteThroughTieredMachine],
+                         ids=["write_back", "write_through"])
+def test_tiered_random_operations_keep_every_tier_consistent(machine) -> None:
+    machine.TestCase.settings = settings(
         max_examples=40, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
     )
-    TieredRadixCacheMachine.TestCase().runTest()
+    machine.TestCase().runTest()

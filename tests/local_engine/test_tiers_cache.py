@@ -228,3 +228,20 @@ def test_tier_stats_have_the_contract_keys(tmp_path):
     assert all(set(tier) == keys for tier in stats.values())
     assert stats["host"]["capacity_tokens"] == 16 and stats["disk"]["capacity_tokens"] == 10
     assert stats["disk"]["capacity_bytes"] == 10 * LAYOUT.payload_bytes(1)
+
+
+def test_after_a_restart_idle_time_counts_from_the_file_mtime(tmp_path):
+    cache = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
+    store(cache, "ns", A, retention="5m")
+    store(cache, "ns", B, retention="persistent")
+    persist_to_disk(cache)
+    cache.tiers.disk.close()
+    long_ago = os.path.getmtime(next(tmp_path.glob("*.kv"))) - 600
+    for path in tmp_path.glob("*.kv"):
+        os.utime(path, (long_ago, long_ago))
+    again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
+    assert rebuild_from_disk(again) == 2
+    expired = again.match("ns", A + [1])
+    assert expired.matched_tokens == 0 and expired.miss_kind is MissKind.EXPIRED
+    assert again.match("ns", B + [1], dry_run=True).matched_tokens == 30
+    again.check_integrity()

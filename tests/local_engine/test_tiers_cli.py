@@ -62,3 +62,20 @@ def test_engine_config_refuses_both_host_sizes():
         EngineConfig(host_cache_tokens=10, host_cache_gib=1.0)
     with pytest.raises(ValueError, match="needs --disk-cache-dir"):
         EngineConfig(disk_cache_gib=1.0)
+
+
+def test_prefixscope_up_passes_the_tier_flags_to_the_engine(tmp_path):
+    from prefixscope.stack import _engine_options
+
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers(dest="command")
+    from prefixscope.stack import register as register_up
+
+    register_up(commands, None)
+    args = parser.parse_args(["up", "--host-cache-tokens", "4096", "--disk-cache-dir", str(tmp_path),
+                              "--disk-cache-gib", "1.5", "--cache-write-policy", "write_through"])
+    argv = _engine_options(args)
+    _, engine_args = parse(argv)
+    config = engine_config_from(engine_args)
+    assert (config.host_cache_tokens, config.disk_cache_dir, config.disk_cache_gib, config.cache_write_policy) == (
+        4096, str(tmp_path), 1.5, "write_through")

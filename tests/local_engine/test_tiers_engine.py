@@ -45,19 +45,20 @@ def serve_all(engine: Engine, prompts, retention=None):
     return asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+@pytest.mark.parametrize(("policy", "page_size"), [("write_back", 1), ("write_through", 1), ("write_back", 16)])
 def test_cycling_more_prefixes_than_the_device_holds_serves_them_from_host_and_disk(make_engine, tmp_path, expected,
-                                                                                    policy):
+                                                                                    policy, page_size):
     engine = make_engine(kv_cache_tokens=300, host_cache_tokens=240, disk_cache_dir=str(tmp_path / "kv"),
-                         cache_write_policy=policy)
+                         cache_write_policy=policy, page_size=page_size)
     first = serve_all(engine, PROMPTS)
     second = serve_all(engine, PROMPTS)
     assert [text for _, text in first] == expected
     assert [text for _, text in second] == expected
-    assert all(report.matched_tokens == 109 for report, _ in second)
+    matchable = 109 - 109 % page_size
+    assert all(report.matched_tokens == matchable for report, _ in second)
     lower = [report.tiers for report, _ in second]
     assert sum(t.host for t in lower) > 0 and sum(t.disk for t in lower) > 0
-    assert all(t.total == 109 for t in lower)
+    assert all(t.total == matchable for t in lower)
     tiers = engine.cache_stats()["tiers"]
     assert tiers["host"]["loads_total"] > 0 and tiers["disk"]["loads_total"] > 0
     assert tiers["host"]["hit_tokens_total"] == sum(t.host for t in lower)
@@ -110,3 +111,16 @@ def test_persistent_retention_outlives_pressure_and_an_unknown_class_is_refused(
     with pytest.raises(InvalidRequest) as error:
         asyncio.run(bad())
     assert error.value.param == "cache_retention"
+
+
+def test_a_drain_writes_the_cache_to_disk_and_frees_the_directory(make_engine, tmp_path, expected):
+    engine = make_engine(kv_cache_tokens=300, disk_cache_dir=str(tmp_path))
+    serve_all(engine, PROMPTS[:2])  # both fit on the device: nothing was demoted to disk yet
+    assert engine.cache_stats()["tiers"]["disk"]["cached_tokens"] == 0
+    engine.begin_drain(0)  # what SIGTERM does
+    assert engine.wait_drained(30)
+    again = make_engine(kv_cache_tokens=300, disk_cache_dir=str(tmp_path))  # the directory's lock was released
+    assert again.cache_stats()["tiers"]["disk"]["cached_tokens"] >= 2 * 109
+    results = serve_all(again, PROMPTS[:2])
+    assert [text for _, text in results] == expected[:2]
+    assert all(report.tiers.disk == 109 for report, _ in results)

@@ -1,4 +1,4 @@
-"""A brute-force replay of the cache model in `db.simulation.simulator`, for tests only.
+"""Brute-force replays of the cache model in `db.simulation.simulator`, one level and two, for tests only.
 
 Lists and linear scans, every choice spelled out: each cached block is an entry with its recency and insertion
 stamps; LRU and FIFO pick the smallest stamp, Belady scans the future requests for each candidate's next use. It shares
@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from db.simulation.policies import ReplayCounts
+from db.simulation.stack import TierCounts
 from db.simulation.trace import Trace
 
 
@@ -84,3 +85,85 @@ def reference_replay(trace: Trace, capacity_tokens: int | None, policy: str, ttl
                 cache.append(entry)
             entry.last_touch_s, entry.last_position, entry.recency = now, start + offset, stamp
     return ReplayCounts(hit_tokens, hit_blocks, hit_requests, evicted, expired)
+
+
+@dataclass
+class _Block:
+    block: int
+    last_touch_s: float
+    recency: int
+
+
+def reference_replay_tiers(
+    trace: Trace, capacity_tokens: int | None, host_capacity_tokens: int | None, ttl_s: float | None
+) -> TierCounts:
+    """A device list and a host list, moved block by block: every touch puts the block on the device (from the host
+    if it was there, a promotion); a device over capacity demotes its least recent block to the host; a host over
+    capacity drops its least recent block. A request touches its blocks deepest first. Idle blocks expire from either
+    list. Evicted: blocks cached when the request came (after expiry) and gone once it was served."""
+    infinite = math.inf
+    device_room = infinite if capacity_tokens is None else capacity_tokens // trace.block_size
+    host_room = infinite if host_capacity_tokens is None else host_capacity_tokens // trace.block_size
+    device: list[_Block] = []
+    host: list[_Block] = []
+    stamp = 0
+    hit_tokens = hit_blocks = hit_requests = evicted = expired = 0
+    device_tokens = device_blocks = host_tokens = host_blocks = 0
+    for request in range(trace.num_requests):
+        now = trace.timestamps_s[request]
+        chain = list(trace.hashes[trace.offsets[request] : trace.offsets[request + 1]])
+        length = trace.input_lengths[request]
+        if ttl_s is not None:
+            for tier in (device, host):
+                kept = [entry for entry in tier if not now - entry.last_touch_s > ttl_s]
+                expired += len(tier) - len(kept)
+                tier[:] = kept
+
+        hits = 0
+        for block in chain:
+            on_device = any(entry.block == block for entry in device)
+            on_host = any(entry.block == block for entry in host)
+            if not (on_device or on_host):
+                break
+            tokens = min((hits + 1) * trace.block_size, length) - min(hits * trace.block_size, length)
+            hits += 1
+            if on_device:
+                device_blocks += 1
+                device_tokens += tokens
+            else:
+                host_blocks += 1
+                host_tokens += tokens
+        hit_blocks += hits
+        hit_tokens += min(hits * trace.block_size, length)
+        hit_requests += hits > 0
+
+        cached_before = {entry.block for entry in device + host}
+        for block in reversed(chain):
+            stamp += 1
+            entry = next((entry for entry in device + host if entry.block == block), None)
+            if entry is None:
+                entry = _Block(block, now, stamp)
+            elif entry in host:
+                host.remove(entry)  # a host hit moves back to the device
+            else:
+                device.remove(entry)
+            entry.last_touch_s, entry.recency = now, stamp
+            device.append(entry)
+            if len(device) > device_room:
+                victim = min(device, key=lambda item: item.recency)
+                device.remove(victim)
+                host.append(victim)  # demoted
+            if len(host) > host_room:
+                host.remove(min(host, key=lambda item: item.recency))
+        evicted += len(cached_before - {entry.block for entry in device + host})
+    return TierCounts(
+        hit_tokens,
+        hit_blocks,
+        hit_requests,
+        evicted,
+        expired,
+        device_tokens,
+        device_blocks,
+        host_tokens,
+        host_blocks,
+    )

@@ -139,6 +139,87 @@ def test_bench_simulate_prints_figures(capsys: pytest.CaptureFixture[str]) -> No
     assert set(figures["policies"]) == {"lru", "fifo", "optimal"}
     rates = {policy: figure["token_hit_rate"] for policy, figure in figures["policies"].items()}
     assert rates["optimal"] >= max(rates["lru"], rates["fifo"])
+    sweep_figures = figures["lru_sweep"]
+    assert sweep_figures["points"] == 12 == len(sweep_figures["capacities_tokens"])
+    assert sweep_figures["agree"] is True
+    assert sweep_figures["one_pass"]["blocks_per_s"] > 0 and sweep_figures["replay"]["blocks_per_s"] > 0
+    assert sweep_figures["speedup"] > 0
+    # Larger caches never hit less under LRU (the inclusion property the one pass rests on).
+    assert sweep_figures["token_hit_rates"] == sorted(sweep_figures["token_hit_rates"])
+
+
+def test_bench_simulate_reads_a_trace_file(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "bench", "simulate", "--trace", str(trace_file), "--sweep", "16,32,inf")
+    assert code == 0, err
+    figures = json.loads(out)
+    assert (figures["blocks"], figures["requests"]) == (9, 4)
+    assert figures["lru_sweep"]["capacities_tokens"] == [16, 32, None]
+    assert figures["lru_sweep"]["agree"] is True
+    assert figures["lru_sweep"]["token_hit_rates"][-1] == 0.5
+
+
+def test_simulate_host_capacity_table_splits_hits_by_tier(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A device of one block (16 tokens) and a host of one or two. At t=1, [1, 2, 3] finds 1 on the device (the first
+    # block of the last request is the most recent) and 2 on the host when the host holds one block or more.
+    argv = ["simulate", "--trace", str(trace_file), "--capacity", "16", "--host-capacity", "0,16,32"]
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1].split() == [
+        "CAPACITY",
+        "HOST",
+        "POLICY",
+        "TTL",
+        "TOKEN",
+        "HIT",
+        "DEVICE",
+        "HIT",
+        "HOST",
+        "HIT",
+        "BLOCK",
+        "HIT",
+        "REQ",
+        "HIT",
+        "EVICTED",
+        "EXPIRED",
+    ]
+    rows = {tuple(line.split()[:4]): line.split()[4:] for line in lines[2:]}
+    assert set(rows) == {("16", host, "lru", "none") for host in ("0", "16", "32")}  # lru only by default
+    trace = Trace.from_requests(REQUESTS)
+    for host, tokens in (("0", 0), ("16", 16), ("32", 32)):
+        expected = simulate(trace, 16, "lru", None, tokens)
+        token_hit, device_hit, host_hit = rows[("16", host, "lru", "none")][:3]
+        assert token_hit == f"{100 * expected.token_hit_rate:.1f}%"
+        assert device_hit == f"{100 * expected.device_token_hit_rate:.1f}%"
+        assert host_hit == f"{100 * expected.host_token_hit_rate:.1f}%"
+    assert rows[("16", "0", "lru", "none")][2] == "0.0%"
+    assert rows[("16", "16", "lru", "none")][2] != "0.0%"
+
+
+def test_simulate_host_capacity_json_matches_the_library(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--trace", str(trace_file), "--capacity", "16,inf", "--host-capacity", "2k", "--json"]
+    code, out, _ = _run(capsys, *argv, "--ttl", "none,1m")
+    assert code == 0
+    trace = Trace.from_requests(REQUESTS)
+    expected = [
+        simulate(trace, capacity, "lru", ttl, 2000).to_dict() for capacity in (16, None) for ttl in (None, 60.0)
+    ]
+    results = json.loads(out)["results"]
+    assert results == expected
+    assert results[0]["host_hit_tokens"] > 0 and results[0]["host_capacity_blocks"] == 125
+    assert results[0]["device_hit_tokens"] + results[0]["host_hit_tokens"] == results[0]["hit_tokens"]
+
+
+def test_simulate_host_capacity_refuses_other_policies(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--trace", str(trace_file), "--host-capacity", "1M", "--policy", "lru,fifo"]
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert "--host-capacity: a host tier is modelled for lru only (an LRU hierarchy with demotion), not for fifo" in err
+    # Without a host tier every policy is still replayed.
+    code, out, err = _run(capsys, "simulate", "--trace", str(trace_file), "--host-capacity", "0", "--policy", "fifo")
+    assert code == 0, err
+    code, _, err = _run(capsys, "simulate", "--trace", str(trace_file), "--host-capacity", "lots")
+    assert code == 2 and "not a cache size" in err
 
 
 def _store_chains(url: str, start: datetime) -> None:

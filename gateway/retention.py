@@ -1,0 +1,104 @@
+"""Retention classes: how long an engine keeps a request's cached prefix, chosen per tenant and per request.
+
+A tenant has a default class (`cache_retention`, absent: none is sent and the engine's own default applies) and a
+ceiling (`max_cache_retention`). A client may ask for a class in the body (`cache_retention`, as the local engine takes
+it); it gets at most the ceiling: a longer ask is lowered to it, never refused, and the response says which class was
+applied (`x-prefixscope-cache-retention`). An unknown class is the client's error (400, param `cache_retention`).
+
+Example (in `prefixscope.toml`)::
+
+    [tenant_defaults]
+    max_cache_retention = "1h"        # 5m | 1h | persistent (the default: no ceiling)
+
+    [tenants.acme]
+    cache_retention = "1h"            # sent when the request names no class
+    max_cache_retention = "persistent"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from db.records import RETENTION_CLASSES
+from gateway.errors import BadRequest, ConfigError
+
+REQUEST_FIELD = "cache_retention"  # the body field clients send and the local engine takes
+HEADER_RETENTION = "x-prefixscope-cache-retention"  # the class the gateway applied, on the response
+LONGEST_CLASS = RETENTION_CLASSES[-1]
+_JSON_TYPES = {bool: "boolean", dict: "object", list: "array"}
+
+
+def retention_rank(retention: str) -> int:
+    """Position of `retention` in `RETENTION_CLASSES` (shortest first). Raises ValueError for an unknown class."""
+    return RETENTION_CLASSES.index(retention)
+
+
+def capped(retention: str | None, maximum: str) -> str | None:
+    """`retention` lowered to `maximum` when it is longer (None stays None)."""
+    if retention is None or retention_rank(retention) <= retention_rank(maximum):
+        return retention
+    return maximum
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """A tenant's retention settings: the class sent when a request names none (None: send none) and the longest
+    class a request may get."""
+
+    default: str | None = None
+    maximum: str = LONGEST_CLASS
+
+    def effective(self, requested: str | None) -> str | None:
+        """The class to send for a request that asked for `requested` (None: it asked for nothing)."""
+        return capped(requested if requested is not None else self.default, self.maximum)
+
+
+def _config_class(values: Mapping[str, Any], key: str, fallback: str | None) -> str | None:
+    value = values.get(key, fallback)
+    if value is not None and value not in RETENTION_CLASSES:
+        raise ConfigError(f"{key} must be one of {list(RETENTION_CLASSES)}, not {value!r}")
+    return value
+
+
+def parse_retention(values: dict[str, Any], base: RetentionPolicy) -> RetentionPolicy:
+    """`cache_retention` and `max_cache_retention` of a tenant table (popped from `values`) over `base`. Raises
+    `ConfigError` for an unknown class or a default longer than the maximum."""
+    default = _config_class(values, "cache_retention", base.default)
+    maximum = _config_class(values, "max_cache_retention", base.maximum)
+    values.pop("cache_retention", None)
+    values.pop("max_cache_retention", None)
+    assert maximum is not None
+    if default is not None and retention_rank(default) > retention_rank(maximum):
+        raise ConfigError(
+            f"cache_retention = {default!r} is longer than max_cache_retention = {maximum!r}; lower the default or "
+            "raise the maximum"
+        )
+    return RetentionPolicy(default, maximum)
+
+
+def requested_retention(body: Mapping[str, Any]) -> str | None:
+    """The class a request body asks for (`cache_retention`; absent or null: None). Raises `BadRequest` (param
+    `cache_retention`) for anything but a known class."""
+    value = body.get(REQUEST_FIELD)
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in RETENTION_CLASSES:
+        if isinstance(value, str):
+            shown = repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+        else:
+            shown = f"a value of JSON type {_JSON_TYPES.get(type(value), 'number')}"
+        raise BadRequest(
+            f"Invalid value for 'cache_retention': {shown}. Supported values are: "
+            + ", ".join(f"'{name}'" for name in RETENTION_CLASSES)
+            + ".",
+            param=REQUEST_FIELD,
+            code="invalid_value",
+        )
+    return value
+
+
+def retention_header(retention: str | None) -> list[tuple[bytes, bytes]]:
+    """The response header naming the applied class (none when no class was sent)."""
+    return [] if retention is None else [(HEADER_RETENTION.encode(), retention.encode())]
