@@ -8,6 +8,7 @@ the device are plain DMA transfers.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -17,6 +18,8 @@ from local_engine.cache.kv_pool import KVPool
 from local_engine.cache.radix_node import RadixNode
 from local_engine.cache.retention import Lifetime
 from local_engine.cache.slot_allocator import SlotAllocator
+
+log = logging.getLogger(__name__)
 
 DEVICE, HOST, DISK = 0, 1, 2
 TIER_NAMES = ("device", "host", "disk")
@@ -120,7 +123,9 @@ class TierStore:
         retention = {"retention": label, "ttl_s": node.ttl_s, "persistent": node.persistent}
         try:
             node.disk = self.disk.write(namespace, path, len(path) - node.num_tokens, k, v, retention)
-        except OSError:
+        except OSError as error:
+            log.warning("disk KV cache: could not write to %s (%s); the prefix is not kept on disk", self.disk.directory,
+                        error)
             return False
         return True
 
