@@ -4,13 +4,14 @@ cold miss, on one model load.
 The prefix is a ~2k-token system prompt (`--prefix-tokens`); every request is it (or a fresh one, for misses) plus a
 short distinct question, with one output token, since only the time to the first one is measured:
 
-- **miss**: a system prompt never seen before, on an engine with only a device pool;
-- **L1 (device)**: the prefix again, still in that engine's device pool; misses and L1 hits alternate, so a change
-  in machine load touches both sides of the ratio alike;
 - **L2 (host)**: an engine with a device pool of about 1.5 requests and a host pool of many: one other prefix
-  pushes ours out of the device pool into the host pool, then ours is asked again and loaded back;
+  pushes ours out of the device pool into the host pool, then ours is asked again and loaded back (its admission
+  also evicts the other prefix from the device: under `write_back` that is a copy down, paid by this request);
+- **L1 (device)**: right after, the prefix once more, now in the device pool of the same engine: L1 and L2 hits
+  alternate on one engine, so a change in machine load touches both sides of their ratio alike;
 - **L3 (disk)**: an engine with a `--disk-cache-dir` (a temporary directory) serves the prefix once and stops; each
-  repeat then starts a new engine on the same directory (a restart) and asks for the prefix.
+  repeat then starts a new engine on the same directory (a restart) and asks for the prefix;
+- **miss**: right after each L3 hit, on the same engine, a system prompt never seen before.
 
 TTFT is measured inside the engine (submit to first token: queue, load-back and prefill). Prints one JSON object:
 TTFT p50/p95 per tier, load ms per tier, the restart hit share (the smallest share, over the restarts, of the
@@ -160,7 +161,8 @@ def run_tiers_benchmark(args: argparse.Namespace) -> int:
         loaded = load_model(args.model, resolve_device(args.device))
     tokenizer, repeats = loaded.tokenizer, args.repeats
     prefix = system_prompt(tokenizer, 0, args.prefix_tokens, args.seed)
-    hits = [request_ids(tokenizer, prefix, i) for i in range(repeats + 1)]  # hits[0] stores the prefix
+    # hits[0] stores the prefix; then two questions per repeat for L2 and L1, and one for L3.
+    hits = [request_ids(tokenizer, prefix, i) for i in range(1 + 3 * repeats)]
     misses = [request_ids(tokenizer, system_prompt(tokenizer, 100 + r, args.prefix_tokens, args.seed), r)
               for r in range(repeats)]
     others = [request_ids(tokenizer, system_prompt(tokenizer, 200 + r, args.prefix_tokens, args.seed), r)
@@ -170,36 +172,29 @@ def run_tiers_benchmark(args: argparse.Namespace) -> int:
     # Device pool sizes: room for a few requests (nothing of ours is evicted), or for 1.5 requests, so that
     # serving one other prefix must push ours out to the host pool.
     roomy, tight = str(4 * request_tokens), str(request_tokens * 3 // 2)
-    device, model = args.device, args.model
+    device, model, policy = args.device, args.model, ("--cache-write-policy", args.write_policy)
     samples: dict[str, list[Sample]] = {"miss": [], "device": [], "host": [], "disk": []}
-    with progress("bench tiers: miss and L1", total=3 + 5 * repeats, unit="requests") as bar:
-        with running(engine_config(model, device, "--kv-cache-tokens", roomy), loaded) as engine:
-            send(engine, hits[0])
-            bar.advance()
-            for r in range(repeats):
-                samples["miss"].append(send(engine, misses[r]))
-                samples["device"].append(send(engine, hits[r + 1]))
-                bar.advance(2)
-        bar.describe("bench tiers: L2 (host)")
-        l2_options = ("--kv-cache-tokens", tight, "--host-cache-tokens", roomy)
+    with progress("bench tiers: L2 (host) and L1", total=2 + 5 * repeats, unit="requests") as bar:
+        l2_options = ("--kv-cache-tokens", tight, "--host-cache-tokens", roomy, *policy)
         with running(engine_config(model, device, *l2_options), loaded) as engine:
             send(engine, hits[0])
             bar.advance()
             for r in range(repeats):
                 send(engine, others[r])  # pushes the prefix out of the device pool
-                samples["host"].append(send(engine, hits[r + 1]))
-                bar.advance(2)
-        bar.describe("bench tiers: L3 (disk, after restarts)")
+                samples["host"].append(send(engine, hits[1 + 2 * r]))
+                samples["device"].append(send(engine, hits[2 + 2 * r]))
+                bar.advance(3)
+        bar.describe("bench tiers: L3 (disk, after restarts) and misses")
         with tempfile.TemporaryDirectory(prefix="prefixscope-bench-tiers-") as disk_dir:
-            l3_options = ("--kv-cache-tokens", roomy, "--disk-cache-dir", disk_dir, "--disk-cache-gib", "2",
-                          "--cache-write-policy", args.write_policy)
+            l3_options = ("--kv-cache-tokens", roomy, "--disk-cache-dir", disk_dir, "--disk-cache-gib", "2", *policy)
             with running(engine_config(model, device, *l3_options), loaded) as engine:
                 send(engine, hits[0])
                 bar.advance()
             for r in range(repeats):
                 with running(engine_config(model, device, *l3_options), loaded) as engine:  # a restart
-                    samples["disk"].append(send(engine, hits[r + 1]))
-                bar.advance()
+                    samples["disk"].append(send(engine, hits[1 + 2 * repeats + r]))
+                    samples["miss"].append(send(engine, misses[r]))
+                bar.advance(2)
     restart_share = min(s.disk_tokens for s in samples["disk"]) / prefix_tokens
     sections = {name: summary(values) for name, values in samples.items()}
     ttft_p50 = {name: section["ttft_p50_ms"] for name, section in sections.items()}
@@ -244,7 +239,7 @@ def register(commands, bench_commands) -> None:
     bench.add_argument("--prefix-tokens", type=_at_least(64), default=2048, help="tokens of the shared system prompt")
     bench.add_argument("--repeats", type=_at_least(1), default=5, help="measured requests per tier")
     bench.add_argument("--write-policy", default="write_back", choices=["write_back", "write_through"],
-                       help="--cache-write-policy of the disk-tier engine (a clean stop writes the cache down "
-                            "either way)")
+                       help="--cache-write-policy of the host- and disk-tier engines (write_back: the L2 hit's "
+                            "admission pays for demoting what it evicts; a clean stop writes the cache to disk either way)")
     bench.add_argument("--seed", type=int, default=0)
     bench.set_defaults(handler=run_tiers_benchmark)

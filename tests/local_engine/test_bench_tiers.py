@@ -53,7 +53,7 @@ def test_a_run_on_a_small_model_serves_each_tier_and_prints_one_json_document(ti
     assert report["restart_disk_share_min"] == 1.0
     assert report["verdicts"]["restart_disk_share_of_prefix_tokens"]["pass"] is True
     assert set(report["ttft_p50_ms"]) == {"miss", "device", "host", "disk"}
-    assert "bench tiers: L3 (disk, after restarts): 13/13 requests (100%), done in" in err
+    assert "bench tiers: L3 (disk, after restarts) and misses: 12/12 requests (100%), done in" in err
 
 
 def test_bad_sizes_are_refused_by_the_parser(capsys):
