@@ -14,9 +14,10 @@ short distinct question, with one output token, since only the time to the first
 - **miss**: right after each L3 hit, on the same engine, a system prompt never seen before.
 
 TTFT is measured inside the engine (submit to first token: queue, load-back and prefill). Prints one JSON object:
-TTFT p50/p95 per tier, load ms per tier, the restart hit share (the smallest share, over the restarts, of the
-prefix's tokens served from disk) and a verdict per target: L2 hit TTFT p50 <= 1.5x L1's; L3 hit TTFT p50 <= 0.25x
-the miss's; after a restart >= 95% of the prefix's tokens come from disk. Progress goes to stderr.
+TTFT p50/p95 per tier with its parts (admission: queue, room and load-back; bookkeeping; prefill), load ms per
+tier, the restart hit share (the smallest share, over the restarts, of the prefix's tokens served from disk) and a
+verdict per target: L2 hit TTFT p50 <= 1.5x L1's; L3 hit TTFT p50 <= 0.25x the miss's; after a restart >= 95% of
+the prefix's tokens come from disk. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class Sample:
 
     ttft_ms: float
     load_ms: float
+    admission_ms: float  # submit to admission: queue, making room in the device pool, loading back
+    bookkeeping_ms: float  # tree and slot work, the copies down of what was evicted to make room included
+    prefill_ms: float
     prompt_tokens: int
     device_tokens: int
     host_tokens: int
@@ -88,9 +92,9 @@ async def _one(engine, token_ids: tuple[int, ...], namespace: str) -> Sample:
     async for event in handle.stream():
         if isinstance(event, Finished):
             finished = event
-    tiers = report.tiers
-    return Sample(finished.timings.ttft_ms, report.load_ms, report.prompt_tokens, tiers.device, tiers.host,
-                  tiers.disk)
+    tiers, timings = report.tiers, finished.timings
+    return Sample(timings.ttft_ms, report.load_ms, timings.queued_ms, timings.bookkeeping_ms, timings.prefill_ms,
+                  report.prompt_tokens, tiers.device, tiers.host, tiers.disk)
 
 
 def send(engine, token_ids: tuple[int, ...], namespace: str = NAMESPACE) -> Sample:
@@ -125,6 +129,9 @@ def summary(samples: list[Sample]) -> dict:
         "ttft_p50_ms": _p(ttft, 0.5),
         "ttft_p95_ms": _p(ttft, 0.95),
         "load_ms_p50": _p([s.load_ms for s in samples], 0.5),
+        "admission_ms_p50": _p([s.admission_ms for s in samples], 0.5),
+        "bookkeeping_ms_p50": _p([s.bookkeeping_ms for s in samples], 0.5),
+        "prefill_ms_p50": _p([s.prefill_ms for s in samples], 0.5),
         "prompt_tokens_mean": _mean([s.prompt_tokens for s in samples]),
         "tier_tokens_mean": {"device": _mean([s.device_tokens for s in samples]),
                              "host": _mean([s.host_tokens for s in samples]),
