@@ -6,17 +6,18 @@ prompts are computed once before the runs, so the runs measure serving shared pr
 support bots do. Reports per run: requests/s, output tokens/s, TTFT and inter-token latency percentiles (measured
 by the client, from submit), the cached share of prompt tokens, and the process's peak RSS and its growth during
 the run next to the KV pool's bytes (a per-request copy of the KV would show up as growth beyond the pool).
+Progress goes to stderr through `prefixscope.progress`, like every other benchmark's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import threading
 import time
 
 from local_engine.bench import percentile, system_prompt
+from prefixscope.progress import Progress, progress
 
 
 def _rss_bytes() -> int:
@@ -45,10 +46,6 @@ class _PeakRss:
         self._stop.set()
         self._thread.join()
         self.peak_bytes = max(self.peak_bytes, _rss_bytes())
-
-
-def progress(message: str) -> None:
-    print(f"[bench engine] {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
 def build_prompts(tokenizer, num_prefixes: int, seed: int) -> list[str]:
@@ -81,17 +78,13 @@ async def _one(engine, token_ids: list[int], max_tokens: int) -> dict:
     return {"started": started, "token_times": token_times, "finished": finished}
 
 
-async def _run(engine, requests: list[list[int]], concurrency: int, max_tokens: int, label: str) -> list[dict]:
+async def _run(engine, requests: list[list[int]], concurrency: int, max_tokens: int, bar: Progress) -> list[dict]:
     gate = asyncio.Semaphore(concurrency)
-    done = 0
 
     async def limited(token_ids):
-        nonlocal done
         async with gate:
             result = await _one(engine, token_ids, max_tokens)
-        done += 1
-        if done % max(1, len(requests) // 4) == 0 or done == len(requests):
-            progress(f"{label}: {done}/{len(requests)} requests done")
+        bar.advance()
         return result
 
     return await asyncio.gather(*(limited(r) for r in requests))
@@ -104,11 +97,10 @@ def _ms(value: float | None) -> float | None:
 def measure_concurrency(engine, tokenizer, prompts, concurrency: int, max_tokens: int, num_requests: int,
                         offset: int) -> dict:
     requests = [request_token_ids(tokenizer, prompts, offset + i) for i in range(num_requests)]
-    label = f"C={concurrency} max_tokens={max_tokens}"
-    progress(f"{label}: {num_requests} requests")
-    with _PeakRss() as rss:
+    label = f"bench engine: C={concurrency} max_tokens={max_tokens}"
+    with _PeakRss() as rss, progress(label, total=num_requests, unit="requests") as bar:
         started = time.perf_counter()
-        results = asyncio.run(_run(engine, requests, concurrency, max_tokens, label))
+        results = asyncio.run(_run(engine, requests, concurrency, max_tokens, bar))
         elapsed = time.perf_counter() - started
     ttft = [r["token_times"][0] - r["started"] for r in results if r["token_times"]]
     itl = [b - a for r in results for a, b in zip(r["token_times"], r["token_times"][1:])]
@@ -131,16 +123,16 @@ def measure_concurrency(engine, tokenizer, prompts, concurrency: int, max_tokens
         "rss_growth_bytes": rss.peak_bytes - rss.start_bytes,
         "kv_pool_bytes": engine.pool.num_bytes,
     }
-    progress(f"{label}: {figures['output_tokens_per_s']} output tokens/s, TTFT p50 {figures['ttft_p50_ms']} ms")
     return figures
 
 
 def run_concurrent_workload(engine, tokenizer, args) -> dict:
     """Every (max_tokens, concurrency) run on one started engine; returns the JSON section and its verdicts."""
     prompts = build_prompts(tokenizer, args.num_prefixes, args.seed)
-    progress(f"computing {len(prompts)} shared system prompts once")
-    asyncio.run(_run(engine, [request_token_ids(tokenizer, prompts, i) for i in range(len(prompts))], 1, 1,
-                     "warm-up"))
+    warm_up = [request_token_ids(tokenizer, prompts, i) for i in range(len(prompts))]
+    with progress("bench engine: computing the shared system prompts once", total=len(prompts),
+                  unit="prompts") as bar:
+        asyncio.run(_run(engine, warm_up, 1, 1, bar))
     runs, offset = [], 1000
     for max_tokens in args.bench_max_tokens:
         for concurrency in args.concurrency:

@@ -6,9 +6,13 @@ terms, how many leading tokens are template text alone, and the request's time t
 - `divergence`: the part (`tools`, `system`, `messages[i]`, `prompt`) and character offset of the first uncached
   token (`PromptLayout.locate(matched_tokens)`); absent on a hit and for prompts sent as token ids.
 - `ttft_ms`: submit to first token inside the engine (queue + prefill), in milliseconds, once it is known.
+- `tiers`: `matched_tokens` split by the tier that held their KV at admission (`{"device", "host", "disk"}`); their
+  sum is `matched_tokens`, which is `usage.prompt_tokens_details.cached_tokens`. `load_ms`: time spent loading the
+  host and disk part back into device slots (0 when everything was on the device).
 
 Headers (sent on every response, before the first byte): `x-prefix-cache-matched-tokens`,
-`x-prefix-cache-prompt-tokens`, `x-prefix-cache-miss`, `x-prefix-cache-template-tokens`, and, on a miss,
+`x-prefix-cache-prompt-tokens`, `x-prefix-cache-miss`, `x-prefix-cache-tiers` (`device=N,host=N,disk=N`),
+`x-prefix-cache-template-tokens`, and, on a miss,
 `x-prefix-cache-divergence-segment` / `x-prefix-cache-divergence-offset`; `x-prefix-cache-ttft-ms` on non-streamed
 responses (a stream's headers leave before its first token; its closing usage chunk carries `prefix_cache.ttft_ms`).
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from local_engine.cache import MissKind
+from local_engine.cache.tiers import HEADER_TIERS, TierTokens
 from local_engine.engine_types import MatchReport
 from local_engine.prompt_layout import Location, PromptLayout
 
@@ -36,10 +41,17 @@ class MatchDetails:
     miss_kind: MissKind
     template_tokens: int | None = None
     divergence: Location | None = None
+    tier_tokens: TierTokens | None = None  # None: everything matched was on the device (as in `MatchReport`)
+    load_ms: float = 0.0  # loading host/disk KV back into device slots
+
+    @property
+    def tiers(self) -> TierTokens:
+        return self.tier_tokens if self.tier_tokens is not None else TierTokens(device=self.matched_tokens)
 
     def as_dict(self, ttft_ms: float | None = None) -> dict:
         body: dict = {"matched_tokens": self.matched_tokens, "prompt_tokens": self.prompt_tokens,
-                      "miss": self.miss_kind.value}
+                      "miss": self.miss_kind.value, "tiers": self.tiers.as_dict(),
+                      "load_ms": round(self.load_ms, 3)}
         if self.template_tokens is not None:
             body["template_tokens"] = self.template_tokens
         if self.divergence is not None:
@@ -53,6 +65,7 @@ class MatchDetails:
             "x-prefix-cache-matched-tokens": str(self.matched_tokens),
             "x-prefix-cache-prompt-tokens": str(self.prompt_tokens),
             "x-prefix-cache-miss": self.miss_kind.value,
+            HEADER_TIERS: self.tiers.header_value(),
         }
         if self.template_tokens is not None:
             headers[HEADER_TEMPLATE_TOKENS] = str(self.template_tokens)
@@ -64,11 +77,14 @@ class MatchDetails:
 
 def describe_match(report: MatchReport, layout: PromptLayout | None) -> MatchDetails:
     """`report` with the template opening counted and the first uncached token located in the request."""
+    tiers, load_ms = report.tier_tokens, report.load_ms
     if layout is None:
-        return MatchDetails(report.prompt_tokens, report.matched_tokens, report.miss_kind)
+        return MatchDetails(report.prompt_tokens, report.matched_tokens, report.miss_kind, tier_tokens=tiers,
+                            load_ms=load_ms)
     template_tokens = layout.template_tokens
     miss_kind = report.miss_kind
     if miss_kind == MissKind.PARTIAL and report.matched_tokens <= template_tokens:
         miss_kind = MissKind.COLD  # only the template's fixed opening matched: nothing of this request was reused
     divergence = None if miss_kind == MissKind.HIT else layout.locate(report.matched_tokens)
-    return MatchDetails(report.prompt_tokens, report.matched_tokens, miss_kind, template_tokens, divergence)
+    return MatchDetails(report.prompt_tokens, report.matched_tokens, miss_kind, template_tokens, divergence, tiers,
+                        load_ms)

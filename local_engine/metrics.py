@@ -1,4 +1,5 @@
-"""Prometheus exposition of the engine's counters (monotonic) and the pool's state (gauges)."""
+"""Prometheus exposition of the engine's counters (monotonic) and the pool's state (gauges), with the per-tier
+figures (device, host, disk) under the label `tier`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,24 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from local_engine.cache import MissKind
+from local_engine.tier_stats import tier_stats
+
+# (metric name, documentation, key in each tier's stats, scale): gauges then counters, labelled by `tier`.
+_TIER_GAUGES = (
+    ("prefixscope_engine_tier_cached_tokens", "Tokens whose KV this tier holds.", "cached_tokens", 1),
+    ("prefixscope_engine_tier_capacity_tokens", "Capacity of this tier in tokens (0: not configured).",
+     "capacity_tokens", 1),
+)
+_TIER_COUNTERS = (
+    ("prefixscope_engine_tier_hit_tokens", "Matched prompt tokens served from this tier.", "hit_tokens_total", 1),
+    ("prefixscope_engine_tier_loads", "Loads of KV from this tier back to the device.", "loads_total", 1),
+    ("prefixscope_engine_tier_load_seconds", "Time spent loading KV from this tier back to the device.",
+     "load_ms_total", 1e-3),
+    ("prefixscope_engine_tier_demoted_tokens", "Tokens moved out of this tier to the next one.",
+     "demoted_tokens_total", 1),
+    ("prefixscope_engine_tier_dropped_tokens", "Tokens removed from this tier for good (evicted from the last "
+     "tier, expired or flushed).", "dropped_tokens_total", 1),
+)
 
 
 class _EngineCollector:
@@ -44,6 +63,20 @@ class _EngineCollector:
         ]
         for name, documentation, value in gauges:
             yield GaugeMetricFamily(name, documentation, value=value)
+        yield from _tier_metrics(tier_stats(stats))
+
+
+def _tier_metrics(tiers: dict[str, dict]):
+    for family_type, specs in ((GaugeMetricFamily, _TIER_GAUGES), (CounterMetricFamily, _TIER_COUNTERS)):
+        for name, documentation, key, scale in specs:
+            family = family_type(name, documentation, labels=["tier"])
+            for tier, figures in tiers.items():
+                family.add_metric([tier], figures[key] * scale)
+            yield family
+    yield CounterMetricFamily(
+        "prefixscope_engine_disk_corrupt_files", "Disk-tier files found damaged and skipped.",
+        value=tiers["disk"]["corrupt_files_total"],
+    )
 
 
 def render_metrics(engine) -> bytes:

@@ -2,12 +2,13 @@
 the type and range it accepts (an explicit `null` is always allowed for an optional field and means "absent").
 
 Field semantics follow OpenAI's API reference (Chat Completions and Completions); the extras are vLLM's
-`cache_salt` and this engine's `return_hash_chain`, `hash_block_size` and `ignore_eos`.
+`cache_salt` and this engine's `cache_retention`, `return_hash_chain`, `hash_block_size` and `ignore_eos`.
 """
 
 from __future__ import annotations
 
 from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
+from local_engine.cache.tiers import RETENTION_CLASSES
 
 
 def nullable(schema: dict) -> dict:
@@ -85,6 +86,12 @@ _COMMON = {
     "logit_bias": nullable({"type": "object", "maxProperties": 0}),
     "user": nullable({"type": "string"}),
     "cache_salt": nullable({"type": "string", "maxLength": 1000}),
+    "cache_retention": nullable({
+        "enum": list(RETENTION_CLASSES),
+        "description": "how long this prompt's KV stays cached once idle, in every tier (device, host, disk): "
+                       "5m and 1h expire after that idle time, persistent never expires and is evicted last; "
+                       "default: the engine's --ttl",
+    }),
     "return_hash_chain": nullable({"type": "boolean"}),
     "hash_block_size": nullable({"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE}),
     "ignore_eos": nullable({"type": "boolean"}),

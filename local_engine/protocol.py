@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
+from local_engine.cache.tiers import RETENTION_CLASSES
 from local_engine.chat_messages import ToolChoice, check_tools, first_argument, parse_tool_choice
 from local_engine.chat_prompt import chat_prompt, text_prompt
 from local_engine.errors import InvalidRequest
@@ -15,6 +16,7 @@ from local_engine.request_fields import (
     INT64_MIN,
     check_ignored_fields,
     optional_bool,
+    optional_choice,
     optional_int,
     optional_number,
     optional_object,
@@ -58,6 +60,7 @@ class ParsedRequest:
     layout: PromptLayout | None = None  # where each prompt token came from in the request (None for token ids)
     tool_choice: ToolChoice = ToolChoice("none")  # with "auto"/"required", tool calls are parsed from the output
     tool_opening: str = ""  # text the prompt put at the start of the answer to force a tool call
+    retention: str | None = None  # `cache_retention`: "5m" | "1h" | "persistent"; None: the engine's default
 
 
 # OpenAI's documented default for /v1/completions; chat completions default to the rest of the context window.
@@ -204,4 +207,5 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         layout=layout,
         tool_choice=tool_choice,
         tool_opening=opening,
+        retention=optional_choice(body, "cache_retention", RETENTION_CLASSES),
     )

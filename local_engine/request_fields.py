@@ -145,6 +145,17 @@ def optional_object(body: dict, name: str) -> dict | None:
     return value
 
 
+def optional_choice(body: dict, name: str, choices: tuple[str, ...]) -> str | None:
+    """One of `choices`, or None when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in choices:
+        shown = repr(value)[:100]
+        raise InvalidRequest(f"{name} must be one of {', '.join(choices)}; got {shown}", param=name)
+    return value
+
+
 def stop_strings(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:

@@ -38,6 +38,7 @@ from local_engine.responses import (
     new_response_id,
     tool_call_stream,
 )
+from local_engine.tier_stats import tier_stats
 
 _MAX_TREE_NODES = 5000
 log = logging.getLogger(__name__)
@@ -46,7 +47,9 @@ log = logging.getLogger(__name__)
 async def _generate(request: Request, state: State, endpoint: str) -> Response | Stream:
     engine: Engine = state.engine
     parsed = parse_request(parse_json_body(await request.body()), endpoint, engine.loaded)
-    handle = await engine.submit(GenerationRequest(parsed.prompt_token_ids, parsed.sampling, parsed.namespace))
+    handle = await engine.submit(
+        GenerationRequest(parsed.prompt_token_ids, parsed.sampling, parsed.namespace, retention=parsed.retention)
+    )
     report = describe_match(handle.report.result(), parsed.layout)
     headers = match_headers(report)
     response_id = new_response_id(endpoint)
@@ -143,7 +146,9 @@ async def metrics(state: State) -> bytes:
 
 @get("/v1/cache")
 async def cache_stats(state: State) -> dict:
-    return state.engine.cache_stats()
+    stats = state.engine.cache_stats()
+    stats["tiers"] = tier_stats(stats)
+    return stats
 
 
 @get("/v1/cache/tree")

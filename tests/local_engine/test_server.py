@@ -60,8 +60,9 @@ def test_chat_completion_reports_cached_tokens_in_usage_headers_and_body(client)
     assert second.headers["x-prefix-cache-matched-tokens"] == str(prompt_tokens - 1)
     assert second.headers["x-prefix-cache-prompt-tokens"] == str(prompt_tokens)
     assert second.headers["x-prefix-cache-miss"] == "hit"
-    assert {k: v for k, v in warm["prefix_cache"].items() if k != "ttft_ms"} == {
-        "matched_tokens": prompt_tokens - 1, "prompt_tokens": prompt_tokens, "miss": "hit", "template_tokens": 3}
+    assert {k: v for k, v in warm["prefix_cache"].items() if k not in ("ttft_ms", "load_ms")} == {
+        "matched_tokens": prompt_tokens - 1, "prompt_tokens": prompt_tokens, "miss": "hit", "template_tokens": 3,
+        "tiers": {"device": prompt_tokens - 1, "host": 0, "disk": 0}}
     assert warm["choices"][0]["message"]["content"] == body["choices"][0]["message"]["content"]
 
 
