@@ -67,6 +67,15 @@ def _engine_options(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def _replica_options(options: list[str], replica: int, num_replicas: int) -> list[str]:
+    """`options` for one replica: with several, each gets its own subdirectory of `--disk-cache-dir`
+    (`replica-1`, `replica-2`, ...), since an engine locks its disk directory for itself."""
+    if num_replicas == 1 or "--disk-cache-dir" not in options:
+        return options
+    at = options.index("--disk-cache-dir") + 1
+    return options[:at] + [os.path.join(options[at], f"replica-{replica + 1}")] + options[at + 1 :]
+
+
 def plan(args: argparse.Namespace) -> list[Program]:
     """The programs to start, in order."""
     command = [sys.executable, "-m", "prefixscope"]
@@ -78,7 +87,8 @@ def plan(args: argparse.Namespace) -> list[Program]:
     for replica in range(num_replicas):  # replicas take consecutive ports, each with its own KV pool
         port = args.engine_port + replica
         engine_url = f"http://{url_host}:{port}"
-        engine_argv = command + ["engine", *_engine_options(args), "--host", host, "--port", str(port)]
+        options = _replica_options(_engine_options(args), replica, num_replicas)
+        engine_argv = command + ["engine", *options, "--host", host, "--port", str(port)]
         name = "engine" if num_replicas == 1 else f"engine{replica + 1}"
         replica_of = "engine" if num_replicas > 1 else None
         programs.append(Program(name, engine_argv, engine_url + "/health", engine_url + "/v1", replica_of=replica_of))

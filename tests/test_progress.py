@@ -109,8 +109,12 @@ def test_json_output_has_no_progress_and_progress_goes_to_stderr() -> None:
     figures = json.loads(result.stdout)  # the whole of stdout is the JSON document
     assert set(figures["policies"]) == {"lru", "fifo", "optimal"}
     lines = result.stderr.splitlines()
-    assert lines[-1].startswith(f"bench simulate: {3 * figures['blocks']:,}/{3 * figures['blocks']:,} blocks replayed")
-    assert lines[-1].endswith("(100%)") or ", done in " in lines[-1]
+    replayed = [line for line in lines if line.startswith("bench simulate: ") and "blocks replayed" in line]
+    assert replayed[-1].startswith(
+        f"bench simulate: {3 * figures['blocks']:,}/{3 * figures['blocks']:,} blocks replayed")
+    assert replayed[-1].endswith("(100%)") or ", done in " in replayed[-1]
+    sweep = [line for line in lines if line.startswith("bench simulate: lru sweep")]
+    assert sweep and (sweep[-1].endswith("(100%)") or ", done in " in sweep[-1])
 
 
 def test_demo_data_reports_progress_in_lines(tmp_path: Path) -> None:

@@ -323,3 +323,15 @@ def test_an_ipv6_address_makes_valid_urls() -> None:
     assert programs["gateway"].public_url == "http://[::1]:8080/v1"
     assert programs["dashboard"].argv[-2:] == ["--engine", "http://[::1]:8001"]
     assert programs["dashboard"].health_url == "http://[::1]:8501/_stcore/health"
+
+
+def test_replicas_get_their_own_disk_cache_directories(tmp_path: Path) -> None:
+    """An engine locks its disk directory, so replicas sharing one would refuse to start."""
+    args = build_parser().parse_args(["up", "--replicas", "2", "--disk-cache-dir", str(tmp_path / "kv")])
+    programs = {program.name: program for program in plan(args)}
+    dirs = [p.argv[p.argv.index("--disk-cache-dir") + 1] for name, p in sorted(programs.items())
+            if name.startswith("engine")]
+    assert dirs == [str(tmp_path / "kv" / "replica-1"), str(tmp_path / "kv" / "replica-2")]
+    single = plan(build_parser().parse_args(["up", "--disk-cache-dir", str(tmp_path / "kv")]))
+    engine = next(p for p in single if p.name == "engine")
+    assert engine.argv[engine.argv.index("--disk-cache-dir") + 1] == str(tmp_path / "kv")
