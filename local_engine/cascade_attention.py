@@ -5,7 +5,7 @@ Sequences on one cached system prompt get the same pool slots for it from the ra
 would gather and score the same prefix once per row. Here a group's prefix is gathered once and all the group's
 queries (rows times the query heads of each KV head) are scored against it in one matmul per KV head; each row's
 suffix (its slots after the prefix) is attended separately, and the two partial results are merged exactly through
-their log-sum-exp, in float32.
+their log-sum-exp, in float32 (the softmax-merge rule of FlashAttention and of FlashInfer's cascade kernels).
 """
 
 from __future__ import annotations
@@ -97,12 +97,26 @@ def build_cascade_group(
     )
 
 
-def _partial(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unnormalised softmax attention: `scores` float32 `[..., M, N]`, `values` float32 `[..., N, head_dim]` ->
-    (`o` `[..., M, head_dim]`, row max `m` `[..., M, 1]`, sum of exponentials `l` `[..., M, 1]`)."""
-    m = scores.amax(dim=-1, keepdim=True)
-    p = torch.exp(scores - m)
-    return p @ values, m, p.sum(dim=-1, keepdim=True)
+# The CPU's fused flash-attention kernel, which also returns each row's log-sum-exp (the op behind
+# F.scaled_dot_product_attention on the CPU): one call instead of two matmuls and four elementwise passes.
+_FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _attend(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention and its log-sum-exp: `queries` float32 `[B, H, M, d]`, `keys`/`values` `[B, H, N, d]`,
+    `mask` bool broadcastable to `[B, H, M, N]` (True = attend) -> (`o` `[B, H, M, d]`, `lse` `[B, H, M]`)."""
+    if _FUSED_CPU is not None and queries.device.type == "cpu":
+        bias = None
+        if mask is not None:
+            bias = torch.zeros(mask.shape, dtype=queries.dtype).masked_fill_(~mask, float("-inf"))
+        out, lse = _FUSED_CPU(queries, keys, values, 0.0, False, attn_mask=bias, scale=scaling)[:2]
+        return out, lse
+    scores = queries @ keys.transpose(-1, -2) * scaling
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ values, torch.logsumexp(scores, dim=-1)
 
 
 def cascade_attention(
@@ -116,24 +130,22 @@ def cascade_attention(
     per_kv = num_heads // num_kv_heads
     grouped = queries.float().view(rows, num_kv_heads, per_kv, head_dim)  # [rows, kv, per_kv, d]
 
-    # Prefix: gathered once, every row's queries of a KV head in the M dimension.
+    # Prefix: read once, every row's queries of a KV head side by side in the M dimension.
     prefix_k = read_slots(pool_k, group.prefix_slots, group.prefix_start).transpose(0, 1).float()  # [kv, P, d]
     prefix_v = read_slots(pool_v, group.prefix_slots, group.prefix_start).transpose(0, 1).float()
-    folded = grouped.permute(1, 0, 2, 3).reshape(num_kv_heads, rows * per_kv, head_dim)  # [kv, rows*per_kv, d]
-    o1, m1, l1 = _partial(folded @ prefix_k.transpose(1, 2) * scaling, prefix_v)  # [kv, rows*per_kv, d|1]
-    o1, m1, l1 = (t.view(num_kv_heads, rows, per_kv, -1).permute(1, 0, 2, 3) for t in (o1, m1, l1))
+    folded = grouped.permute(1, 0, 2, 3).reshape(1, num_kv_heads, rows * per_kv, head_dim)  # [1, kv, rows*per_kv, d]
+    o1, lse1 = _attend(folded, prefix_k.unsqueeze(0), prefix_v.unsqueeze(0), scaling)
+    o1 = o1.view(num_kv_heads, rows, per_kv, head_dim).transpose(0, 1)  # [rows, kv, per_kv, d]
+    lse1 = lse1.view(num_kv_heads, rows, per_kv).transpose(0, 1)
 
     # Suffix: each row's own slots, padded.
     longest = group.suffix_slots.shape[1]
     flat = group.suffix_slots.view(-1)
-    suffix_k = pool_k.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).permute(0, 2, 3, 1).float()
+    suffix_k = pool_k.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).transpose(1, 2).float()
     suffix_v = pool_v.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).transpose(1, 2).float()
-    scores = grouped @ suffix_k * scaling  # [rows, kv, per_kv, S]
-    if group.suffix_mask is not None:
-        scores = scores.masked_fill(~group.suffix_mask, float("-inf"))
-    o2, m2, l2 = _partial(scores, suffix_v)  # [rows, kv, per_kv, d|1]
+    o2, lse2 = _attend(grouped, suffix_k, suffix_v, scaling, group.suffix_mask)  # [rows, kv, per_kv, d|-]
 
-    m = torch.maximum(m1, m2)
-    w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)
-    out = (o1 * w1 + o2 * w2) / (l1 * w1 + l2 * w2)
+    # Merge the two partial softmaxes exactly through their log-sum-exps.
+    lse = torch.logaddexp(lse1, lse2)
+    out = o1 * torch.exp(lse1 - lse).unsqueeze(-1) + o2 * torch.exp(lse2 - lse).unsqueeze(-1)
     return out.reshape(rows, num_heads, head_dim).to(queries.dtype)

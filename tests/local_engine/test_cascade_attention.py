@@ -164,3 +164,13 @@ def test_a_scattered_prefix_attends_as_a_contiguous_one():
     out_run = paged_attention(run_batch, 0, query, key, value, SCALING)
     out_scattered = paged_attention(scattered_batch, 0, query, key, value, SCALING)
     assert (out_run - out_scattered).abs().max() <= 1e-5
+
+
+def test_the_unfused_path_used_off_the_cpu_computes_the_same(monkeypatch):
+    from local_engine import cascade_attention as cascade_module
+
+    tables, counts = mixed_tables()
+    _, fused_out, _, _ = run(tables, counts, 7, 64)
+    monkeypatch.setattr(cascade_module, "_FUSED_CPU", None)
+    _, plain_out, _, _ = run(tables, counts, 7, 64)
+    assert (fused_out - plain_out).abs().max() <= 1e-5
