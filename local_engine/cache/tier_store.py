@@ -157,6 +157,14 @@ class TierStore:
 
 
 def _write(pool: KVPool, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    device = pool.k.device
-    # Pinned host memory makes these transfers asynchronous-capable; a blocking copy keeps the bytes valid.
-    pool.write_all_layers(slots, k.to(device), v.to(device))
+    """Copy `k, v` into `pool`'s `slots`, straight from wherever they are (no staging copy on the target device).
+
+    Between a CUDA device and the (pinned) host pool the copy is asynchronous; a copy down to the host is waited for
+    here, since the host reads those bytes (a disk write, a later load) without the stream's ordering. A copy up to
+    the device is ordered before every later kernel by the stream; load_back waits for it before timing the load and
+    before the host slots it read can be reused."""
+    target, source = pool.k.device, k.device
+    cross_cuda = target != source and "cuda" in (target.type, source.type)
+    pool.write_all_layers(slots, k, v, non_blocking=cross_cuda)
+    if cross_cuda and target.type == "cpu":
+        torch.cuda.synchronize(source)
