@@ -52,6 +52,7 @@ class TierStore:
     disk: DiskTier | None = None
     write_policy: str = "write_back"
     counters: tuple[TierCounters, ...] = field(default_factory=lambda: (TierCounters(), TierCounters(), TierCounters()))
+    cleaned_tokens_total: int = 0  # device tokens the idle cleaner gave a host copy ahead of their eviction
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
