@@ -53,6 +53,7 @@ class TierStore:
     write_policy: str = "write_back"
     counters: tuple[TierCounters, ...] = field(default_factory=lambda: (TierCounters(), TierCounters(), TierCounters()))
     cleaned_tokens_total: int = 0  # device tokens the idle cleaner gave a host copy ahead of their eviction
+    pending_clean: object | None = None  # tier_cleaner.PendingCopy: a host copy under way, its slots held here
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
@@ -129,6 +130,11 @@ class TierStore:
                         error)
             return False
         return True
+
+    def copy_device_to_host(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
+        """Copy the KV of `device_slots` into `host_slots` (int64 `[n]` each), waited for on CUDA."""
+        k, v = self.device_pool.read_all_layers(device_slots)
+        _write(self.host_pool, host_slots, k, v)
 
     def load_into_device(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """Write `k, v` into device pool `slots` (int64 `[n]`)."""

@@ -94,3 +94,50 @@ def test_an_idle_engine_cleans_and_answers_stay_the_same(make_engine, expected):
     second = asyncio.run(scenario())
     assert second == expected
     engine.check_integrity()
+
+
+LONG = list(range(1000, 1600))  # 600 tokens: three cleaner pieces
+OTHER = list(range(2000, 2600))
+
+
+def test_a_paused_copy_resumes_or_is_finished_by_eviction_and_a_stale_one_is_given_back():
+    from local_engine.cache.tier_cleaner import CLEAN_CHUNK_TOKENS
+
+    clock = FakeClock()
+    cache = tiered_cache(device_tokens=700, host_tokens=1400, clock=clock)
+    store(cache, "ns", LONG)
+    pieces = iter([False, True])  # one piece, then a request arrives
+    assert clean(cache, should_stop=lambda: next(pieces)) == CLEAN_CHUNK_TOKENS
+    pending = cache.tiers.pending_clean
+    assert pending is not None and pending.node.host_slots is None
+    cache.check_integrity()  # the paused copy's host slots are counted
+    clock.now += 1
+    store(cache, "ns", OTHER)  # evicts LONG: eviction copies only the rest, then frees the device slots
+    assert cache.tiers.pending_clean is None
+    cache.check_integrity()
+    assert cache.tier_stats()["device"]["demoted_tokens_total"] == 600
+    assert cache.tiers.cleaned_tokens_total == 600
+    match, own = admit(cache, "ns", LONG + [1])
+    assert match.tier_tokens == TierTokens(0, 600, 0)
+    assert_kv(cache.tiers.device_pool, match.slots, "ns", LONG)
+    release(cache, match, own)
+    cache.check_integrity()
+
+    # A copy paused on OTHER goes stale when OTHER is split by a shorter match: it is abandoned, then redone whole.
+    cache = tiered_cache(device_tokens=700, host_tokens=1400, clock=clock)
+    store(cache, "ns", OTHER)
+    pieces = iter([False, True])
+    assert clean(cache, should_stop=lambda: next(pieces)) == CLEAN_CHUNK_TOKENS
+    assert cache.tiers.pending_clean.node.key[0] == OTHER[0]
+    match, own = admit(cache, "ns", OTHER[:100] + [7])  # splits OTHER after 100 tokens
+    release(cache, match, own)
+    cache.check_integrity()
+    free_before = cache.tiers.free_tokens(1)
+    assert clean(cache) > 0
+    assert cache.tiers.pending_clean is None and not dirty_nodes(cache)
+    cache.check_integrity()
+    # The stale copy's 600 slots came back and the two halves took 600 again (nothing leaked).
+    assert cache.tiers.free_tokens(1) == free_before and cache.tiers.cleaned_tokens_total == 600
+    match, own = admit(cache, "ns", OTHER + [1])
+    assert_kv(cache.tiers.device_pool, match.slots, "ns", OTHER)
+    release(cache, match, own)
