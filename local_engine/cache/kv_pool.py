@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from local_engine.cache.slot_runs import slot_runs
+from local_engine.cache.slot_runs import MAX_RUNS, joint_runs, slot_runs
 
 
 @dataclass(frozen=True)
@@ -91,3 +91,28 @@ class KVPool:
         for offset, first, length in runs:
             self.k.narrow(1, first, length).copy_(k.narrow(1, offset, length), non_blocking=non_blocking)
             self.v.narrow(1, first, length).copy_(v.narrow(1, offset, length), non_blocking=non_blocking)
+
+
+def copy_slots(
+    source: KVPool, source_slots: torch.Tensor, target: KVPool, target_slots: torch.Tensor, *,
+    non_blocking: bool = False,
+) -> None:
+    """Copy the KV of `source_slots` in `source` into `target_slots` in `target` (int64 `[n]` each), every layer,
+    with no intermediate tensor: one `narrow().copy_()` per piece that is a run on both sides. Scattered slots fall
+    back to a gather and a scatter.
+
+    A 100 MB temporary is not free on CPU: a fresh allocation that size is new pages, faulted in one by one, which
+    cost more than the copy itself."""
+    source_runs, target_runs = slot_runs(source_slots), slot_runs(target_slots)
+    pieces = None
+    if source_runs is not None and target_runs is not None:
+        pieces = joint_runs(source_runs, target_runs)
+    if pieces is None or len(pieces) > MAX_RUNS:
+        k, v = source.read_all_layers(source_slots)
+        target.write_all_layers(target_slots, k, v, non_blocking=non_blocking)
+        return
+    for source_first, target_first, length in pieces:
+        target.k.narrow(1, target_first, length).copy_(source.k.narrow(1, source_first, length),
+                                                       non_blocking=non_blocking)
+        target.v.narrow(1, target_first, length).copy_(source.v.narrow(1, source_first, length),
+                                                       non_blocking=non_blocking)

@@ -31,3 +31,24 @@ def slot_runs(slots: torch.Tensor, max_runs: int = MAX_RUNS) -> list[tuple[int, 
     ends = [*breaks, n]
     first_ids = cpu[starts].tolist()
     return [(start, first, end - start) for start, first, end in zip(starts, first_ids, ends)]
+
+
+def joint_runs(
+    source: list[tuple[int, int, int]], target: list[tuple[int, int, int]]
+) -> list[tuple[int, int, int]]:
+    """Pieces `(source first slot, target first slot, length)` that are one run on both sides, from the runs of two
+    equally long slot lists (`slot_runs` of each), in order."""
+    pieces = []
+    i = j = 0
+    position = 0
+    while i < len(source) and j < len(target):
+        s_offset, s_first, s_length = source[i]
+        t_offset, t_first, t_length = target[j]
+        end = min(s_offset + s_length, t_offset + t_length)
+        pieces.append((s_first + position - s_offset, t_first + position - t_offset, end - position))
+        position = end
+        if end == s_offset + s_length:
+            i += 1
+        if end == t_offset + t_length:
+            j += 1
+    return pieces

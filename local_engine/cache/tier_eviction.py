@@ -102,9 +102,8 @@ def demote(cache, node: RadixNode, source: int, target: int, removed: list[Evict
     tiers = cache.tiers
     if not reserve(cache, target, node.num_tokens, removed):
         return False
-    k, v = tiers.read(node, source)
     cache.account(node, -1)
-    moved = tiers.put(node, target, k, v, cache.namespace_of(node))
+    moved = tiers.copy_to(node, source, target, cache.namespace_of(node))
     if moved:
         tiers.free_copy(node, source)
         tiers.counters[source].demoted_tokens_total += node.num_tokens
@@ -140,10 +139,13 @@ def copy_down(cache, node: RadixNode, namespace: str) -> list[EvictedPrefix]:
                 continue
         finally:
             cache.unlock(node)
-        if kv is None:
-            kv = tiers.read(node, 0)
         cache.account(node, -1)
-        tiers.put(node, target, kv[0], kv[1], namespace)
+        if target == HOST:
+            tiers.copy_to(node, DEVICE, HOST, namespace)  # pool to pool
+        else:
+            if kv is None:
+                kv = tiers.read(node, DEVICE)
+            tiers.put(node, target, kv[0], kv[1], namespace)
         cache.account(node, 1)
     return removed
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from local_engine.cache.disk_index import DiskTier
-from local_engine.cache.kv_pool import KVPool
+from local_engine.cache.kv_pool import KVPool, copy_slots
 from local_engine.cache.radix_node import RadixNode
 from local_engine.cache.retention import Lifetime
 from local_engine.cache.slot_allocator import SlotAllocator
@@ -132,9 +132,26 @@ class TierStore:
         return True
 
     def copy_device_to_host(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
-        """Copy the KV of `device_slots` into `host_slots` (int64 `[n]` each), waited for on CUDA."""
-        k, v = self.device_pool.read_all_layers(device_slots)
-        _write(self.host_pool, host_slots, k, v)
+        """Copy the KV of `device_slots` into `host_slots` (int64 `[n]` each), pool to pool; waited for on CUDA."""
+        _copy_between(self.device_pool, device_slots, self.host_pool, host_slots)
+
+    def copy_to(self, node: RadixNode, source: int, target: int, namespace: str) -> bool:
+        """Give `node` a copy in the slower `target` from its copy in `source` (`put`'s result). Device to host goes
+        pool to pool without a temporary tensor; anything else through `read`."""
+        if source == DEVICE and target == HOST:
+            slots = self.host_allocator.alloc(node.num_tokens)
+            if slots is None:
+                return False
+            self.copy_device_to_host(node.slots, slots)
+            node.host_slots = slots
+            return True
+        k, v = self.read(node, source)
+        return self.put(node, target, k, v, namespace)
+
+    def load_host_into_device(self, node: RadixNode, slots: torch.Tensor) -> None:
+        """Copy `node`'s host copy into device `slots` (int64 `[node.num_tokens]`), pool to pool. On CUDA the copy is
+        asynchronous: the caller synchronizes before the host slots can be reused (load_back does)."""
+        _copy_between(self.host_pool, node.host_slots, self.device_pool, slots)
 
     def load_into_device(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """Write `k, v` into device pool `slots` (int64 `[n]`)."""
@@ -161,6 +178,14 @@ class TierStore:
             # One extent became two of the same file: one more reference, no more tokens.
             first.file.refs += 1
             upper.disk, lower.disk = first, rest
+
+
+def _copy_between(source: KVPool, source_slots: torch.Tensor, target: KVPool, target_slots: torch.Tensor) -> None:
+    """Pool to pool (see `_write` for the CUDA ordering: a copy down to the host is waited for here)."""
+    cross_cuda = source.k.device != target.k.device and "cuda" in (source.k.device.type, target.k.device.type)
+    copy_slots(source, source_slots, target, target_slots, non_blocking=cross_cuda)
+    if cross_cuda and target.k.device.type == "cpu":
+        torch.cuda.synchronize(source.k.device)
 
 
 def _write(pool: KVPool, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -55,3 +55,25 @@ def test_contiguous_runs_and_scattered_slots_copy_identical_kv():
             untouched = torch.ones(48, dtype=torch.bool)
             untouched[target_slots] = False
             assert target.k[:, untouched].eq(0).all() and target.v[:, untouched].eq(0).all(), name
+
+
+def test_pool_to_pool_copies_match_a_gather_for_runs_and_scattered_slots():
+    from local_engine.cache.kv_pool import copy_slots
+    from local_engine.cache.slot_runs import joint_runs
+
+    assert joint_runs([(0, 10, 4), (4, 50, 2)], [(0, 0, 3), (3, 20, 3)]) == [(10, 0, 3), (13, 20, 1), (50, 21, 2)]
+    source = _random_pool(64, seed=4)
+    cases = [
+        (torch.arange(5, 25), torch.arange(28, 48)),
+        (torch.cat([torch.arange(40, 50), torch.arange(0, 10)]), torch.cat([torch.arange(7, 12), torch.arange(20, 35)])),
+        (torch.randperm(64, generator=torch.Generator().manual_seed(5))[:40], torch.arange(0, 40)),
+        (torch.arange(0, 40), torch.randperm(48, generator=torch.Generator().manual_seed(6))[:40]),
+    ]
+    for source_slots, target_slots in cases:
+        target = KVPool(CONFIG, 48)
+        copy_slots(source, source_slots, target, target_slots)
+        assert torch.equal(target.k[:, target_slots], source.k[:, source_slots])
+        assert torch.equal(target.v[:, target_slots], source.v[:, source_slots])
+        untouched = torch.ones(48, dtype=torch.bool)
+        untouched[target_slots] = False
+        assert target.k[:, untouched].eq(0).all()
