@@ -203,12 +203,12 @@ def read_kv_range(
     first, last = start // chunk_tokens, (start + num_tokens - 1) // chunk_tokens
     begin, end = first * chunk_tokens, min(total, (last + 1) * chunk_tokens)
     token_bytes = layout.payload_bytes(1)
+    buffer = bytearray((end - begin) * token_bytes)
     with open(path, "rb") as source:  # plain reads: the OS page cache keeps hot files in memory
         source.seek(offset + begin * token_bytes)
-        payload = source.read((end - begin) * token_bytes)
-    if len(payload) != (end - begin) * token_bytes:
+        got = source.readinto(buffer)  # straight into the buffer the tensors view: no second copy
+    if got != len(buffer):
         raise CorruptKVFile(f"{path}: payload truncated")
-    buffer = bytearray(payload)
     keys, values = [], []
     for index in range(first, last + 1):
         lo = index * chunk_tokens
