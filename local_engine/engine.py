@@ -21,7 +21,7 @@ from collections import deque
 import torch
 
 from local_engine.cache import KVPool, NoPrefixCache, RadixCache, RadixCacheConfig, SlotAllocator
-from local_engine.cache.tier_cleaner import clean
+from local_engine.cache.tier_cleaner import CLEAN_CHUNK_TOKENS, clean
 from local_engine.cache.tier_persistence import persist_to_disk, rebuild_from_disk
 from local_engine.cache.tiers import RETENTION_CLASSES, TierTokens
 from local_engine.config import DEFAULT_KV_CACHE_TOKENS, EngineConfig
@@ -209,8 +209,9 @@ class Engine:
         if self.tiers is None or self.tiers.write_through or self.tiers.host_pool is None:
             return False
         with self.tree_lock:
-            # A bare deque read: a request that arrives mid-way stops the cleaner after the node it is copying.
-            return clean(self.cache, should_stop=lambda: bool(self._incoming)) > 0
+            # One piece per tick: the tree lock (which the HTTP side's cache views take too) is let go between pieces,
+            # and the worker looks for requests after each (a bare deque read also stops it before starting one).
+            return clean(self.cache, max_tokens=CLEAN_CHUNK_TOKENS, should_stop=lambda: bool(self._incoming)) > 0
 
     def step(self) -> None:
         """One scheduling decision and one forward pass (the worker's loop body; tests may drive it directly)."""
