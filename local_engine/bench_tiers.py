@@ -6,7 +6,8 @@ short distinct question, with one output token, since only the time to the first
 
 - **L2 (host)**: an engine with a device pool of about 1.5 requests and a host pool of many: one other prefix
   pushes ours out of the device pool into the host pool, then ours is asked again and loaded back (its admission
-  also evicts the other prefix from the device: under `write_back` that is a copy down, paid by this request);
+  also evicts the other prefix from the device: under `write_back` that needs a copy down, which the engine's idle
+  write-back cleaner has begun, in pieces, before this request arrived; the rest is paid by this request);
 - **L1 (device)**: right after, the prefix once more, now in the device pool of the same engine: L1 and L2 hits
   alternate on one engine, so a change in machine load touches both sides of their ratio alike;
 - **L3 (disk)**: an engine with a `--disk-cache-dir` (a temporary directory) serves the prefix once and stops; each

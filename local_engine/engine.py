@@ -21,6 +21,7 @@ from collections import deque
 import torch
 
 from local_engine.cache import KVPool, NoPrefixCache, RadixCache, RadixCacheConfig, SlotAllocator
+from local_engine.cache.tier_cleaner import CLEAN_CHUNK_TOKENS, clean
 from local_engine.cache.tier_persistence import persist_to_disk, rebuild_from_disk
 from local_engine.cache.tiers import RETENTION_CLASSES, TierTokens
 from local_engine.config import DEFAULT_KV_CACHE_TOKENS, EngineConfig
@@ -166,6 +167,8 @@ class Engine:
 
     def _run(self) -> None:
         while True:
+            if self._idle() and self._clean_while_idle():
+                continue  # copied some KV down; look for requests before the next piece
             with self._wakeup:
                 while not self._stopping and not self._incoming and not self.scheduler.has_work():
                     if self._drain_deadline is not None:
@@ -194,6 +197,21 @@ class Engine:
         self._fail_all(EngineStopped("the engine stopped"), extra=leftover)
         # Both stop paths (stop() and a SIGTERM drain) end here: keep the cache for the next start.
         self._close_tiers()
+
+    def _idle(self) -> bool:
+        with self._wakeup:
+            return not (self._stopping or self._incoming or self.scheduler.has_work()
+                        or self._drain_deadline is not None)
+
+    def _clean_while_idle(self) -> bool:
+        """Write-back cleaning (tier_cleaner): give the device nodes next in line for eviction a host copy now, so
+        the request that later needs their room does not wait for the copy. True when something was copied."""
+        if self.tiers is None or self.tiers.write_through or self.tiers.host_pool is None:
+            return False
+        with self.tree_lock:
+            # One piece per tick: the tree lock (which the HTTP side's cache views take too) is let go between pieces,
+            # and the worker looks for requests after each (a bare deque read also stops it before starting one).
+            return clean(self.cache, max_tokens=CLEAN_CHUNK_TOKENS, should_stop=lambda: bool(self._incoming)) > 0
 
     def step(self) -> None:
         """One scheduling decision and one forward pass (the worker's loop body; tests may drive it directly)."""

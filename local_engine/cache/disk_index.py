@@ -24,7 +24,7 @@ from local_engine.cache.disk_store import (
     KVLayout,
     file_name,
     read_header,
-    read_kv_file,
+    read_kv_range,
     write_kv_file,
 )
 
@@ -200,14 +200,12 @@ class DiskTier:
         fails its checks or is gone."""
         path = os.path.join(self.directory, extent.file.name)
         try:
-            k, v = read_kv_file(path, self.layout)
-            if k.shape[1] != extent.file.num_tokens:
-                raise CorruptKVFile(f"{path}: holds {k.shape[1]} tokens, expected {extent.file.num_tokens}")
+            # Only the chunks of the extent's own tokens are read and verified (a split node covers part of a file).
+            return read_kv_range(path, self.layout, extent.start, extent.num_tokens,
+                                 file_tokens=extent.file.num_tokens)
         except (CorruptKVFile, OSError) as error:
             self.corrupt_files_total += 1
             raise CorruptKVFile(str(error)) from None
-        end = extent.start + extent.num_tokens
-        return k[:, extent.start : end], v[:, extent.start : end]
 
     def file_exists(self, file: DiskFile) -> bool:
         return os.path.exists(os.path.join(self.directory, file.name))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 
 from local_engine.cache.radix_node import RadixNode
-from local_engine.cache.tier_store import DISK, HOST, TIER_NAMES
+from local_engine.cache.tier_store import DEVICE, DISK, HOST, TIER_NAMES
 from local_engine.cache.types import EvictedPrefix
 
 
@@ -71,6 +71,10 @@ def release_copy(cache, node: RadixNode, tier: int) -> list[EvictedPrefix]:
     The node's new fastest tier must stay no slower than its children's (`limit`): a remaining copy counts only if it
     is within that limit, and a demotion only goes as far as it."""
     tiers = cache.tiers
+    if tier == DEVICE and tiers.pending_clean is not None:
+        from local_engine.cache.tier_cleaner import finish_pending  # the cleaner builds on this module
+
+        finish_pending(cache, node)  # the idle cleaner had started its host copy: copy only the rest
     limit = min((child.tier_index for child in node.children.values()), default=DISK)
     remaining = [t for t in range(3) if t != tier and node.copy_in(t) is not None]
     if remaining and min(remaining) <= limit:
@@ -98,9 +102,8 @@ def demote(cache, node: RadixNode, source: int, target: int, removed: list[Evict
     tiers = cache.tiers
     if not reserve(cache, target, node.num_tokens, removed):
         return False
-    k, v = tiers.read(node, source)
     cache.account(node, -1)
-    moved = tiers.put(node, target, k, v, cache.namespace_of(node))
+    moved = tiers.copy_to(node, source, target, cache.namespace_of(node))
     if moved:
         tiers.free_copy(node, source)
         tiers.counters[source].demoted_tokens_total += node.num_tokens
@@ -111,6 +114,11 @@ def demote(cache, node: RadixNode, source: int, target: int, removed: list[Evict
 def reserve(cache, tier: int, num_tokens: int, removed: list[EvictedPrefix]) -> bool:
     """Make `num_tokens` of `tier`'s space free if possible."""
     short = num_tokens - cache.tiers.free_tokens(tier)
+    if short > 0 and tier == HOST and cache.tiers.pending_clean is not None:
+        from local_engine.cache.tier_cleaner import abandon_pending
+
+        abandon_pending(cache)  # a demotion needs the room more than a copy ahead of time
+        short = num_tokens - cache.tiers.free_tokens(tier)
     if short > 0:
         removed.extend(make_room(cache, tier, short))
     return cache.tiers.free_tokens(tier) >= num_tokens
@@ -131,10 +139,13 @@ def copy_down(cache, node: RadixNode, namespace: str) -> list[EvictedPrefix]:
                 continue
         finally:
             cache.unlock(node)
-        if kv is None:
-            kv = tiers.read(node, 0)
         cache.account(node, -1)
-        tiers.put(node, target, kv[0], kv[1], namespace)
+        if target == HOST:
+            tiers.copy_to(node, DEVICE, HOST, namespace)  # pool to pool
+        else:
+            if kv is None:
+                kv = tiers.read(node, DEVICE)
+            tiers.put(node, target, kv[0], kv[1], namespace)
         cache.account(node, 1)
     return removed
 

@@ -19,6 +19,9 @@ def check_tier_integrity(cache, num_slots_outside_tree: int) -> None:
     tiers = cache.tiers
     evictable, protected = [0, 0, 0], [0, 0, 0]
     host_pieces = [tiers.host_allocator.free_slot_ids()] if tiers.host_allocator else []
+    pending = tiers.pending_clean  # a host copy the idle cleaner has under way holds its host slots outside the tree
+    if pending is not None:
+        host_pieces.append(pending.host_slots)
     file_refs: Counter = Counter()
     for root in cache.roots().values():
         stack = [root]
@@ -44,7 +47,9 @@ def check_tier_integrity(cache, num_slots_outside_tree: int) -> None:
         slots = torch.cat(host_pieces)
         assert slots.unique().numel() == slots.numel(), "a host slot is owned twice"
         total = tiers.host_allocator.num_free + evictable[HOST] + protected[HOST]
-        assert total == tiers.host_allocator.num_slots, f"host: free + evictable + protected = {total} != capacity " \
+        total += 0 if pending is None else pending.host_slots.numel()
+        assert total == tiers.host_allocator.num_slots, f"host: free + evictable + protected (+ a copy under way) = " \
+            f"{total} != capacity " \
             f"{tiers.host_allocator.num_slots}"
     else:
         assert evictable[HOST] == protected[HOST] == 0, "host copies without a host tier"

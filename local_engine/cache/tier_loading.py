@@ -19,7 +19,7 @@ import torch
 
 from local_engine.cache.disk_store import CorruptKVFile
 from local_engine.cache.radix_node import RadixNode
-from local_engine.cache.tier_store import DEVICE, DISK
+from local_engine.cache.tier_store import DEVICE, DISK, HOST
 from local_engine.cache.tiers import TierTokens
 from local_engine.cache.types import MatchResult
 
@@ -42,8 +42,13 @@ def load_back(cache, namespace: str, token_ids: list[int], match: MatchResult, s
     for node in lower:
         tier = node.tier_index
         started = time.perf_counter()
+        piece = slots[offset : offset + node.num_tokens]
         try:
-            k, v = tiers.read(node, tier)
+            if tier == HOST:
+                tiers.load_host_into_device(node, piece)  # pool to pool, no temporary tensor
+            else:
+                k, v = tiers.read(node, tier)
+                tiers.load_into_device(k, v, piece)
         except CorruptKVFile as error:
             log.warning("disk KV cache: not serving a corrupt file (%s); the prompt is recomputed from there", error)
             parent = node.parent
@@ -53,8 +58,6 @@ def load_back(cache, namespace: str, token_ids: list[int], match: MatchResult, s
             drop_file_users(cache, node)
             cut = True
             break
-        piece = slots[offset : offset + node.num_tokens]
-        tiers.load_into_device(k, v, piece)
         if tiers.device_pool.k.device.type == "cuda":
             torch.cuda.synchronize(tiers.device_pool.k.device)  # the load's time is the copy's, not its launch's
         spent_ms[tier] += (time.perf_counter() - started) * 1000

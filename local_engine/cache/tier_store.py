@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from local_engine.cache.disk_index import DiskTier
-from local_engine.cache.kv_pool import KVPool
+from local_engine.cache.kv_pool import KVPool, copy_slots
 from local_engine.cache.radix_node import RadixNode
 from local_engine.cache.retention import Lifetime
 from local_engine.cache.slot_allocator import SlotAllocator
@@ -52,6 +52,8 @@ class TierStore:
     disk: DiskTier | None = None
     write_policy: str = "write_back"
     counters: tuple[TierCounters, ...] = field(default_factory=lambda: (TierCounters(), TierCounters(), TierCounters()))
+    cleaned_tokens_total: int = 0  # device tokens the idle cleaner gave a host copy ahead of their eviction
+    pending_clean: object | None = None  # tier_cleaner.PendingCopy: a host copy under way, its slots held here
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
@@ -129,6 +131,28 @@ class TierStore:
             return False
         return True
 
+    def copy_device_to_host(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
+        """Copy the KV of `device_slots` into `host_slots` (int64 `[n]` each), pool to pool; waited for on CUDA."""
+        _copy_between(self.device_pool, device_slots, self.host_pool, host_slots)
+
+    def copy_to(self, node: RadixNode, source: int, target: int, namespace: str) -> bool:
+        """Give `node` a copy in the slower `target` from its copy in `source` (`put`'s result). Device to host goes
+        pool to pool without a temporary tensor; anything else through `read`."""
+        if source == DEVICE and target == HOST:
+            slots = self.host_allocator.alloc(node.num_tokens)
+            if slots is None:
+                return False
+            self.copy_device_to_host(node.slots, slots)
+            node.host_slots = slots
+            return True
+        k, v = self.read(node, source)
+        return self.put(node, target, k, v, namespace)
+
+    def load_host_into_device(self, node: RadixNode, slots: torch.Tensor) -> None:
+        """Copy `node`'s host copy into device `slots` (int64 `[node.num_tokens]`), pool to pool. On CUDA the copy is
+        asynchronous: the caller synchronizes before the host slots can be reused (load_back does)."""
+        _copy_between(self.host_pool, node.host_slots, self.device_pool, slots)
+
     def load_into_device(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """Write `k, v` into device pool `slots` (int64 `[n]`)."""
         _write(self.device_pool, slots, k, v)
@@ -156,7 +180,23 @@ class TierStore:
             upper.disk, lower.disk = first, rest
 
 
+def _copy_between(source: KVPool, source_slots: torch.Tensor, target: KVPool, target_slots: torch.Tensor) -> None:
+    """Pool to pool (see `_write` for the CUDA ordering: a copy down to the host is waited for here)."""
+    cross_cuda = source.k.device != target.k.device and "cuda" in (source.k.device.type, target.k.device.type)
+    copy_slots(source, source_slots, target, target_slots, non_blocking=cross_cuda)
+    if cross_cuda and target.k.device.type == "cpu":
+        torch.cuda.synchronize(source.k.device)
+
+
 def _write(pool: KVPool, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    device = pool.k.device
-    # Pinned host memory makes these transfers asynchronous-capable; a blocking copy keeps the bytes valid.
-    pool.write_all_layers(slots, k.to(device), v.to(device))
+    """Copy `k, v` into `pool`'s `slots`, straight from wherever they are (no staging copy on the target device).
+
+    Between a CUDA device and the (pinned) host pool the copy is asynchronous; a copy down to the host is waited for
+    here, since the host reads those bytes (a disk write, a later load) without the stream's ordering. A copy up to
+    the device is ordered before every later kernel by the stream; load_back waits for it before timing the load and
+    before the host slots it read can be reused."""
+    target, source = pool.k.device, k.device
+    cross_cuda = target != source and "cuda" in (target.type, source.type)
+    pool.write_all_layers(slots, k, v, non_blocking=cross_cuda)
+    if cross_cuda and target.type == "cpu":
+        torch.cuda.synchronize(source)

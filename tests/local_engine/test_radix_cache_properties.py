@@ -305,6 +305,16 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
         freed = self.cache.tiers.free_tokens(tier) - free_before
         assert freed >= min(num_tokens, evictable_before) or self.cache.evictable[tier] == 0
 
+    @rule(max_tokens=st.integers(1, 20), chunk_tokens=st.integers(1, 4), pieces=st.integers(0, 4))
+    def clean_while_idle(self, max_tokens: int, chunk_tokens: int, pieces: int) -> None:
+        """The write-back cleaner, paused after `pieces` pieces (a request arrived) or by its token bound."""
+        from local_engine.cache.tier_cleaner import clean
+
+        left = iter(range(pieces, -1, -1))
+        demoted_before = self.cache.tiers.counters[0].demoted_tokens_total
+        clean(self.cache, max_tokens=max_tokens, should_stop=lambda: next(left, 0) == 0, chunk_tokens=chunk_tokens)
+        assert self.cache.tiers.counters[0].demoted_tokens_total == demoted_before  # nothing left the device
+
     @rule(seconds=st.sampled_from([10.0, 400.0, 4000.0]))
     def advance_clock_and_expire(self, seconds: float) -> None:
         self.clock.now += seconds
