@@ -134,6 +134,10 @@ class DiskTier:
                 problem = self.layout.mismatch(header)
                 if problem is None and header["payload_bytes"] != self.layout.payload_bytes(header["num_tokens"]):
                     problem = "payload size does not fit its token count"
+                if problem is None and not _named_for(entry.name, self.layout, header):
+                    # The checksum covers the payload only: a header naming other tokens (or another namespace)
+                    # than the ones its name was derived from would serve this KV for a path it was not computed for.
+                    problem = "its header does not match its name (token ids or namespace changed)"
                 if problem:
                     raise CorruptKVFile(f"{entry.path}: {problem}")
                 ttl_s = header.get("ttl_s")
@@ -211,3 +215,13 @@ class DiskTier:
 
     def file_exists(self, file: DiskFile) -> bool:
         return os.path.exists(os.path.join(self.directory, file.name))
+
+
+def _named_for(name: str, layout: KVLayout, header: dict) -> bool:
+    """Whether `name` is the file name `write` gives `header`'s (namespace, token_ids, edge_start): the name itself
+    or, for a second file of the same extent, the name with a `.N` suffix before FILE_SUFFIX."""
+    expected = file_name(layout, str(header["namespace"]), header["token_ids"], header["edge_start"])
+    if name == expected:
+        return True
+    base, _, suffix = name.removesuffix(FILE_SUFFIX).rpartition(".")
+    return suffix.isdigit() and f"{base}{FILE_SUFFIX}" == expected
