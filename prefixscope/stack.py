@@ -211,7 +211,20 @@ def prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_up_engine_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The engine's cross-option checks, and one of `up`'s own, before anything starts: otherwise the engine refuses
+    them and `up` can only say that it did not become healthy. Reports through `parser.error` (exit status 2)."""
+    from local_engine.cli import check_engine_options
+
+    check_engine_options(parser, args)
+    if args.replicas > 1 and args.disk_cache_dir:
+        parser.error("--disk-cache-dir with --replicas: one engine per directory (a second one is refused); "
+                     "start the replicas without a disk tier, or one engine")
+
+
 def _up(args: argparse.Namespace) -> int:
+    if getattr(args, "up_parser", None) is not None:
+        check_up_engine_options(args.up_parser, args)
     status = prepare(args)
     if status:
         return status
@@ -259,4 +272,4 @@ def register(commands, bench_commands) -> None:
     up.add_argument(
         "--open", action="store_true", help='run the gateway without API keys (everyone is tenant "default"; loud)'
     )
-    up.set_defaults(handler=_up)
+    up.set_defaults(handler=_up, up_parser=up)
