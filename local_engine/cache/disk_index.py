@@ -97,9 +97,11 @@ class DiskTier:
     # ---- lifecycle --------------------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create the directory (mode 0700) and take its lock. Raises DiskCacheLocked when another engine has it."""
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        os.chmod(self.directory, 0o700)
+        """Create the directory (mode 0700) and take its lock. Raises DiskCacheLocked when another engine has it,
+        OSError when it cannot be created or locked. An existing directory keeps its mode: it may be shared."""
+        if not os.path.isdir(self.directory):
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            os.chmod(self.directory, 0o700)  # makedirs' mode is narrowed by the umask, never widened: make it exact
         fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -122,7 +124,7 @@ class DiskTier:
         `corrupt_files_total`) corrupt headers, truncated files and files of another model, dtype or page size."""
         found = []
         for entry in sorted(os.scandir(self.directory), key=lambda e: e.name):
-            if entry.name.startswith(".tmp-"):
+            if entry.name.startswith(".tmp-") and entry.name.endswith(FILE_SUFFIX):
                 # A write that never reached its rename (a crash): nobody else writes here while we hold the lock.
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)

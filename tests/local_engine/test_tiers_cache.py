@@ -297,3 +297,19 @@ def test_a_header_that_spells_its_numbers_as_strings_does_not_stop_the_rebuild(t
     assert_kv(again.tiers.device_pool, match.slots, "ns", A)
     release(again, match, own)
     again.check_integrity()
+
+
+def test_an_existing_directory_keeps_its_mode_and_other_programs_files(tmp_path):
+    # `--disk-cache-dir` may name a directory that is not the engine's own (a shared cache root, /tmp): opening it
+    # must not narrow its permissions for everyone else, nor delete temporaries the engine did not write.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / ".tmp-editor-swap").write_text("someone else's")
+    (shared / ".tmp-abc123.kv").write_bytes(b"a torn write of ours")
+    cache = tiered_cache(device_tokens=64, disk_dir=shared, disk_tokens=300)
+    rebuild_from_disk(cache)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    assert (shared / ".tmp-editor-swap").read_text() == "someone else's"
+    assert not (shared / ".tmp-abc123.kv").exists()
+    cache.tiers.disk.close()
