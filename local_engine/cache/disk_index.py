@@ -42,6 +42,8 @@ class DiskFile:
     name: str
     num_tokens: int
     refs: int = 0
+    ttl_s: float | None = None  # the lifetime its header records (see local_engine.cache.retention)
+    persistent: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ class DiskTier:
                     raise CorruptKVFile(f"{entry.path}: {problem}")
                 ttl_s = header.get("ttl_s")
                 indexed = IndexedFile(
-                    DiskFile(entry.name, header["num_tokens"]),
+                    DiskFile(entry.name, header["num_tokens"], 0, None if ttl_s is None else float(ttl_s),
+                             bool(header.get("persistent", False))),
                     header["namespace"],
                     header["token_ids"],
                     header["edge_start"],
@@ -197,9 +200,22 @@ class DiskTier:
             name = f"{base}.{suffix}{FILE_SUFFIX}"
         fields = {"namespace": namespace, "token_ids": list(token_ids), "edge_start": edge_start, **retention}
         write_kv_file(os.path.join(self.directory, name), self.layout, fields, k, v)
-        file = DiskFile(name, len(token_ids) - edge_start)
+        file = DiskFile(name, len(token_ids) - edge_start, 0, retention["ttl_s"], retention["persistent"])
         self.files[name] = file
         return self.reference(DiskExtent(file, 0, file.num_tokens))
+
+    def rewrite_retention(self, file: DiskFile, retention: dict) -> None:
+        """Record a new lifetime (`retention`: label, ttl_s, persistent) in `file`'s header; the payload and the
+        modification time stay. Atomic like `write`. Raises CorruptKVFile or OSError (the old file then stays)."""
+        path = os.path.join(self.directory, file.name)
+        header, _ = read_header(path)
+        k, v = read_kv_file(path, self.layout)
+        mtime_s = os.stat(path).st_mtime
+        fields = {"namespace": header["namespace"], "token_ids": header["token_ids"],
+                  "edge_start": header["edge_start"], **retention}
+        write_kv_file(path, self.layout, fields, k, v)
+        os.utime(path, (mtime_s, mtime_s))
+        file.ttl_s, file.persistent = retention["ttl_s"], retention["persistent"]
 
     def read(self, extent: DiskExtent) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of the extent (`[num_layers, n, heads, head_dim]`, CPU). Raises CorruptKVFile (counted) when the file

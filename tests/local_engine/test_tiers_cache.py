@@ -313,3 +313,25 @@ def test_an_existing_directory_keeps_its_mode_and_other_programs_files(tmp_path)
     assert (shared / ".tmp-editor-swap").read_text() == "someone else's"
     assert not (shared / ".tmp-abc123.kv").exists()
     cache.tiers.disk.close()
+
+
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+def test_a_longer_class_given_after_the_disk_write_survives_a_restart(tmp_path, write_policy):
+    # The file is written with the class of its time (at insert, or when demoted); a later request that asks for a
+    # longer class must not be forgotten at the restart ("the longest class that stored or used a prefix wins").
+    cache = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300, write_policy=write_policy)
+    store(cache, "ns", A, retention="5m")
+    if write_policy == "write_back":
+        store(cache, "ns", B)
+        store(cache, "ns", C)  # A is demoted to disk (with its 5m class), then loaded back by the match below
+    match, own = admit(cache, "ns", A + [1], retention="persistent")
+    release(cache, match, own)
+    persist_to_disk(cache)
+    cache.tiers.disk.close()
+    long_ago = os.path.getmtime(next(tmp_path.glob("*.kv"))) - 7200
+    for path in tmp_path.glob("*.kv"):
+        os.utime(path, (long_ago, long_ago))
+    again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
+    rebuild_from_disk(again)
+    assert again.match("ns", A + [1]).matched_tokens == 30
+    again.check_integrity()
