@@ -143,6 +143,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"prefixscope engine: {refusal}", file=sys.stderr)
         return 2
     from local_engine.cache.disk_index import DiskCacheLocked
+    from local_engine.kv_tiers import TierUnavailable
 
     try:
         config = engine_config_from(args)
@@ -158,7 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
     loaded = load_model(config.model, device)
     try:
         engine = Engine(config, loaded)
-    except DiskCacheLocked as error:
+    except (DiskCacheLocked, TierUnavailable) as error:
         print(f"prefixscope engine: {error}", file=sys.stderr)
         return 2
     admin_token = args.admin_token or os.environ.get("PREFIXSCOPE_ENGINE_ADMIN_TOKEN")

@@ -20,6 +20,11 @@ from local_engine.cache.tier_store import TierStore
 from local_engine.config import EngineConfig
 
 
+class TierUnavailable(RuntimeError):
+    """A configured lower tier cannot be set up: the host pool cannot be allocated, or the disk directory cannot be
+    created, locked or written. The message names the flag to change."""
+
+
 def model_fingerprint(model: torch.nn.Module, model_id: str) -> str:
     """A short hex digest of the model's identity: id, config and the first and last values of its weights."""
     digest = hashlib.blake2b(model_id.encode(), digest_size=16)
@@ -43,7 +48,7 @@ def build_tier_store(
     model_id: str,
 ) -> TierStore:
     """The TierStore for `config`; opens (and locks) the disk directory when one is configured. Raises
-    DiskCacheLocked when another engine holds that directory."""
+    DiskCacheLocked when another engine holds that directory, TierUnavailable when a tier cannot be set up."""
     pool_config = pool.config
     host_pool = host_allocator = disk = None
     if config.host_enabled:
@@ -56,7 +61,14 @@ def build_tier_store(
         else:
             num_slots = config.host_cache_tokens
         pin = pool_config.device.type == "cuda"
-        host_pool = KVPool(host_config, num_slots, pin_memory=pin)
+        try:
+            host_pool = KVPool(host_config, num_slots, pin_memory=pin)
+        except (RuntimeError, MemoryError) as error:
+            raise TierUnavailable(
+                f"cannot allocate the host cache tier ({num_slots} tokens, "
+                f"{num_slots * host_config.bytes_per_token / 2**30:.2f} GiB): lower --host-cache-tokens / "
+                f"--host-cache-gib ({str(error).splitlines()[0]})"
+            ) from None
         host_allocator = SlotAllocator(num_slots)
     if config.disk_cache_dir is not None:
         layout = KVLayout(
@@ -64,7 +76,13 @@ def build_tier_store(
             pool_config.num_kv_heads, pool_config.head_dim,
         )
         disk = DiskTier(config.disk_cache_dir, layout, int(config.disk_capacity_gib * (1 << 30)))
-        disk.open()
+        try:
+            disk.open()
+        except OSError as error:
+            raise TierUnavailable(
+                f"cannot use --disk-cache-dir {config.disk_cache_dir}: {error.strerror or error}"
+                + (f" ({error.filename})" if error.filename and error.filename != config.disk_cache_dir else "")
+            ) from None
     return TierStore(
         device_pool=pool,
         device_allocator=allocator,

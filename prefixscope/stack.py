@@ -221,7 +221,17 @@ def prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_up_engine_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The engine's cross-option checks, before anything starts: otherwise the engine refuses them and `up` can only
+    say that it did not become healthy. Reports through `parser.error` (exit status 2)."""
+    from local_engine.cli import check_engine_options
+
+    check_engine_options(parser, args)
+
+
 def _up(args: argparse.Namespace) -> int:
+    if getattr(args, "up_parser", None) is not None:
+        check_up_engine_options(args.up_parser, args)
     status = prepare(args)
     if status:
         return status
@@ -269,4 +279,4 @@ def register(commands, bench_commands) -> None:
     up.add_argument(
         "--open", action="store_true", help='run the gateway without API keys (everyone is tenant "default"; loud)'
     )
-    up.set_defaults(handler=_up)
+    up.set_defaults(handler=_up, up_parser=up)

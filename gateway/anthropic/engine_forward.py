@@ -32,6 +32,7 @@ from gateway.recording import Outcome, RequestTracker
 from gateway.retention import retention_header
 from gateway.routing import Route
 from gateway.upstreams.base import UsageReport
+from gateway.upstreams.tiers import first_tokens
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +94,15 @@ class Exchange:
         else:
             split = split_usage(prompt, matched, points, self.min_cacheable_tokens)
         known_prompt = usage.prompt_tokens is not None or (report is not None and report.prompt_tokens is not None)
-        # The tier split and load time stay as the engine reported them: they describe its match, of which the
-        # cache reads are a part.
+        # The engine's tier split describes its whole match; the cache reads are its first tokens, and the record's
+        # cached tokens, so the split recorded is theirs (one over the cached tokens would count as unknown). The
+        # load time stays the match's.
+        tiers = usage.tiers if usage.tiers is not None else (report.tiers if report is not None else None)
         self.tracker.usage = replace(
             usage,
             prompt_tokens=split.prompt_tokens if known_prompt else None,
             cached_tokens=split.cache_read_input_tokens if known_prompt else None,
+            tiers=first_tokens(tiers, split.cache_read_input_tokens) if known_prompt and tiers is not None else None,
         )
         self.tracker.cache_write_tokens = split.cache_creation_input_tokens if known_prompt else None
         return split

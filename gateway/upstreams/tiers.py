@@ -31,6 +31,15 @@ class TierSplit:
     disk_tokens: int
 
 
+def first_tokens(split: TierSplit, num_tokens: int) -> TierSplit:
+    """The split of the first `num_tokens` matched tokens: a match runs device, then host, then disk along its path
+    (a tier never holds a node above one in a faster tier), so the first tokens are taken in that order."""
+    device = min(split.device_tokens, max(0, num_tokens))
+    host = min(split.host_tokens, max(0, num_tokens) - device)
+    disk = min(split.disk_tokens, max(0, num_tokens) - device - host)
+    return TierSplit(device, host, disk)
+
+
 def _count(value: Any) -> int | None:
     if isinstance(value, bool):
         return None

@@ -42,6 +42,8 @@ class DiskFile:
     name: str
     num_tokens: int
     refs: int = 0
+    ttl_s: float | None = None  # the lifetime its header records (see local_engine.cache.retention)
+    persistent: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,9 +99,11 @@ class DiskTier:
     # ---- lifecycle --------------------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create the directory (mode 0700) and take its lock. Raises DiskCacheLocked when another engine has it."""
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        os.chmod(self.directory, 0o700)
+        """Create the directory (mode 0700) and take its lock. Raises DiskCacheLocked when another engine has it,
+        OSError when it cannot be created or locked. An existing directory keeps its mode: it may be shared."""
+        if not os.path.isdir(self.directory):
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            os.chmod(self.directory, 0o700)  # makedirs' mode is narrowed by the umask, never widened: make it exact
         fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -122,7 +126,7 @@ class DiskTier:
         `corrupt_files_total`) corrupt headers, truncated files and files of another model, dtype or page size."""
         found = []
         for entry in sorted(os.scandir(self.directory), key=lambda e: e.name):
-            if entry.name.startswith(".tmp-"):
+            if entry.name.startswith(".tmp-") and entry.name.endswith(FILE_SUFFIX):
                 # A write that never reached its rename (a crash): nobody else writes here while we hold the lock.
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
@@ -134,11 +138,16 @@ class DiskTier:
                 problem = self.layout.mismatch(header)
                 if problem is None and header["payload_bytes"] != self.layout.payload_bytes(header["num_tokens"]):
                     problem = "payload size does not fit its token count"
+                if problem is None and not _named_for(entry.name, self.layout, header):
+                    # The checksum covers the payload only: a header naming other tokens (or another namespace)
+                    # than the ones its name was derived from would serve this KV for a path it was not computed for.
+                    problem = "its header does not match its name (token ids or namespace changed)"
                 if problem:
                     raise CorruptKVFile(f"{entry.path}: {problem}")
                 ttl_s = header.get("ttl_s")
                 indexed = IndexedFile(
-                    DiskFile(entry.name, header["num_tokens"]),
+                    DiskFile(entry.name, header["num_tokens"], 0, None if ttl_s is None else float(ttl_s),
+                             bool(header.get("persistent", False))),
                     header["namespace"],
                     header["token_ids"],
                     header["edge_start"],
@@ -191,9 +200,22 @@ class DiskTier:
             name = f"{base}.{suffix}{FILE_SUFFIX}"
         fields = {"namespace": namespace, "token_ids": list(token_ids), "edge_start": edge_start, **retention}
         write_kv_file(os.path.join(self.directory, name), self.layout, fields, k, v)
-        file = DiskFile(name, len(token_ids) - edge_start)
+        file = DiskFile(name, len(token_ids) - edge_start, 0, retention["ttl_s"], retention["persistent"])
         self.files[name] = file
         return self.reference(DiskExtent(file, 0, file.num_tokens))
+
+    def rewrite_retention(self, file: DiskFile, retention: dict) -> None:
+        """Record a new lifetime (`retention`: label, ttl_s, persistent) in `file`'s header; the payload and the
+        modification time stay. Atomic like `write`. Raises CorruptKVFile or OSError (the old file then stays)."""
+        path = os.path.join(self.directory, file.name)
+        header, _ = read_header(path)
+        k, v = read_kv_file(path, self.layout)
+        mtime_s = os.stat(path).st_mtime
+        fields = {"namespace": header["namespace"], "token_ids": header["token_ids"],
+                  "edge_start": header["edge_start"], **retention}
+        write_kv_file(path, self.layout, fields, k, v)
+        os.utime(path, (mtime_s, mtime_s))
+        file.ttl_s, file.persistent = retention["ttl_s"], retention["persistent"]
 
     def read(self, extent: DiskExtent) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of the extent (`[num_layers, n, heads, head_dim]`, CPU). Raises CorruptKVFile (counted) when the file
@@ -209,3 +231,13 @@ class DiskTier:
 
     def file_exists(self, file: DiskFile) -> bool:
         return os.path.exists(os.path.join(self.directory, file.name))
+
+
+def _named_for(name: str, layout: KVLayout, header: dict) -> bool:
+    """Whether `name` is the file name `write` gives `header`'s (namespace, token_ids, edge_start): the name itself
+    or, for a second file of the same extent, the name with a `.N` suffix before FILE_SUFFIX."""
+    expected = file_name(layout, str(header["namespace"]), header["token_ids"], header["edge_start"])
+    if name == expected:
+        return True
+    base, _, suffix = name.removesuffix(FILE_SUFFIX).rpartition(".")
+    return suffix.isdigit() and f"{base}{FILE_SUFFIX}" == expected

@@ -167,7 +167,8 @@ def read_header(path: str) -> tuple[dict, int]:
         raise CorruptKVFile(f"{path}: unreadable header ({error})") from None
     if num_tokens <= 0 or edge_start < 0 or edge_start + num_tokens != len(token_ids):
         raise CorruptKVFile(f"{path}: header token counts disagree")
-    header["token_ids"] = token_ids
+    # Callers use these as numbers: a header that spells one as a string ("6") must not reach them as one.
+    header.update(token_ids=token_ids, edge_start=edge_start, num_tokens=num_tokens, payload_bytes=payload_bytes)
     offset = _PREFIX.size + header_length
     if size != offset + payload_bytes:
         raise CorruptKVFile(f"{path}: {size} bytes, header says {offset + payload_bytes} (truncated?)")

@@ -12,8 +12,11 @@ import logging
 import os
 import time
 from collections import deque
+from types import SimpleNamespace
 
 from local_engine.cache.disk_index import IndexedFile
+from local_engine.cache.disk_store import CorruptKVFile
+from local_engine.cache.retention import Lifetime, extend
 from local_engine.cache.radix_node import RadixNode, child_key, common_prefix_tokens
 from local_engine.cache.tier_eviction import make_room
 from local_engine.cache.tier_store import DISK
@@ -93,9 +96,28 @@ def persist_to_disk(cache) -> int:
                 if not stored:
                     continue
                 written += node.num_tokens
+            else:
+                _record_longer_lifetime(disk, node)
             _touch(disk, node, node.last_access_s + wall_offset)
             queue.extend(node.children.values())
     return written
+
+
+def _record_longer_lifetime(disk, node: RadixNode) -> None:
+    """A node given a longer class after its file was written (a later request, a load back from disk) would get
+    the file's shorter one back at the restart: rewrite the header with the longer of the two (a file shared by the
+    halves of a split node keeps the longest of their classes)."""
+    file = node.disk.file
+    merged = SimpleNamespace(ttl_s=file.ttl_s, persistent=file.persistent)  # `extend` reads and sets these two
+    extend(merged, Lifetime(node.ttl_s, node.persistent))
+    if (merged.ttl_s, merged.persistent) == (file.ttl_s, file.persistent):
+        return
+    lifetime = Lifetime(merged.ttl_s, merged.persistent)
+    try:
+        disk.rewrite_retention(file, {"retention": lifetime.label, "ttl_s": lifetime.ttl_s,
+                                      "persistent": lifetime.persistent})
+    except (CorruptKVFile, OSError) as error:
+        log.warning("disk KV cache: could not record the retention of %s: %s", file.name, error)
 
 
 def _touch(disk, node: RadixNode, wall_s: float) -> None:

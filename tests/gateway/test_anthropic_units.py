@@ -376,3 +376,30 @@ def test_messages_settings():
         parse_config({"upstreams": [{"name": "a", "url": "http://x", "kind": "anthropic"}]}).upstreams[0].kind
         == "anthropic"
     )
+
+
+def test_the_recorded_tier_split_of_a_messages_request_covers_its_cache_reads():
+    # The engine's split describes its whole match (99 tokens), but a Messages row's cached tokens are the reads up
+    # to the last breakpoint (91): recorded as they came, the split would not fit in the cached tokens, and the
+    # history would count every cached token of the Messages API as of an unknown tier. The reads are the first
+    # tokens of the match, which runs device, then host, then disk along the path.
+    from types import SimpleNamespace
+
+    from gateway.anthropic.accounting import CachePoint
+    from gateway.anthropic.engine_forward import Exchange
+    from gateway.upstreams.base import CacheReport, UsageReport
+    from gateway.upstreams.tiers import TierSplit
+
+    def recorded(usage: UsageReport, report: CacheReport | None) -> UsageReport:
+        tracker = SimpleNamespace(cache_report=report, usage=None, cache_write_tokens=None)
+        exchange = Exchange(None, None, SimpleNamespace(breakpoints=[object()]), b"", tracker, None, "msg", 64, None,
+                            0.0)
+        exchange.cache_usage(usage, [CachePoint(91, "5m")])
+        return tracker.usage
+
+    body = recorded(UsageReport(prompt_tokens=100, cached_tokens=99, tiers=TierSplit(60, 30, 9)), None)
+    assert body.cached_tokens == 91 and body.tiers == TierSplit(60, 30, 1)
+    header = recorded(UsageReport(prompt_tokens=100, cached_tokens=99), CacheReport(tiers=TierSplit(99, 0, 0)))
+    assert header.cached_tokens == 91 and header.tiers == TierSplit(91, 0, 0)
+    unknown = recorded(UsageReport(prompt_tokens=100, cached_tokens=99), None)
+    assert unknown.tiers is None

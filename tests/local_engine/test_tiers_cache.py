@@ -245,3 +245,93 @@ def test_after_a_restart_idle_time_counts_from_the_file_mtime(tmp_path):
     assert expired.matched_tokens == 0 and expired.miss_kind is MissKind.EXPIRED
     assert again.match("ns", B + [1], dry_run=True).matched_tokens == 30
     again.check_integrity()
+
+
+def _rewrite_header(path, edit) -> None:
+    """Apply `edit` to the JSON header of the KV file at `path`, keeping its payload (and checksum) as they are."""
+    import json
+
+    from local_engine.cache.disk_store import _PREFIX, MAGIC
+
+    raw = path.read_bytes()
+    _, length = _PREFIX.unpack(raw[: _PREFIX.size])
+    header = json.loads(raw[_PREFIX.size : _PREFIX.size + length])
+    edit(header)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    path.write_bytes(_PREFIX.pack(MAGIC, len(encoded)) + encoded + raw[_PREFIX.size + length :])
+
+
+def test_a_file_whose_header_names_other_tokens_is_never_served(tmp_path):
+    # The checksum covers the payload only: a damaged token id (or namespace) in the header would index the KV of
+    # one path under another, and serve it for a prompt it was never computed for.
+    cache = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
+    store(cache, "ns", A)
+    persist_to_disk(cache)
+    cache.tiers.disk.close()
+    [path] = tmp_path.glob("*.kv")
+    _rewrite_header(path, lambda header: header["token_ids"].__setitem__(5, 999))
+    again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
+    assert rebuild_from_disk(again) == 0
+    assert again.tier_stats()["disk"]["corrupt_files_total"] == 1
+    tampered = A[:5] + [999] + A[6:]
+    assert again.match("ns", tampered + [1], dry_run=True).matched_tokens == 0
+    again.check_integrity()
+    again.tiers.disk.close()
+    _rewrite_header(path, lambda header: header.update(namespace="elsewhere"))
+    third = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
+    assert rebuild_from_disk(third) == 0
+    assert third.match("elsewhere", A + [1], dry_run=True).matched_tokens == 0
+
+
+def test_a_header_that_spells_its_numbers_as_strings_does_not_stop_the_rebuild(tmp_path):
+    cache = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
+    store(cache, "ns", A)
+    persist_to_disk(cache)
+    cache.tiers.disk.close()
+    [path] = tmp_path.glob("*.kv")
+    _rewrite_header(path, lambda header: header.update(edge_start=str(header["edge_start"]),
+                                                       num_tokens=str(header["num_tokens"])))
+    again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
+    assert rebuild_from_disk(again) == 1
+    match, own = admit(again, "ns", A + [7])
+    assert_kv(again.tiers.device_pool, match.slots, "ns", A)
+    release(again, match, own)
+    again.check_integrity()
+
+
+def test_an_existing_directory_keeps_its_mode_and_other_programs_files(tmp_path):
+    # `--disk-cache-dir` may name a directory that is not the engine's own (a shared cache root, /tmp): opening it
+    # must not narrow its permissions for everyone else, nor delete temporaries the engine did not write.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / ".tmp-editor-swap").write_text("someone else's")
+    (shared / ".tmp-abc123.kv").write_bytes(b"a torn write of ours")
+    cache = tiered_cache(device_tokens=64, disk_dir=shared, disk_tokens=300)
+    rebuild_from_disk(cache)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    assert (shared / ".tmp-editor-swap").read_text() == "someone else's"
+    assert not (shared / ".tmp-abc123.kv").exists()
+    cache.tiers.disk.close()
+
+
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+def test_a_longer_class_given_after_the_disk_write_survives_a_restart(tmp_path, write_policy):
+    # The file is written with the class of its time (at insert, or when demoted); a later request that asks for a
+    # longer class must not be forgotten at the restart ("the longest class that stored or used a prefix wins").
+    cache = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300, write_policy=write_policy)
+    store(cache, "ns", A, retention="5m")
+    if write_policy == "write_back":
+        store(cache, "ns", B)
+        store(cache, "ns", C)  # A is demoted to disk (with its 5m class), then loaded back by the match below
+    match, own = admit(cache, "ns", A + [1], retention="persistent")
+    release(cache, match, own)
+    persist_to_disk(cache)
+    cache.tiers.disk.close()
+    long_ago = os.path.getmtime(next(tmp_path.glob("*.kv"))) - 7200
+    for path in tmp_path.glob("*.kv"):
+        os.utime(path, (long_ago, long_ago))
+    again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
+    rebuild_from_disk(again)
+    assert again.match("ns", A + [1]).matched_tokens == 30
+    again.check_integrity()

@@ -79,3 +79,22 @@ def test_prefixscope_up_passes_the_tier_flags_to_the_engine(tmp_path):
     config = engine_config_from(engine_args)
     assert (config.host_cache_tokens, config.disk_cache_dir, config.disk_cache_gib, config.cache_write_policy) == (
         4096, str(tmp_path), 1.5, "write_through")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--disk-cache-gib", "3"], "--disk-cache-gib needs --disk-cache-dir"),
+        (["--no-prefix-cache", "--host-cache-tokens", "64"], "need the prefix cache"),
+    ],
+)
+def test_prefixscope_up_refuses_bad_tier_options_before_anything_starts(argv, message, capsys):
+    # Otherwise the engine it starts refuses them, and `up` only says the engine did not become healthy.
+    from prefixscope.cli import build_parser
+
+    args = build_parser().parse_args(["up", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        args.handler(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "prefixscope up: error:" in err

@@ -124,3 +124,15 @@ def test_a_drain_writes_the_cache_to_disk_and_frees_the_directory(make_engine, t
     results = serve_all(again, PROMPTS[:2])
     assert [text for _, text in results] == expected[:2]
     assert all(report.tiers.disk == 109 for report, _ in results)
+
+
+def test_an_unusable_disk_directory_or_host_size_is_a_clear_error(tiny_loaded, tmp_path):
+    from local_engine.kv_tiers import TierUnavailable
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    for directory in (a_file, a_file / "below"):
+        with pytest.raises(TierUnavailable, match=f"--disk-cache-dir {directory}"):
+            Engine(EngineConfig(kv_cache_tokens=300, disk_cache_dir=str(directory)), tiny_loaded)
+    with pytest.raises(TierUnavailable, match="--host-cache"):
+        Engine(EngineConfig(kv_cache_tokens=300, host_cache_tokens=10**17), tiny_loaded)
