@@ -13,6 +13,7 @@ from litestar.params import FromQuery
 from litestar.response import Response, Stream
 
 from local_engine.access import access_guard
+from local_engine.cache.tiers import RETENTION_CLASSES
 from local_engine.cache_events_api import cache_events, cache_events_snapshot
 from local_engine.config import ServerConfig
 from local_engine.disconnect import cancel_on_disconnect
@@ -30,6 +31,7 @@ from local_engine.protocol import (
     parse_prompt,
     parse_request,
 )
+from local_engine.request_fields import optional_choice
 from local_engine.responses import (
     ChunkWriter,
     completion_body,
@@ -164,6 +166,7 @@ async def cache_match(request: Request, state: State) -> dict:
     engine: Engine = state.engine
     body = parse_json_body(await request.body())
     endpoint = CHAT if body.get("messages") is not None else COMPLETIONS
+    optional_choice(body, "cache_retention", RETENTION_CLASSES)  # the same request a completion would accept
     _, (token_ids, layout), namespace = parse_prompt(body, endpoint, engine.loaded)
     block_size = parse_hash_chain_request(body)
     result = describe_match(engine.dry_run_match(namespace, token_ids), layout).as_dict()

@@ -177,3 +177,8 @@ def test_no_prefix_cache_never_matches_and_keeps_nothing():
     allocator.free(slots[result.num_cached_tokens :])
     assert cache.match("a", [1, 2, 3, 4, 5]).matched_tokens == 0
     cache.check_integrity()
+
+
+def test_a_prompt_too_short_to_match_anything_is_not_a_hit():
+    cache = RadixCache(RadixCacheConfig(), SlotAllocator(64))
+    assert cache.match("", [7]).miss_kind == MissKind.COLD  # its one token is always computed

@@ -107,6 +107,8 @@ def test_a_dry_run_match_reports_the_split_too(client):
     client.post("/v1/chat/completions", json=chat("tiers-dry-run"))
     match = client.post("/v1/cache/match", json=chat("tiers-dry-run", "Another question")).json()
     assert sum(match["tiers"].values()) == match["matched_tokens"] > 0
+    refused = client.post("/v1/cache/match", json={**chat("tiers-dry-run"), "cache_retention": "bogus"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "cache_retention"
 
 
 def test_the_cache_api_reports_every_tier_with_every_field(client):
