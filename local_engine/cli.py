@@ -221,5 +221,8 @@ def register(commands, bench_commands) -> None:
         help="requests in flight in the concurrent shared-prefix workload, comma-separated ('' skips it)",
     )
     bench.add_argument("--bench-max-tokens", type=_int_list, default=[32, 128], help="max_tokens of each run")
-    bench.add_argument("--requests-per-run", type=int, default=4, help="requests per run (at least C)")
+    bench.add_argument(
+        "--requests-per-run", type=int, default=24,
+        help="requests per run (at least C): several waves of C measure steady throughput, not one synchronized start",
+    )
     bench.set_defaults(handler=_bench, kv_cache_tokens=None)
