@@ -24,6 +24,7 @@ from local_engine.cache.disk_store import (
     KVLayout,
     file_name,
     read_header,
+    read_kv_file,
     read_kv_range,
     write_kv_file,
 )

@@ -155,7 +155,9 @@ class RadixCache:
         return MatchResult(slots, matched, len(token_ids), miss_kind, locked_node, tier_tokens)
 
     def miss_kind(self, namespace: str, token_ids: list[int], matched: int, limit: int) -> MissKind:
-        if matched >= limit > 0:  # a prompt too short to match anything reused nothing: not a hit
+        if limit == 0:  # a prompt too short to match anything reuses nothing, whatever was cached
+            return MissKind.COLD
+        if matched >= limit:
             return MissKind.HIT
         removed = self._ghosts.lookup(prefix_hash(namespace, token_ids[: matched + self.page_size]))
         if removed is not None:

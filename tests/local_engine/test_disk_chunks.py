@@ -12,6 +12,7 @@ import torch
 
 from local_engine.cache.disk_index import DiskTier
 from local_engine.cache.disk_store import (
+    file_name,
     CHUNK_TOKENS,
     CorruptKVFile,
     read_header,
@@ -74,7 +75,7 @@ def test_version_1_files_are_skipped_at_start_up_and_counted(tmp_path, caplog):
     k, v = _kv()
     directory = tmp_path / "kv"
     directory.mkdir()
-    current = directory / "current.kv"
+    current = directory / file_name(LAYOUT, FIELDS["namespace"], FIELDS["token_ids"], FIELDS["edge_start"])
     write_kv_file(str(current), LAYOUT, FIELDS, k, v)
     # A version 1 file: one checksum over K then V, no chunk table.
     payload = k.numpy().tobytes() + v.numpy().tobytes()
@@ -91,6 +92,6 @@ def test_version_1_files_are_skipped_at_start_up_and_counted(tmp_path, caplog):
             found = tier.scan()
     finally:
         tier.close()
-    assert [indexed.file.name for indexed in found] == ["current.kv"]
+    assert [indexed.file.name for indexed in found] == [current.name]
     assert tier.corrupt_files_total == 1
     assert any("old.kv" in record.getMessage() and "version" in record.getMessage() for record in caplog.records)

@@ -71,6 +71,8 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def expected_kind(self, namespace: str, tokens: tuple[int, ...], matched: int) -> MissKind:
         limit = max(0, len(tokens) - 1)
         limit -= limit % self.page_size
+        if limit == 0:
+            return MissKind.COLD
         if matched >= limit:
             return MissKind.HIT
         ghost = self.ghosts.get((namespace, tokens[: matched + self.page_size]))
