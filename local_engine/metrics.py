@@ -7,7 +7,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from local_engine.cache import MissKind
-from local_engine.tier_stats import tier_stats
 
 # (metric name, documentation, key in each tier's stats, scale): gauges then counters, labelled by `tier`.
 _TIER_GAUGES = (
@@ -63,7 +62,7 @@ class _EngineCollector:
         ]
         for name, documentation, value in gauges:
             yield GaugeMetricFamily(name, documentation, value=value)
-        yield from _tier_metrics(tier_stats(stats))
+        yield from _tier_metrics(stats["tiers"])
 
 
 def _tier_metrics(tiers: dict[str, dict]):

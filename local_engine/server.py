@@ -40,7 +40,6 @@ from local_engine.responses import (
     new_response_id,
     tool_call_stream,
 )
-from local_engine.tier_stats import tier_stats
 
 _MAX_TREE_NODES = 5000
 log = logging.getLogger(__name__)
@@ -148,9 +147,7 @@ async def metrics(state: State) -> bytes:
 
 @get("/v1/cache")
 async def cache_stats(state: State) -> dict:
-    stats = state.engine.cache_stats()
-    stats["tiers"] = tier_stats(stats)
-    return stats
+    return state.engine.cache_stats()
 
 
 @get("/v1/cache/tree")

@@ -26,6 +26,13 @@ TIERS: Final = (Tier.DEVICE, Tier.HOST, Tier.DISK)  # fastest first; demotion mo
 
 HEADER_TIERS: Final = "x-prefix-cache-tiers"  # `device=N,host=N,disk=N` on every response
 
+# The fields of each tier in the `/v1/cache` "tiers" object (and the `tier` label of `/metrics`), besides `enabled`:
+# gauges (tokens, bytes) and monotonic counters (tokens, loads, ms, files).
+TIER_GAUGES: Final = ("capacity_tokens", "cached_tokens", "free_tokens", "evictable_tokens", "protected_tokens",
+                      "capacity_bytes")
+TIER_COUNTERS: Final = ("hit_tokens_total", "loads_total", "load_tokens_total", "load_ms_total",
+                        "demoted_tokens_total", "dropped_tokens_total", "corrupt_files_total")
+
 # Idle lifetime in seconds of each retention class; None never expires.
 RETENTION_TTL_S: Final[dict[str, float | None]] = {"5m": 300.0, "1h": 3600.0, "persistent": None}
 RETENTION_CLASSES: Final = tuple(RETENTION_TTL_S)  # shortest first: a client may ask for less than its maximum
