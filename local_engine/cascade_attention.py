@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from local_engine.cache.slot_runs import slot_runs
+
 MIN_SHARED_PREFIX = 64  # the shortest shared run of slots worth a separate prefix pass
 
 
@@ -37,11 +39,9 @@ class CascadeGroup:
 
 
 def contiguous_start(slots: torch.Tensor) -> int | None:
-    """The first slot of `slots` (int64 CPU `[n]`, n >= 1) when they are `start, start + 1, ...`, else None."""
-    start = int(slots[0])
-    if int(slots[-1]) - start != len(slots) - 1:
-        return None
-    return start if bool((slots.diff() == 1).all()) else None
+    """The first slot of `slots` (int64 CPU `[n]`) when they are `start, start + 1, ...`, else None."""
+    runs = slot_runs(slots, max_runs=1)
+    return runs[0][1] if runs else None
 
 
 def read_slots(pool_layer: torch.Tensor, slots: torch.Tensor, start: int | None) -> torch.Tensor:
