@@ -154,3 +154,14 @@ def first_argument(tools: list[dict] | None, function: str | None) -> str | None
         # The name goes into the prompt as template text, so only a plain identifier qualifies.
         return candidate if isinstance(candidate, str) and _FUNCTION_NAME.match(candidate) else None
     return None
+
+
+def takes_a_string(tools: list[dict] | None, function: str | None, argument: str | None) -> bool:
+    """Whether `function`'s schema declares `argument` as `{"type": "string"}` (so a forced call may open the
+    string's quote for the model, which a small model otherwise often leaves out)."""
+    for tool in tools or ():
+        if tool["function"]["name"] == function:
+            properties = (tool["function"].get("parameters") or {}).get("properties")
+            schema = properties.get(argument) if isinstance(properties, dict) else None
+            return isinstance(schema, dict) and schema.get("type") == "string"
+    return False

@@ -146,7 +146,9 @@ class Engine:
         sequence = Sequence(
             request=request,
             handle=handle,
-            detokenizer=IncrementalDetokenizer(self.loaded.tokenizer, request.sampling.stop),
+            detokenizer=IncrementalDetokenizer(
+                self.loaded.tokenizer, request.sampling.stop, request.sampling.closing_json
+            ),
             sampler=Sampler(request.sampling),
         )
         with self._wakeup:

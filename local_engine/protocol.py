@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
 from local_engine.cache.tiers import RETENTION_CLASSES
-from local_engine.chat_messages import ToolChoice, check_tools, first_argument, parse_tool_choice
+from local_engine.chat_messages import ToolChoice, check_tools, first_argument, parse_tool_choice, takes_a_string
 from local_engine.chat_prompt import chat_prompt, text_prompt
 from local_engine.errors import InvalidRequest
 from local_engine.model_loader import LoadedModel
@@ -121,12 +121,19 @@ def _tool_setup(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[ToolCho
         return choice, ""
     if choice.function is None and len(tools) == 1:
         choice = ToolChoice("required", tools[0]["function"]["name"])  # "required" with one tool names it
-    return choice, format_for(loaded.tokenizer).opening(choice.function, first_argument(tools, choice.function))
+    argument = first_argument(tools, choice.function)
+    opens_string = takes_a_string(tools, choice.function, argument)
+    return choice, format_for(loaded.tokenizer).opening(choice.function, argument, opens_string)
 
 
 def _tool_stops(choice: ToolChoice, loaded: LoadedModel) -> tuple[str, ...]:
     """A forced call ends at its closing tag (one call per forced answer)."""
     return (format_for(loaded.tokenizer).close_tag,) if choice.mode == "required" else ()
+
+
+def _closing_json(choice: ToolChoice, opening: str, loaded: LoadedModel) -> str:
+    """A forced call also ends where its JSON body closes, as small models often write on past it."""
+    return format_for(loaded.tokenizer).opened_json(opening) if choice.mode == "required" else ""
 
 
 def parse_prompt(
@@ -194,6 +201,7 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         seed=optional_int(body, "seed", INT64_MIN, INT64_MAX),
         stop=stop_strings(body) + _tool_stops(tool_choice, loaded),
         ignore_eos=optional_bool(body, "ignore_eos", False),
+        closing_json=_closing_json(tool_choice, opening, loaded),
     )
     return ParsedRequest(
         endpoint=endpoint,

@@ -15,6 +15,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # JSON text the prompt opened (a forced tool call's body so far): generation ends where the output closes it.
+    closing_json: str = ""
 
 
 class Sampler:

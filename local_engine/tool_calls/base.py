@@ -46,13 +46,17 @@ class ToolCallFormat:
     open_tag: str = ""
     close_tag: str = ""
 
+    def opened_json(self, opening: str) -> str:
+        """The JSON part of a forced `opening` (the call's body so far), which the model's output completes."""
+        return opening[len(self.open_tag):] if opening.startswith(self.open_tag) else ""
+
     def parse_body(self, body: str, forced_name: str | None) -> ToolCall | None:
         """One call from the text between the tags, or None when it is not a call."""
         raise NotImplementedError
 
-    def opening(self, function: str | None, first_argument: str | None = None) -> str:
+    def opening(self, function: str | None, first_argument: str | None = None, opens_string: bool = False) -> str:
         """Text that starts the assistant turn to force a call (of `function`, when named, and then its
-        `first_argument`, when the function's schema names one)."""
+        `first_argument`, when the function's schema names one, with the quote of its value when `opens_string`)."""
         raise NotImplementedError
 
 

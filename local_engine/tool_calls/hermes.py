@@ -38,11 +38,13 @@ class HermesFormat(ToolCallFormat):
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
 
-    def opening(self, function: str | None, first_argument: str | None = None) -> str:
+    def opening(self, function: str | None, first_argument: str | None = None, opens_string: bool = False) -> str:
         if function is None:
             return '<tool_call>{"name": "'
         opening = '<tool_call>{"name": ' + json.dumps(function) + ', "arguments": {'
-        return opening + (json.dumps(first_argument) + ": " if first_argument else "")
+        if not first_argument:
+            return opening
+        return opening + json.dumps(first_argument) + (': "' if opens_string else ": ")
 
     def parse_body(self, body: str, forced_name: str | None) -> ToolCall | None:
         value, whole = first_json_value(body)

@@ -106,3 +106,63 @@ def test_a_call_cut_short_by_max_tokens_finishes_with_length_not_tool_calls():
     assert _finish_reason(Finished("length", 10, 4, 0, timings), whole) == "tool_calls"
     assert _finish_reason(Finished("stop", 10, 4, 0, timings), cut) == "tool_calls"
     assert _finish_reason(Finished("stop", 10, 4, 0, timings), []) == "stop"
+
+
+def test_a_string_first_argument_opens_its_quote():
+    from local_engine.chat_messages import takes_a_string
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
+    assert takes_a_string(tools, "f", "city") and not takes_a_string(tools, "f", "days")
+    assert not takes_a_string(tools, "f", "nope") and not takes_a_string(tools, "g", "city")
+    assert HermesFormat().opening("f", "city", opens_string=True) == '<tool_call>{"name": "f", "arguments": {"city": "'
+    assert HermesFormat().opened_json(HermesFormat().opening("f", "city")) == '{"name": "f", "arguments": {"city": '
+
+
+@pytest.mark.parametrize(
+    ("opened", "generated", "closed_at"),
+    [
+        ('{"a": {"city": ', '"Paris"}}\nThe weather is nice.', len('"Paris"}}')),
+        ('{"a": {"city": "', 'Pa}ri{s"}} and more }', len('Pa}ri{s"}}')),  # brackets inside a string don't count
+        ('{"a": {"city": "', 'say \\"}}\\" twice"}}x', len('say \\"}}\\" twice"}}')),  # nor do escaped quotes
+        ('{"a": [', '1, [2, 3]]}]', len("1, [2, 3]]}")),
+        ('{"a": {"city": ', '"Par', None),
+    ],
+)
+def test_the_json_closer_finds_where_the_opened_value_closes(opened, generated, closed_at):
+    from local_engine.json_closer import JsonCloser
+
+    assert JsonCloser(opened).feed(generated) == closed_at
+    closer = JsonCloser(opened)  # fed a character at a time, it closes at the same place
+    positions = [i + 1 for i, char in enumerate(generated) if closer.feed(char) is not None]
+    assert positions[:1] == ([] if closed_at is None else [closed_at])
+
+
+def test_a_forced_call_ends_where_its_json_closes(smollm2_tokenizer):
+    """The model closes the call's JSON and writes on: the text ends at the close, as at a stop string."""
+    from local_engine.detokenizer import IncrementalDetokenizer
+
+    opening = HermesFormat().opening("get_weather", "city", opens_string=True)
+    detokenizer = IncrementalDetokenizer(smollm2_tokenizer, ("</tool_call>",), HermesFormat().opened_json(opening))
+    pieces = []
+    for token_id in smollm2_tokenizer.encode('Paris"}}\n\nThe weather in Paris is nice.</tool_call>'):
+        pieces.append(detokenizer.feed(token_id))
+        if detokenizer.stopped:
+            break
+    assert "".join(pieces) == detokenizer.text == 'Paris"}}'
+    assert detokenizer.matched_stop is None
+    _, calls = run(ToolCallStream(HermesFormat(), opening, forced_name="get_weather"), detokenizer.text, 4)
+    assert [(c.name, json.loads(c.arguments), c.complete) for c in calls] == [("get_weather", {"city": "Paris"}, True)]
+
+
+def test_a_named_tool_choice_sets_up_the_opening_and_the_json_close(tiny_loaded):
+    from local_engine.protocol import CHAT, parse_request
+
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [tool],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "max_tokens": 8}
+    parsed = parse_request(body, CHAT, tiny_loaded)
+    assert parsed.tool_opening.endswith('"arguments": {"city": "')
+    assert parsed.sampling.closing_json == '{"name": "get_weather", "arguments": {"city": "'
+    assert parse_request({**body, "tool_choice": "auto"}, CHAT, tiny_loaded).sampling.closing_json == ""
