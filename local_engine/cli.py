@@ -142,11 +142,16 @@ def _serve(args: argparse.Namespace) -> int:
     if refusal:
         print(f"prefixscope engine: {refusal}", file=sys.stderr)
         return 2
-    from local_engine.cache.disk_index import DiskCacheLocked
+    from local_engine.cache.disk_index import DiskCacheLocked, check_unlocked
     from local_engine.kv_tiers import TierUnavailable
 
     try:
         config = engine_config_from(args)
+        if config.disk_cache_dir:
+            check_unlocked(config.disk_cache_dir)  # before the model loads, so a second engine is refused at once
+    except DiskCacheLocked as error:
+        print(f"prefixscope engine: {error}", file=sys.stderr)
+        return 2
     except ValueError as error:
         print(f"prefixscope engine: error: {error}", file=sys.stderr)
         return 2

@@ -110,10 +110,7 @@ class DiskTier:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise DiskCacheLocked(
-                f"the disk cache directory {self.directory} is in use by another engine "
-                f"(it holds {os.path.join(self.directory, LOCK_FILE)}); give each engine its own --disk-cache-dir"
-            ) from None
+            raise _locked(self.directory) from None
         self._lock_fd = fd
 
     def close(self) -> None:
@@ -242,3 +239,26 @@ def _named_for(name: str, layout: KVLayout, header: dict) -> bool:
         return True
     base, _, suffix = name.removesuffix(FILE_SUFFIX).rpartition(".")
     return suffix.isdigit() and f"{base}{FILE_SUFFIX}" == expected
+
+
+def _locked(directory: str) -> DiskCacheLocked:
+    return DiskCacheLocked(
+        f"the disk cache directory {directory} is in use by another engine "
+        f"(it holds {os.path.join(directory, LOCK_FILE)}); give each engine its own --disk-cache-dir"
+    )
+
+
+def check_unlocked(directory: str) -> None:
+    """Raise DiskCacheLocked when another engine holds `directory`'s lock now. A check that holds nothing, made
+    before the model loads so that a second engine is refused at once; `DiskIndex.open` takes the lock itself."""
+    try:
+        fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR)
+    except FileNotFoundError:
+        return  # no engine has used the directory (or it does not exist yet)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        raise _locked(directory) from None
+    finally:
+        os.close(fd)

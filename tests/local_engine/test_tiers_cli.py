@@ -98,3 +98,29 @@ def test_prefixscope_up_refuses_bad_tier_options_before_anything_starts(argv, me
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "prefixscope up: error:" in err
+
+
+def test_a_second_engine_on_a_locked_directory_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    import fcntl
+    import os
+
+    import local_engine.model_loader
+    from local_engine.cache.disk_index import LOCK_FILE
+    from prefixscope.cli import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the directory's lock was checked")
+
+    monkeypatch.setattr(local_engine.model_loader, "load_model", never)
+    held = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)  # the lock a first engine holds
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        assert main(["engine", "--disk-cache-dir", str(tmp_path), "--port", "0"]) == 2
+    finally:
+        os.close(held)
+    error = capsys.readouterr().err
+    assert f"the disk cache directory {tmp_path} is in use by another engine" in error
+    assert "Traceback" not in error
+    # Once the first engine is gone the check passes (and the engine would go on to load its model).
+    with pytest.raises(AssertionError, match="the model was loaded"):
+        main(["engine", "--disk-cache-dir", str(tmp_path), "--port", "0"])
