@@ -5,9 +5,11 @@ template's fixed opening followed by each segment (`gateway.explain.segments`) b
 tokens of `CHARS_PER_TOKEN` characters; the cache holds pages of `PAGE_TOKENS` tokens keyed by a chained hash of the
 namespace (model and salt) and every token before them, as a radix tree of pages would. Matching walks the chain
 until the first page not cached; least recently used pages are evicted past `capacity_pages`, and pages idle longer
-than `ttl_s` expire. Pages dropped either way are remembered (a bounded ghost index), so the next miss says
-`evicted` or `expired` as the local engine does. Reports come out in the engine's own shapes (`x-prefix-cache-*`
-headers, `usage`, `prefix_cache.hash_chain`) for the gateway's adapters to read.
+than `ttl_s` expire. With a host tier (`host_capacity_pages`), pages evicted from the device are demoted to it instead
+and loaded back when a prompt uses them again; only pages evicted from the host tier are dropped. Pages dropped either
+way are remembered (a bounded ghost index), so the next miss says `evicted` or `expired` as the local engine does.
+Reports come out in the engine's own shapes (`x-prefix-cache-*` headers, `usage`, `prefix_cache.hash_chain`,
+`prefix_cache.tiers` and `load_ms`) for the gateway's adapters to read.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ TEMPLATE_OPENING = "<|im_start|>"
 TEMPLATE_TOKENS = len(TEMPLATE_OPENING) // CHARS_PER_TOKEN
 _PAGE_CHARS = PAGE_TOKENS * CHARS_PER_TOKEN
 _INT63 = (1 << 63) - 1
+# Loading KV back from the host tier: about 40 KB of KV a token (SmolLM2-360M: 32 layers x 5 KV heads x 64 dims x K and
+# V in fp16) copied host -> device in page-sized pieces at an effective ~8 GB/s, so 0.005 ms a token: about 1/18 of
+# the 0.09 ms a token the demo's prefill costs (`gateway.demo.replay`).
+HOST_LOAD_MS_PER_TOKEN = 0.005
+# The engine's tier names (`x-prefix-cache-tiers`, `prefix_cache.tiers`); the demo has no disk tier.
+_DEVICE, _HOST = "device", "host"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +103,8 @@ def render(namespace: str, segments: PromptSegments) -> Rendered:
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    """One match: tokens served from cache, the prompt's length, the engine's miss kind, and where the match ended."""
+    """One match: tokens served from cache, the prompt's length, the engine's miss kind, where the match ended, and
+    the matched tokens by the tier that held them (`device_tokens + host_tokens == matched_tokens`)."""
 
     matched_tokens: int
     prompt_tokens: int
@@ -103,59 +112,83 @@ class Match:
     segment: str | None
     char_offset: int | None
     hash_ids: tuple[int, ...]
+    device_tokens: int
+    host_tokens: int
+
+    @property
+    def load_ms(self) -> float:
+        """Milliseconds spent loading the host tier's part back into device pages (0 when all was on the device)."""
+        return self.host_tokens * HOST_LOAD_MS_PER_TOKEN
 
 
 class SimulatedEngine:
     """One engine's prefix cache: a radix tree of page-sized chunks (a prompt's last chunk may be shorter), matched
-    to the token. `capacity_pages` chunks at most; `ttl_s` seconds of idleness (of the caller's clock) before a chunk
-    expires. Not thread-safe."""
+    to the token. `capacity_pages` chunks at most on the device; `host_capacity_pages` more in a host tier that takes
+    the chunks the device evicts (0: no host tier, evicted chunks are dropped); `ttl_s` seconds of idleness (of the
+    caller's clock) before a chunk expires, in either tier. Not thread-safe."""
 
     _MAX_SIBLINGS = 64  # children of one node compared for a partial-page match
 
-    def __init__(self, capacity_pages: int, ttl_s: float) -> None:
-        if capacity_pages < 1 or ttl_s <= 0:
-            raise ValueError("capacity_pages must be >= 1 and ttl_s > 0")
+    def __init__(self, capacity_pages: int, ttl_s: float, host_capacity_pages: int = 0) -> None:
+        if capacity_pages < 1 or ttl_s <= 0 or host_capacity_pages < 0:
+            raise ValueError("capacity_pages must be >= 1, ttl_s > 0 and host_capacity_pages >= 0")
         self.capacity_pages = capacity_pages
+        self.host_capacity_pages = host_capacity_pages
         self.ttl_s = ttl_s
-        self._pages: OrderedDict[int, float] = OrderedDict()  # chunk id -> last use, least recent first
+        self._pages: OrderedDict[int, float] = OrderedDict()  # device: chunk id -> last use, least recent first
+        self._host: OrderedDict[int, float] = OrderedDict()  # host tier: chunk id -> last use, first demoted first
         self._children: dict[int, dict[str, int]] = {}  # parent id -> {chunk text: chunk id}
         self._ghosts: OrderedDict[int, str] = OrderedDict()  # dropped chunk id -> "evicted" / "expired"
 
-    def _cached(self, page: int, now: float) -> bool:
-        last_used = self._pages.get(page)
-        if last_used is None:
-            return False
-        if now - last_used > self.ttl_s:
-            del self._pages[page]
-            self._remember(page, "expired")
-            return False
-        return True
+    def _tier(self, page: int, now: float) -> str | None:
+        """The tier holding `page` at `now` (`device`, `host`), or None; an expired page is dropped on the way."""
+        for tier, pages in ((_DEVICE, self._pages), (_HOST, self._host)):
+            last_used = pages.get(page)
+            if last_used is None:
+                continue
+            if now - last_used > self.ttl_s:
+                del pages[page]
+                self._remember(page, "expired")
+                return None
+            return tier
+        return None
 
     def _remember(self, page: int, kind: str) -> None:
         self._ghosts[page] = kind
         self._ghosts.move_to_end(page)
-        while len(self._ghosts) > 4 * self.capacity_pages:
+        while len(self._ghosts) > 4 * (self.capacity_pages + self.host_capacity_pages):
             self._ghosts.popitem(last=False)
+
+    def _drop(self, page: int) -> None:
+        self._remember(page, "evicted")
+        self._children.pop(page, None)
 
     def match(self, rendered: Rendered, now: float) -> Match:
         """What the cache holds of `rendered` at `now`, without changing it (a dry-run match)."""
         full = 0
+        spans: list[tuple[int, str]] = []  # (tokens, tier) of each matched chunk, in prompt order
         for chunk_id in rendered.ids:
-            if not self._cached(chunk_id, now):
+            tier = self._tier(chunk_id, now)
+            if tier is None:
                 break
+            spans.append((PAGE_TOKENS, tier))
             full += 1
         matched = full * PAGE_TOKENS if full < len(rendered.ids) else rendered.prompt_tokens
         if full < len(rendered.ids):
             parent = rendered.ids[full - 1] if full else None
             chunk = rendered.chunks[full]
-            best = 0
+            best, best_tier = 0, _DEVICE
             siblings = self._children.get(parent, {}) if parent is not None else {}
             for count, (text, chunk_id) in enumerate(siblings.items()):
                 if count >= self._MAX_SIBLINGS:
                     break
-                if text[:1] == chunk[:1] and self._cached(chunk_id, now):
-                    best = max(best, len(os.path.commonprefix((text, chunk))))
+                if text[:1] != chunk[:1] or (tier := self._tier(chunk_id, now)) is None:
+                    continue
+                common = len(os.path.commonprefix((text, chunk)))
+                if common > best:
+                    best, best_tier = common, tier
             matched += best // CHARS_PER_TOKEN
+            spans.append((best // CHARS_PER_TOKEN, best_tier))
         prompt_tokens = rendered.prompt_tokens
         # The engine always recomputes the last prompt token (it needs its logits).
         matched = min(matched, max(0, prompt_tokens - 1))
@@ -167,15 +200,27 @@ class SimulatedEngine:
             kind = "partial"
         else:
             kind = "cold"
+        # The matched tokens by tier: the first `matched` tokens of the matched chunks in prompt order, so the token
+        # the engine recomputes comes off the last matched chunk's tier. (Chunks are evicted one by one, least recently
+        # used first, so a chunk on the device may follow one on the host; each counts where it was found.)
+        counts = {_DEVICE: 0, _HOST: 0}
+        left = matched
+        for tokens, tier in spans:
+            taken = min(tokens, left)
+            counts[tier] += taken
+            left -= taken
         segment, offset = rendered.locate(matched)
-        return Match(matched, prompt_tokens, kind, segment, offset, rendered.pages)
+        return Match(matched, prompt_tokens, kind, segment, offset, rendered.pages, counts[_DEVICE], counts[_HOST])
 
     def serve(self, rendered: Rendered, now: float) -> Match:
-        """Match `rendered`, then cache all its chunks as the prefill does (evicting least recently used ones)."""
+        """Match `rendered`, then cache all its chunks on the device as the prefill does (the host tier's chunks are
+        loaded back; least recently used chunks past the device's capacity are demoted to the host tier, or dropped
+        without one; the host tier's first demoted chunks past its capacity are dropped)."""
         result = self.match(rendered, now)
-        pages = self._pages
+        pages, host = self._pages, self._host
         parent = None
         for chunk, chunk_id in zip(rendered.chunks, rendered.ids, strict=True):
+            host.pop(chunk_id, None)
             pages[chunk_id] = now
             pages.move_to_end(chunk_id)
             self._ghosts.pop(chunk_id, None)
@@ -183,27 +228,38 @@ class SimulatedEngine:
                 self._children.setdefault(parent, {})[chunk] = chunk_id
             parent = chunk_id
         while len(pages) > self.capacity_pages:
-            evicted, _ = pages.popitem(last=False)
-            self._remember(evicted, "evicted")
-            self._children.pop(evicted, None)
+            evicted, last_used = pages.popitem(last=False)
+            if self.host_capacity_pages:
+                host[evicted] = last_used
+            else:
+                self._drop(evicted)
+        while len(host) > self.host_capacity_pages:
+            self._drop(host.popitem(last=False)[0])
         return result
 
 
 def local_engine_response(match: Match, completion_tokens: int, ttft_ms: float, with_chain: bool) -> tuple[
     dict[str, str], dict[str, Any]
 ]:
-    """The local engine's `x-prefix-cache-*` headers and response body fields for one match."""
+    """The local engine's `x-prefix-cache-*` headers and response body fields for one match (`ttft_ms`, in
+    milliseconds, should include `match.load_ms`: the engine's TTFT counts loading the host tier's part back)."""
+    tiers = {"device": match.device_tokens, "host": match.host_tokens, "disk": 0}
     headers = {
         "x-prefix-cache-matched-tokens": str(match.matched_tokens),
         "x-prefix-cache-prompt-tokens": str(match.prompt_tokens),
         "x-prefix-cache-miss": match.miss_kind,
+        "x-prefix-cache-tiers": f"device={match.device_tokens},host={match.host_tokens},disk=0",
         "x-prefix-cache-template-tokens": str(TEMPLATE_TOKENS),
         "x-prefix-cache-ttft-ms": f"{ttft_ms:.3f}",
     }
     if match.segment is not None and match.char_offset is not None:
         headers["x-prefix-cache-divergence-segment"] = match.segment
         headers["x-prefix-cache-divergence-offset"] = str(match.char_offset)
-    prefix_cache: dict[str, Any] = {"matched_tokens": match.matched_tokens}
+    prefix_cache: dict[str, Any] = {
+        "matched_tokens": match.matched_tokens,
+        "tiers": tiers,
+        "load_ms": round(match.load_ms, 3),
+    }
     if with_chain:
         chain = {"block_size": PAGE_TOKENS, "input_length": match.prompt_tokens, "hash_ids": list(match.hash_ids)}
         prefix_cache["hash_chain"] = chain

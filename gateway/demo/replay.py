@@ -35,7 +35,8 @@ from gateway.upstreams.kinds import LocalEngineAdapter, OpenAICompatibleAdapter,
 # The local engine's served model id (`prefixscope engine`'s default) and the gateway's default upstream name for it.
 LOCAL_MODEL = "smollm2"
 LOCAL_UPSTREAM = GatewayConfig.default_upstream
-# Which upstreams serve each model, their kind, and the cache each has: (pages of 16 tokens, seconds idle to expire).
+# Which upstreams serve each model, their kind, and the cache each has: (device pages of 16 tokens, seconds idle to
+# expire).
 UPSTREAMS: dict[str, tuple[str, ...]] = {
     LOCAL_MODEL: (LOCAL_UPSTREAM,),
     "llama-3.1-8b-instruct": ("vllm-a", "vllm-b"),
@@ -43,12 +44,17 @@ UPSTREAMS: dict[str, tuple[str, ...]] = {
     "gpt-4o-mini": ("hosted-openai",),
 }
 UPSTREAM_KINDS: dict[str, tuple[UpstreamAdapter, int, float]] = {
-    LOCAL_UPSTREAM: (LocalEngineAdapter(), 10_000, 900.0),
+    LOCAL_UPSTREAM: (LocalEngineAdapter(), 1_500, 900.0),
     "vllm-a": (VLLMAdapter(), 8_000, 3_600.0),
     "vllm-b": (VLLMAdapter(), 8_000, 3_600.0),
     "sglang-a": (SGLangAdapter(), 3_000, 3_600.0),
     "hosted-openai": (OpenAICompatibleAdapter(), 4_000, 300.0),
 }
+# Host tier pages (of 16 tokens) behind the device pages, taking the pages the device evicts; only the local engine
+# reports its tiers, so only it has one. The local engine's 1,500 + 8,500 pages hold what one LRU cache of 10,000
+# pages would (the host tier drops its pages in the order the device demoted them), so its hits and misses are those
+# of a single 10,000-page cache; about a fifth of its hit tokens come from the host tier.
+HOST_TIER_PAGES: dict[str, int] = {LOCAL_UPSTREAM: 8_500}
 # Upstream failures as the gateway records them: its own errors, and upstream errors relayed without a typed body.
 _ERRORS = (
     (UpstreamUnavailable.status_code, UpstreamUnavailable.error_type),
@@ -120,7 +126,10 @@ class Replay:
         self.recorder = Recorder(self.sink, metrics, self.explainer, RecordHasher(secret))
         self.salts = SaltDeriver(secret)
         self.pipelines: dict[str, Pipeline] = {profile.name: build_pipeline(profile.settings) for profile in TENANTS}
-        self.engines = {name: SimulatedEngine(pages, ttl) for name, (_, pages, ttl) in UPSTREAM_KINDS.items()}
+        self.engines = {
+            name: SimulatedEngine(pages, ttl, HOST_TIER_PAGES.get(name, 0))
+            for name, (_, pages, ttl) in UPSTREAM_KINDS.items()
+        }
         self.routes = {name: _Route(name, adapter, name, {}) for name, (adapter, _, _) in UPSTREAM_KINDS.items()}
         self.clock = 0.0
         self.latencies: dict[str, float] = {}
@@ -192,8 +201,10 @@ class Replay:
         match = self.engines[upstream].serve(self._rendered(upstream, endpoint, normalized.request, namespace_salt),
                                              self.clock)
         completion_tokens = rng.randint(5, 400)
-        # Prefill dominates TTFT and is roughly linear in uncached tokens; log-normal noise for queueing.
+        # Prefill dominates TTFT and is roughly linear in uncached tokens; log-normal noise for queueing. Loading the
+        # host tier's pages back comes before the prefill, inside the engine's TTFT.
         ttft_ms = (12.0 + 0.09 * (match.prompt_tokens - match.matched_tokens)) * rng.lognormvariate(0.0, 0.25)
+        ttft_ms += match.load_ms
         self.latencies[request_id] = ttft_ms + completion_tokens * rng.uniform(6.0, 14.0)
         adapter = route.adapter
         if isinstance(adapter, LocalEngineAdapter):

@@ -120,3 +120,45 @@ def test_demo_names_are_the_gateway_s(empty_db_url: str) -> None:
     for row in rows:
         if row.miss_reason not in (None, "hit") and row.cached_tokens is not None:
             assert row.recomputed_tokens == row.prompt_tokens - row.cached_tokens > 0
+
+
+def test_demo_data_splits_the_local_engine_s_hits_over_its_cache_tiers(empty_db_url: str) -> None:
+    """The simulated local engine reports its tiers as the real one does: every answered request has its cached
+    tokens split over device, host and disk (none on disk), a share of them loaded back from the host tier with a load
+    time; upstreams that report no tiers leave the columns NULL, as real ones do."""
+    from sqlalchemy import text
+
+    from db.queries.results import CachedByTier
+    from gateway.demo.engine_model import HOST_LOAD_MS_PER_TOKEN
+    from gateway.demo.replay import LOCAL_UPSTREAM
+
+    write_demo_data(empty_db_url, rows=2000, seed=7, days=1, now=NOW)
+    engine = create_sync_engine_for(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT upstream, status_code, cached_tokens, cached_tokens_device, cached_tokens_host, "
+                "cached_tokens_disk, cache_load_ms FROM requests"
+            )).all()
+            overview = queries.overview(conn, NOW - timedelta(days=1), NOW)
+    finally:
+        engine.dispose()
+    tiers = ("cached_tokens_device", "cached_tokens_host", "cached_tokens_disk", "cache_load_ms")
+    local = [row for row in rows if row.upstream == LOCAL_UPSTREAM and row.status_code == 200]
+    others = [row for row in rows if row.upstream != LOCAL_UPSTREAM]
+    assert len(local) > 500 and len(others) > 300
+    for row in local:
+        assert row.cached_tokens_device + row.cached_tokens_host + row.cached_tokens_disk == row.cached_tokens
+        assert row.cached_tokens_disk == 0
+        assert row.cache_load_ms == pytest.approx(row.cached_tokens_host * HOST_LOAD_MS_PER_TOKEN, abs=1e-3)
+    assert 0.2 * len(local) < sum(row.cached_tokens_host > 0 for row in local) < 0.8 * len(local)
+    assert all(getattr(row, name) is None for row in others for name in tiers)
+    # Failed requests report nothing.
+    assert all(getattr(row, name) is None for row in rows if row.status_code != 200 for name in tiers)
+    # The rollups agree: about a fifth of the local engine's hit tokens came from the host tier.
+    device = sum(row.cached_tokens_device for row in local)
+    host = sum(row.cached_tokens_host for row in local)
+    unknown = sum(row.cached_tokens or 0 for row in rows) - device - host
+    assert overview.tiers == CachedByTier(device=device, host=host, disk=0, unknown=unknown)
+    assert 0.1 < host / (device + host) < 0.3 and unknown > 0
+    assert overview.cache_load_ms_mean is not None and overview.cache_load_ms_mean > 0

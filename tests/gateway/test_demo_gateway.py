@@ -17,7 +17,7 @@ from db.records import MISS_REASONS
 from gateway.config import UpstreamConfig
 from gateway.demo.engine_model import SimulatedEngine, local_engine_response, render
 from gateway.demo.history import replay_pool
-from gateway.demo.replay import LOCAL_MODEL, LOCAL_UPSTREAM, UPSTREAM_KINDS, UPSTREAMS, Replay
+from gateway.demo.replay import HOST_TIER_PAGES, LOCAL_MODEL, LOCAL_UPSTREAM, UPSTREAM_KINDS, UPSTREAMS, Replay
 from gateway.demo.traffic import TENANTS
 from gateway.explain.reasons import REASONS
 from gateway.explain.segments import chat_segments
@@ -32,17 +32,18 @@ COMPARED = (
     "tenant", "endpoint", "model", "upstream", "stream", "status_code", "error_type", "prompt_tokens", "cached_tokens",
     "miss_kind", "applied_rules", "prefix_hash", "prompt_text", "miss_reason", "divergence_segment",
     "divergence_char_offset", "recomputed_tokens", "divergence_source", "diverged_at_token", "template_tokens",
-    "namespace_label", "chain", "hash_key_version",
+    "namespace_label", "chain", "hash_key_version", "cached_tokens_device", "cached_tokens_host", "cached_tokens_disk",
+    "cache_load_ms",
 )
 
 
 class SimulatedEngineServer:
-    """The local engine's HTTP surface over the demo's simulated cache: the same cache size and clock as the demo's
-    local upstream."""
+    """The local engine's HTTP surface over the demo's simulated cache: the same cache size (device and host tier)
+    and clock as the demo's local upstream."""
 
     def __init__(self) -> None:
         _, pages, ttl = UPSTREAM_KINDS[UPSTREAM]
-        self.engine = SimulatedEngine(pages, ttl)
+        self.engine = SimulatedEngine(pages, ttl, HOST_TIER_PAGES[UPSTREAM])
         self.clock = 0.0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -112,6 +113,9 @@ def test_demo_records_equal_the_running_gateway_s_for_the_same_requests() -> Non
     for ours, theirs in zip(demo_records, recorded, strict=True):
         assert re.fullmatch(r"req_[0-9a-f]{24}", theirs.request_id)
         assert {name: getattr(ours, name) for name in COMPARED} == {name: getattr(theirs, name) for name in COMPARED}
+    # The engine's tier split came through the proxy: some of the hits were loaded back from the host tier.
+    assert all(record.cached_tokens_device is not None for record in recorded)
+    assert any((record.cached_tokens_host or 0) > 0 and (record.cache_load_ms or 0) > 0 for record in recorded)
     reasons = {record.miss_reason for record in recorded}
     # The trial covers the kinds the demo is about: reuse, edits, volatile values, reordered tools, new prompts.
     assert {"hit", "volatile_value", "new_prefix"} <= reasons
