@@ -12,7 +12,8 @@ of packed tokens and context slots.
 
 Decode sequences whose slot tables begin with the same run of at least MIN_SHARED_PREFIX slots (sequences on one
 cached system prompt) are attended as a cascade group instead (local_engine.cascade_attention): the shared prefix
-is gathered and scored once for the whole group, each row's own suffix separately, and the two merged exactly. On
+is read (as views of its long runs of slots) and scored once for the whole group, every row's own suffix in one
+padded pass, and the parts merged exactly; a row alone on a long run of slots is a group of its own. On
 CPU (one thread, fp32, one layer of SmolLM2's shape: 9 heads, 3 KV heads, head_dim 64), with every sequence on a
 shared 1,700-token prefix plus 1-40 tokens of its own, one decode attention call took, best of 25 (median in
 brackets), 14.0-15.8 ms (25 ms) for 8 sequences and 76-90 ms (83-111 ms) for 32 on the padded path, against
@@ -31,12 +32,13 @@ from local_engine.cache import KVPool
 from local_engine.flashinfer_attention import FlashInferAttention, PageTable, build_page_table
 from local_engine.cascade_attention import (
     MIN_SHARED_PREFIX,
-    CascadeGroup,
-    build_cascade_group,
+    CascadeBatch,
+    build_cascade_batch,
     cascade_attention,
     contiguous_start,
     find_shared_prefixes,
     read_slots,
+    split_runs,
 )
 
 
@@ -61,9 +63,9 @@ class PagedBatch:
     """Where one packed step's tokens read and write their K/V in the pool.
 
     The packed input holds `num_decode` decode tokens first (rows `[0, num_decode)`), then the prefill chunks.
-    `write_slots`: int64 `[num_tokens]`, the pool slot of each packed token's new K/V. Decode rows in a shared-prefix
-    group are attended through `cascade` (one CascadeGroup each); the others, `decode_rows` (int64 `[num_plain]`,
-    or None for all of `[0, num_decode)`), through the padded path, or none when `decode_slots` is None:
+    `write_slots`: int64 `[num_tokens]`, the pool slot of each packed token's new K/V. Decode rows that share a
+    prefix, or read a long run of slots alone, are attended through `cascade`; the others, `decode_rows` (int64
+    `[num_plain]`, or None for all of `[0, num_decode)`), through the padded path, or none when `decode_slots` is None:
     `decode_slots`: int64 `[num_plain, max_context_tokens]`, each such row's slot table padded with slot 0;
     `decode_mask`: bool `[num_plain, 1, 1, max_context_tokens]` marking real entries, or None when no padding was
     needed.
@@ -76,7 +78,7 @@ class PagedBatch:
     decode_mask: torch.Tensor | None
     chunks: tuple[ChunkAttention, ...]
     decode_rows: torch.Tensor | None = None
-    cascade: tuple[CascadeGroup, ...] = ()
+    cascade: CascadeBatch | None = None
     # With a FlashInfer kernel every row is attended by it through `page_table` instead of the torch paths above.
     kernel: FlashInferAttention | None = None
     page_table: PageTable | None = None
@@ -99,16 +101,25 @@ def build_paged_batch(
     if kernel is not None:
         return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, None, None, (),
                           kernel=kernel, page_table=build_page_table(slot_tables, num_query_tokens))
-    decode_slots = decode_mask = decode_rows = None
-    cascade: list[CascadeGroup] = []
+    decode_slots = decode_mask = decode_rows = cascade = None
     plain = list(range(num_decode))
-    if num_decode > 1 and min_shared_prefix is not None:
-        groups = find_shared_prefixes(slot_tables[:num_decode], min_shared_prefix)
-        cascade = [build_cascade_group(slot_tables, rows, length, device) for rows, length in groups]
+    if num_decode and min_shared_prefix is not None:
+        groups = find_shared_prefixes(slot_tables[:num_decode], min_shared_prefix) if num_decode > 1 else []
         grouped = {row for rows, _ in groups for row in rows}
-        plain = [row for row in plain if row not in grouped]
-        if cascade and plain:
-            decode_rows = torch.tensor(plain, dtype=torch.int64).to(device, non_blocking=True)
+        plain = []
+        for row in range(num_decode):
+            if row in grouped:
+                continue
+            # A row alone on a context with a long run of slots is a group of its own, so that run is read as a
+            # view instead of gathered.
+            if split_runs(slot_tables[row][:-1])[0]:
+                groups.append(([row], len(slot_tables[row]) - 1))
+            else:
+                plain.append(row)
+        if groups:
+            cascade = build_cascade_batch(slot_tables, groups, device)
+            if plain:
+                decode_rows = torch.tensor(plain, dtype=torch.int64).to(device, non_blocking=True)
     if plain:
         tables = [slot_tables[row] for row in plain]
         lengths = [len(table) for table in tables]
@@ -130,7 +141,7 @@ def build_paged_batch(
         chunks.append(ChunkAttention(start, n, table.to(device, non_blocking=True), mask, contiguous_start(table)))
         start += n
     return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, decode_slots, decode_mask,
-                      tuple(chunks), decode_rows, tuple(cascade))
+                      tuple(chunks), decode_rows, cascade)
 
 
 def paged_attention(
@@ -151,9 +162,10 @@ def paged_attention(
         return batch.kernel.run(queries, pool_k, pool_v).to(queries.dtype).unsqueeze(0)
     out = torch.empty_like(queries)
     num_kv_heads, head_dim = pool_k.shape[1], pool_k.shape[2]
-    for group in batch.cascade:
-        group_queries = queries.index_select(0, group.rows).to(pool_k.dtype)  # [num_rows, num_heads, head_dim]
-        out.index_copy_(0, group.rows, cascade_attention(pool_k, pool_v, group, group_queries, scaling).to(out.dtype))
+    if batch.cascade is not None:
+        rows = batch.cascade.rows
+        cascade_queries = queries.index_select(0, rows).to(pool_k.dtype)  # [R, num_heads, head_dim]
+        out.index_copy_(0, rows, cascade_attention(pool_k, pool_v, batch.cascade, cascade_queries, scaling).to(out.dtype))
     if batch.decode_slots is not None:
         rows, longest = batch.decode_slots.shape
         flat = batch.decode_slots.view(-1)
