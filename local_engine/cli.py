@@ -142,14 +142,14 @@ def _serve(args: argparse.Namespace) -> int:
     if refusal:
         print(f"prefixscope engine: {refusal}", file=sys.stderr)
         return 2
-    from local_engine.cache.disk_index import DiskCacheLocked, check_unlocked
-    from local_engine.kv_tiers import TierUnavailable
+    from local_engine.cache.disk_index import DiskCacheLocked
+    from local_engine.kv_tiers import TierUnavailable, reserve_disk_directory
 
     try:
         config = engine_config_from(args)
         if config.disk_cache_dir:
-            check_unlocked(config.disk_cache_dir)  # before the model loads, so a second engine is refused at once
-    except DiskCacheLocked as error:
+            reserve_disk_directory(config.disk_cache_dir)  # before the model loads: a bad or taken one fails at once
+    except (DiskCacheLocked, TierUnavailable) as error:
         print(f"prefixscope engine: {error}", file=sys.stderr)
         return 2
     except ValueError as error:

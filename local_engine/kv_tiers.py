@@ -12,7 +12,7 @@ import json
 
 import torch
 
-from local_engine.cache.disk_index import DiskTier
+from local_engine.cache.disk_index import DiskTier, reserve_directory
 from local_engine.cache.disk_store import KVLayout
 from local_engine.cache.kv_pool import KVPool, KVPoolConfig
 from local_engine.cache.slot_allocator import SlotAllocator
@@ -79,10 +79,7 @@ def build_tier_store(
         try:
             disk.open()
         except OSError as error:
-            raise TierUnavailable(
-                f"cannot use --disk-cache-dir {config.disk_cache_dir}: {error.strerror or error}"
-                + (f" ({error.filename})" if error.filename and error.filename != config.disk_cache_dir else "")
-            ) from None
+            raise _unusable_directory(config.disk_cache_dir, error) from None
     return TierStore(
         device_pool=pool,
         device_allocator=allocator,
@@ -90,6 +87,22 @@ def build_tier_store(
         host_allocator=host_allocator,
         disk=disk,
         write_policy=config.cache_write_policy,
+    )
+
+
+def reserve_disk_directory(directory: str) -> None:
+    """Create and lock `--disk-cache-dir` before the model loads (see disk_index.reserve_directory). Raises
+    DiskCacheLocked when another engine holds it, TierUnavailable when it cannot be used."""
+    try:
+        reserve_directory(directory)
+    except OSError as error:
+        raise _unusable_directory(directory, error) from None
+
+
+def _unusable_directory(directory: str, error: OSError) -> TierUnavailable:
+    return TierUnavailable(
+        f"cannot use --disk-cache-dir {directory}: {error.strerror or error}"
+        + (f" ({error.filename})" if error.filename and error.filename != directory else "")
     )
 
 

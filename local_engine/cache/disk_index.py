@@ -100,18 +100,11 @@ class DiskTier:
     # ---- lifecycle --------------------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create the directory (mode 0700) and take its lock. Raises DiskCacheLocked when another engine has it,
-        OSError when it cannot be created or locked. An existing directory keeps its mode: it may be shared."""
-        if not os.path.isdir(self.directory):
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            os.chmod(self.directory, 0o700)  # makedirs' mode is narrowed by the umask, never widened: make it exact
-        fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise _locked(self.directory) from None
-        self._lock_fd = fd
+        """Create the directory (mode 0700) and take its lock, or adopt the lock `reserve_directory` took for it in
+        this process. Raises DiskCacheLocked when another engine has it, OSError when it cannot be created or
+        locked. An existing directory keeps its mode: it may be shared."""
+        reserved = _RESERVED.pop(os.path.realpath(self.directory), None)
+        self._lock_fd = reserved if reserved is not None else _create_and_lock(self.directory)
 
     def close(self) -> None:
         if self._lock_fd is not None:
@@ -248,17 +241,28 @@ def _locked(directory: str) -> DiskCacheLocked:
     )
 
 
-def check_unlocked(directory: str) -> None:
-    """Raise DiskCacheLocked when another engine holds `directory`'s lock now. A check that holds nothing, made
-    before the model loads so that a second engine is refused at once; `DiskIndex.open` takes the lock itself."""
-    try:
-        fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR)
-    except FileNotFoundError:
-        return  # no engine has used the directory (or it does not exist yet)
+# Locks taken before the model loads, by real path, for DiskTier.open in the same process to adopt.
+_RESERVED: dict[str, int] = {}
+
+
+def reserve_directory(directory: str) -> None:
+    """Create `directory` and take its lock now, before the model loads (a minute on a CPU), so that a second engine
+    on it, or a path that cannot be a directory, is refused at once; DiskTier.open in this process adopts the lock.
+    Raises DiskCacheLocked when another engine holds it, OSError when it cannot be created or locked."""
+    key = os.path.realpath(directory)
+    if key not in _RESERVED:
+        _RESERVED[key] = _create_and_lock(directory)
+
+
+def _create_and_lock(directory: str) -> int:
+    """The directory (created with mode 0700 when missing), locked: returns the lock file's descriptor."""
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)  # makedirs' mode is narrowed by the umask, never widened: make it exact
+    fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
     except BlockingIOError:
-        raise _locked(directory) from None
-    finally:
         os.close(fd)
+        raise _locked(directory) from None
+    return fd

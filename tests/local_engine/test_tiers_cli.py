@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
@@ -100,27 +101,61 @@ def test_prefixscope_up_refuses_bad_tier_options_before_anything_starts(argv, me
     assert message in err and "prefixscope up: error:" in err
 
 
-def test_a_second_engine_on_a_locked_directory_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
-    import fcntl
-    import os
-
+@pytest.fixture
+def no_model_load(monkeypatch):
     import local_engine.model_loader
-    from local_engine.cache.disk_index import LOCK_FILE
-    from prefixscope.cli import main
 
     def never(*args, **kwargs):
-        raise AssertionError("the model was loaded before the directory's lock was checked")
+        raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(local_engine.model_loader, "load_model", never)
-    held = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)  # the lock a first engine holds
-    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    try:
-        assert main(["engine", "--disk-cache-dir", str(tmp_path), "--port", "0"]) == 2
-    finally:
-        os.close(held)
-    error = capsys.readouterr().err
-    assert f"the disk cache directory {tmp_path} is in use by another engine" in error
-    assert "Traceback" not in error
-    # Once the first engine is gone the check passes (and the engine would go on to load its model).
+
+
+def test_a_second_engine_on_a_locked_directory_is_refused_before_the_model_loads(tmp_path, no_model_load, capsys):
+    """The first engine holds the directory from before its own model loads, so a second one started meanwhile is
+    refused at once."""
+    from local_engine.cache import disk_index
+    from prefixscope.cli import main
+
+    first = tmp_path / "kv"
+    argv = ["engine", "--disk-cache-dir", str(first), "--port", "0"]
     with pytest.raises(AssertionError, match="the model was loaded"):
-        main(["engine", "--disk-cache-dir", str(tmp_path), "--port", "0"])
+        main(argv)  # the first engine: the directory is created and locked, then its model would load
+    assert oct((first).stat().st_mode & 0o777) == "0o700"
+    reserved = disk_index._RESERVED.pop(str(first.resolve()))  # held as if by another process from here on
+    try:
+        assert main(argv) == 2
+        # DiskTier.open in a process that reserved nothing meets the lock too.
+        tier = disk_index.DiskTier(str(first), None, 1 << 20)
+        with pytest.raises(disk_index.DiskCacheLocked):
+            tier.open()
+    finally:
+        os.close(reserved)
+    error = capsys.readouterr().err
+    assert f"the disk cache directory {first} is in use by another engine" in error
+    assert "Traceback" not in error
+
+
+def test_the_engine_adopts_the_lock_it_reserved(tmp_path):
+    from local_engine.cache import disk_index
+
+    disk_index.reserve_directory(str(tmp_path))
+    tier = disk_index.DiskTier(str(tmp_path), None, 1 << 20)
+    tier.open()  # adopts this process's reservation instead of meeting it as a lock held by someone else
+    assert str(tmp_path.resolve()) not in disk_index._RESERVED
+    tier.close()
+    again = disk_index.DiskTier(str(tmp_path), None, 1 << 20)
+    again.open()  # released by close
+    again.close()
+
+
+@pytest.mark.parametrize("kind", ["a regular file", "under a regular file"])
+def test_an_unusable_directory_is_refused_before_the_model_loads(tmp_path, no_model_load, capsys, kind):
+    from prefixscope.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    directory = afile if kind == "a regular file" else afile / "kv"
+    assert main(["engine", "--disk-cache-dir", str(directory), "--port", "0"]) == 2
+    error = capsys.readouterr().err
+    assert f"cannot use --disk-cache-dir {directory}" in error and "Traceback" not in error
