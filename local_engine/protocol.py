@@ -131,6 +131,13 @@ def _tool_stops(choice: ToolChoice, loaded: LoadedModel) -> tuple[str, ...]:
     return (format_for(loaded.tokenizer).close_tag,) if choice.mode == "required" else ()
 
 
+def _tool_names(body: dict, choice: ToolChoice) -> tuple[str, ...]:
+    """The names a forced call may take when the prompt leaves its name to the model ("required", several tools)."""
+    if choice.mode != "required" or choice.function is not None:
+        return ()
+    return tuple(tool["function"]["name"] for tool in check_tools(body.get("tools")) or ())
+
+
 def _closing_json(choice: ToolChoice, opening: str, loaded: LoadedModel) -> str:
     """A forced call also ends where its JSON body closes, as small models often write on past it."""
     return format_for(loaded.tokenizer).opened_json(opening) if choice.mode == "required" else ""
@@ -202,6 +209,7 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         stop=stop_strings(body) + _tool_stops(tool_choice, loaded),
         ignore_eos=optional_bool(body, "ignore_eos", False),
         closing_json=_closing_json(tool_choice, opening, loaded),
+        tool_names=_tool_names(body, tool_choice),
     )
     return ParsedRequest(
         endpoint=endpoint,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 
@@ -71,6 +72,7 @@ class ToolCallStream:
     def __init__(self, fmt: ToolCallFormat, forced_opening: str = "", forced_name: str | None = None) -> None:
         self._format = fmt
         self._forced_name = forced_name
+        self._forced = bool(forced_opening)
         self._buffer = forced_opening
         self._in_call = False
         self.calls: list[ToolCall] = []
@@ -111,12 +113,25 @@ class ToolCallStream:
         return "".join(content), calls
 
     def _call(self, body: str, content: list[str]) -> list[ToolCall]:
-        call = self._format.parse_body(body, self._forced_name if not self.calls else None)
+        forced_name = None
+        if not self.calls:
+            # A forced call is a call even when its arguments are broken: its name is the one given or, when the
+            # model wrote it (constrained to the tools' names), the one it wrote.
+            forced_name = self._forced_name or (self._forced and _written_name(body)) or None
+        call = self._format.parse_body(body, forced_name)
         if call is None:
             content.append(self._format.open_tag + body)  # not a call after all: show it as the model wrote it
             return []
         self.calls.append(call)
         return [call]
+
+
+_WRITTEN_NAME = re.compile(r'^\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_.:-]{1,64})"')
+
+
+def _written_name(body: str) -> str | None:
+    match = _WRITTEN_NAME.match(body)
+    return match.group(1) if match else None
 
 
 def _partial_suffix(text: str, tag: str) -> int:

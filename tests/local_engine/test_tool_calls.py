@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from local_engine.tool_calls import ToolCallStream, format_for
 from local_engine.tool_calls.hermes import HermesFormat
@@ -166,3 +167,64 @@ def test_a_named_tool_choice_sets_up_the_opening_and_the_json_close(tiny_loaded)
     assert parsed.tool_opening.endswith('"arguments": {"city": "')
     assert parsed.sampling.closing_json == '{"name": "get_weather", "arguments": {"city": "'
     assert parse_request({**body, "tool_choice": "auto"}, CHAT, tiny_loaded).sampling.closing_json == ""
+
+
+def test_a_constrained_name_is_always_one_of_the_tools(smollm2_tokenizer):
+    """Whatever the logits favour, the name written under the constraint is a tool's name and its closing quote."""
+    from local_engine.tool_name_constraint import TokenTexts, ToolNameConstraint
+
+    texts = TokenTexts(smollm2_tokenizer)
+    names = ("get_weather", "get_time", "roll_dice")
+    written = set()
+    for seed in range(12):
+        generator = torch.Generator().manual_seed(seed)
+        constraint = ToolNameConstraint(names, texts)
+        text = ""
+        while not constraint.done:
+            token = int(torch.argmax(constraint.mask(torch.randn(len(texts.text), generator=generator))))
+            constraint.accept(token)
+            text += texts.text[token]
+        name = text.split('"')[0]
+        assert name in names and text.startswith(name + '"')
+        written.add(name)
+        assert constraint.allowed_token_ids() is None  # free from here on: the arguments
+    assert len(written) >= 2  # the constraint narrows, it does not pick
+
+
+def test_required_with_several_tools_constrains_the_name_and_one_tool_is_named(tiny_loaded):
+    from local_engine.protocol import CHAT, parse_request
+
+    def tool(name):
+        return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+            "tools": [tool("a_tool"), tool("b_tool")], "tool_choice": "required"}
+    assert parse_request(body, CHAT, tiny_loaded).sampling.tool_names == ("a_tool", "b_tool")
+    one = {**body, "tools": [tool("a_tool")]}
+    assert parse_request(one, CHAT, tiny_loaded).sampling.tool_names == ()  # named in the opening instead
+    named = {**body, "tool_choice": {"type": "function", "function": {"name": "b_tool"}}}
+    assert parse_request(named, CHAT, tiny_loaded).sampling.tool_names == ()
+
+
+def test_sampled_forced_calls_on_a_random_model_name_a_real_tool(make_engine):
+    """The tiny random model writes noise; under the constraint its forced calls still name one of the tools."""
+    import asyncio
+
+    from local_engine.engine_types import GenerationRequest
+    from local_engine.protocol import CHAT, parse_request
+
+    from .conftest import run_to_end
+
+    engine = make_engine(kv_cache_tokens=4096)
+    tools = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+             for name in ("get_weather", "roll_dice", "create_user")]
+    names = set()
+    for seed in range(6):
+        body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Do something"}], "tools": tools,
+                "tool_choice": "required", "max_tokens": 12, "seed": seed}
+        parsed = parse_request(body, CHAT, engine.loaded)
+        _, text, _ = asyncio.run(run_to_end(engine, GenerationRequest(parsed.prompt_token_ids, parsed.sampling)))
+        name = text.split('"')[0]
+        assert name in {"get_weather", "roll_dice", "create_user"}, text
+        names.add(name)
+    assert names
