@@ -197,7 +197,8 @@ def register(commands, bench_commands) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8001)
     serve.add_argument(
-        "--admin-token", default=None, help="required by the cache views (/v1/cache, /v1/cache/tree, /v1/cache/flush)"
+        "--admin-token", default=None,
+        help="required by the cache views that show or drop every namespace (/v1/cache/tree, /v1/cache/flush)"
     )
     serve.add_argument(
         "--api-key",
