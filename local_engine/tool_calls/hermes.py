@@ -13,7 +13,9 @@ import partial_json_parser
 
 from local_engine.tool_calls.base import ToolCall, ToolCallFormat, arguments_json, new_call_id
 
-_DECODER = json.JSONDecoder()
+# strict=False accepts a raw newline or tab inside a string, which models write and RFC 8259 forbids; the
+# arguments are re-serialised (escaped) before they are returned.
+_DECODER = json.JSONDecoder(strict=False)
 _FORCED = re.compile(r'^\s*\{\s*"name"\s*:\s*"[^"\\]{1,64}"\s*,\s*"arguments"\s*:\s*(.*)$', re.DOTALL)
 
 

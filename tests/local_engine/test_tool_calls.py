@@ -228,3 +228,10 @@ def test_sampled_forced_calls_on_a_random_model_name_a_real_tool(make_engine):
         assert name in {"get_weather", "roll_dice", "create_user"}, text
         names.add(name)
     assert names
+
+
+def test_a_raw_newline_inside_an_argument_string_is_kept_not_dropped():
+    stream = ToolCallStream(HermesFormat(), '<tool_call>{"name": "f", "arguments": {"city": "', forced_name="f")
+    _, calls = run(stream, 'New\nYork"}}', 3)
+    assert [(c.name, json.loads(c.arguments), c.complete) for c in calls] == [("f", {"city": "New\nYork"}, True)]
+    assert "\n" not in calls[0].arguments  # escaped in the JSON string returned
