@@ -163,5 +163,7 @@ def takes_a_string(tools: list[dict] | None, function: str | None, argument: str
         if tool["function"]["name"] == function:
             properties = (tool["function"].get("parameters") or {}).get("properties")
             schema = properties.get(argument) if isinstance(properties, dict) else None
-            return isinstance(schema, dict) and schema.get("type") == "string"
+            kind = schema.get("type") if isinstance(schema, dict) else None
+            # JSON Schema's nullable form `["string", "null"]` counts: the model is asked for a value, not null.
+            return kind == "string" or (isinstance(kind, list) and "string" in kind and set(kind) <= {"string", "null"})
     return False

@@ -116,6 +116,9 @@ def test_a_string_first_argument_opens_its_quote():
         "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
     assert takes_a_string(tools, "f", "city") and not takes_a_string(tools, "f", "days")
     assert not takes_a_string(tools, "f", "nope") and not takes_a_string(tools, "g", "city")
+    for kind, expected in ((["string", "null"], True), (["string", "integer"], False), (["null"], False)):
+        tools[0]["function"]["parameters"]["properties"]["city"]["type"] = kind
+        assert takes_a_string(tools, "f", "city") is expected
     assert HermesFormat().opening("f", "city", opens_string=True) == '<tool_call>{"name": "f", "arguments": {"city": "'
     assert HermesFormat().opened_json(HermesFormat().opening("f", "city")) == '{"name": "f", "arguments": {"city": '
 
