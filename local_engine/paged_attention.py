@@ -47,8 +47,9 @@ class ChunkAttention:
     """One prefill chunk: packed query rows `[query_start, query_start + num_query_tokens)` attend to `slots`.
 
     `slots`: int64 `[num_context_tokens]` on the pool's device, the sequence's slot table up to and including this
-    chunk; `slots_start` its first slot when they are one ascending run (read as a view of the pool), else None. `mask`: bool `[num_query_tokens, num_context_tokens]` (True = attend), or None when the chunk is the whole
-    context so plain causal attention applies.
+    chunk; `slots_start` its first slot when they are one ascending run (read as a view of the pool), else None.
+    `mask`: bool `[num_query_tokens, num_context_tokens]` (True = attend), or None when the chunk is the whole context
+    so plain causal attention applies.
     """
 
     query_start: int
@@ -165,7 +166,8 @@ def paged_attention(
     if batch.cascade is not None:
         rows = batch.cascade.rows
         cascade_queries = queries.index_select(0, rows).to(pool_k.dtype)  # [R, num_heads, head_dim]
-        out.index_copy_(0, rows, cascade_attention(pool_k, pool_v, batch.cascade, cascade_queries, scaling).to(out.dtype))
+        attended = cascade_attention(pool_k, pool_v, batch.cascade, cascade_queries, scaling)
+        out.index_copy_(0, rows, attended.to(out.dtype))
     if batch.decode_slots is not None:
         rows, longest = batch.decode_slots.shape
         flat = batch.decode_slots.view(-1)
