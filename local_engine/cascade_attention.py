@@ -43,7 +43,11 @@ class SlotRead:
     num_slots: int
 
 
-def split_runs(slots: torch.Tensor, min_run: int = MIN_VIEW_RUN) -> tuple[tuple[tuple[int, int], ...], torch.Tensor]:
+# split_runs' result: `(first slot, length)` of each long run, and the other slots.
+RunSplit = tuple[tuple[tuple[int, int], ...], torch.Tensor]
+
+
+def split_runs(slots: torch.Tensor, min_run: int = MIN_VIEW_RUN) -> RunSplit:
     """`slots` (int64 CPU `[n]`) as its runs of at least `min_run` consecutive slots, `(first slot, length)` each,
     and the other slots (int64 CPU, in order)."""
     n = len(slots)
@@ -124,16 +128,17 @@ def find_shared_prefixes(tables: list[torch.Tensor], min_prefix: int) -> list[tu
 
 
 def build_cascade_batch(
-    tables: list[torch.Tensor], groups: list[tuple[list[int], int]], device: torch.device
+    tables: list[torch.Tensor],
+    groups: list[tuple[list[int], int, RunSplit | None]],
+    device: torch.device,
 ) -> CascadeBatch:
-    """A CascadeBatch for `groups`, `(rows of tables, shared prefix length)` each, over `tables` (int64 CPU
-    `[n_i]`). A prefix's runs of MIN_VIEW_RUN slots or more are read as views; its few other slots (up to
-    MIN_VIEW_RUN) join each row's suffix, which is attended for all rows at once, rather than cost a pass of their
-    own per group."""
+    """A CascadeBatch for `groups` over `tables` (int64 CPU `[n_i]`): `(rows of tables, shared prefix length, the
+    prefix's split_runs when the caller has made it, else None)` each. A prefix's runs of MIN_VIEW_RUN slots or more
+    are read as views; its few other slots (up to MIN_VIEW_RUN) join each row's suffix, which is attended for all
+    rows at once, rather than cost a pass of their own per group."""
     rows, built, suffixes, start = [], [], [], 0
-    for group_rows, prefix_length in groups:
-        prefix = tables[group_rows[0]][:prefix_length]
-        views, rest = split_runs(prefix)
+    for group_rows, prefix_length, runs in groups:
+        views, rest = runs or split_runs(tables[group_rows[0]][:prefix_length])
         shared_rest = rest if views and len(rest) <= MIN_VIEW_RUN else rest[:0]
         gathered = rest if len(shared_rest) < len(rest) else None
         read = SlotRead(views, None if gathered is None else gathered.to(device, non_blocking=True),

@@ -105,16 +105,18 @@ def build_paged_batch(
     decode_slots = decode_mask = decode_rows = cascade = None
     plain = list(range(num_decode))
     if num_decode and min_shared_prefix is not None:
-        groups = find_shared_prefixes(slot_tables[:num_decode], min_shared_prefix) if num_decode > 1 else []
-        grouped = {row for rows, _ in groups for row in rows}
+        shared = find_shared_prefixes(slot_tables[:num_decode], min_shared_prefix) if num_decode > 1 else []
+        groups = [(rows, length, None) for rows, length in shared]
+        grouped = {row for rows, _ in shared for row in rows}
         plain = []
         for row in range(num_decode):
             if row in grouped:
                 continue
             # A row alone on a context with a long run of slots is a group of its own, so that run is read as a
             # view instead of gathered.
-            if split_runs(slot_tables[row][:-1])[0]:
-                groups.append(([row], len(slot_tables[row]) - 1))
+            runs = split_runs(slot_tables[row][:-1])
+            if runs[0]:
+                groups.append(([row], len(slot_tables[row]) - 1, runs))
             else:
                 plain.append(row)
         if groups:

@@ -111,36 +111,33 @@ def _check_model(body: dict, loaded: LoadedModel) -> str:
     return model
 
 
-def _tool_setup(body: dict, endpoint: str, loaded: LoadedModel) -> tuple[ToolChoice, str]:
-    """(tool choice, the answer's forced opening) for a chat request; ("none", "") otherwise."""
+@dataclass(frozen=True)
+class _ToolSetup:
+    """What a chat request's `tool_choice` asks of generation."""
+
+    choice: ToolChoice = ToolChoice("none")
+    opening: str = ""  # text the prompt puts at the start of the answer to force a call
+    stops: tuple[str, ...] = ()  # a forced call ends at its close tag (one call per forced answer),
+    closing_json: str = ""  # or where its JSON body closes, as small models often write on past it
+    names: tuple[str, ...] = ()  # the names it may take, when the prompt leaves its name to the model
+
+
+def _tool_setup(body: dict, endpoint: str, loaded: LoadedModel) -> _ToolSetup:
     if endpoint != CHAT:
-        return ToolChoice("none"), ""
+        return _ToolSetup()
     tools = check_tools(body.get("tools"))
     choice = parse_tool_choice(body.get("tool_choice"), tools)
     if choice.mode != "required":
-        return choice, ""
+        return _ToolSetup(choice)
+    names: tuple[str, ...] = ()
     if choice.function is None and len(tools) == 1:
         choice = ToolChoice("required", tools[0]["function"]["name"])  # "required" with one tool names it
+    elif choice.function is None:
+        names = tuple(tool["function"]["name"] for tool in tools)
     argument = first_argument(tools, choice.function)
-    opens_string = takes_a_string(tools, choice.function, argument)
-    return choice, format_for(loaded.tokenizer).opening(choice.function, argument, opens_string)
-
-
-def _tool_stops(choice: ToolChoice, loaded: LoadedModel) -> tuple[str, ...]:
-    """A forced call ends at its closing tag (one call per forced answer)."""
-    return (format_for(loaded.tokenizer).close_tag,) if choice.mode == "required" else ()
-
-
-def _tool_names(body: dict, choice: ToolChoice) -> tuple[str, ...]:
-    """The names a forced call may take when the prompt leaves its name to the model ("required", several tools)."""
-    if choice.mode != "required" or choice.function is not None:
-        return ()
-    return tuple(tool["function"]["name"] for tool in check_tools(body.get("tools")) or ())
-
-
-def _closing_json(choice: ToolChoice, opening: str, loaded: LoadedModel) -> str:
-    """A forced call also ends where its JSON body closes, as small models often write on past it."""
-    return format_for(loaded.tokenizer).opened_json(opening) if choice.mode == "required" else ""
+    fmt = format_for(loaded.tokenizer)
+    opening = fmt.opening(choice.function, argument, takes_a_string(tools, choice.function, argument))
+    return _ToolSetup(choice, opening, (fmt.close_tag,), fmt.opened_json(opening), names)
 
 
 def parse_prompt(
@@ -183,8 +180,8 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         if body.get(name) is not None and is_set(body[name]):
             raise InvalidRequest(f"{name}={str(body[name])[:100]} is not supported by this engine", param=name)
     check_ignored_fields(body)
-    tool_choice, opening = _tool_setup(body, endpoint, loaded)
-    model, (token_ids, layout), namespace = parse_prompt(body, endpoint, loaded, opening)
+    tools = _tool_setup(body, endpoint, loaded)
+    model, (token_ids, layout), namespace = parse_prompt(body, endpoint, loaded, tools.opening)
     window = loaded.context_window_tokens
     if len(token_ids) >= window:
         raise InvalidRequest(
@@ -206,10 +203,10 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         temperature=0.0 if temperature < _GREEDY_BELOW_TEMPERATURE else temperature,
         top_p=optional_number(body, "top_p", 1.0, 1e-9, 1.0),
         seed=optional_int(body, "seed", INT64_MIN, INT64_MAX),
-        stop=stop_strings(body) + _tool_stops(tool_choice, loaded),
+        stop=stop_strings(body) + tools.stops,
         ignore_eos=optional_bool(body, "ignore_eos", False),
-        closing_json=_closing_json(tool_choice, opening, loaded),
-        tool_names=_tool_names(body, tool_choice),
+        closing_json=tools.closing_json,
+        tool_names=tools.names,
     )
     return ParsedRequest(
         endpoint=endpoint,
@@ -221,7 +218,7 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         namespace=namespace,
         hash_chain_block_size=parse_hash_chain_request(body),
         layout=layout,
-        tool_choice=tool_choice,
-        tool_opening=opening,
+        tool_choice=tools.choice,
+        tool_opening=tools.opening,
         retention=optional_choice(body, "cache_retention", RETENTION_CLASSES),
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 
@@ -50,6 +49,10 @@ class ToolCallFormat:
     def opened_json(self, opening: str) -> str:
         """The JSON part of a forced `opening` (the call's body so far), which the model's output completes."""
         return opening[len(self.open_tag):] if opening.startswith(self.open_tag) else ""
+
+    def written_name(self, body: str) -> str | None:
+        """The function name a call's body (the text after the open tag) starts by naming, if it does."""
+        raise NotImplementedError
 
     def parse_body(self, body: str, forced_name: str | None) -> ToolCall | None:
         """One call from the text between the tags, or None when it is not a call."""
@@ -117,21 +120,13 @@ class ToolCallStream:
         if not self.calls:
             # A forced call is a call even when its arguments are broken: its name is the one given or, when the
             # model wrote it (constrained to the tools' names), the one it wrote.
-            forced_name = self._forced_name or (self._forced and _written_name(body)) or None
+            forced_name = self._forced_name or (self._forced and self._format.written_name(body)) or None
         call = self._format.parse_body(body, forced_name)
         if call is None:
             content.append(self._format.open_tag + body)  # not a call after all: show it as the model wrote it
             return []
         self.calls.append(call)
         return [call]
-
-
-_WRITTEN_NAME = re.compile(r'^\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_.:-]{1,64})"')
-
-
-def _written_name(body: str) -> str | None:
-    match = _WRITTEN_NAME.match(body)
-    return match.group(1) if match else None
 
 
 def _partial_suffix(text: str, tag: str) -> int:

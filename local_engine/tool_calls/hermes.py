@@ -16,7 +16,9 @@ from local_engine.tool_calls.base import ToolCall, ToolCallFormat, arguments_jso
 # strict=False accepts a raw newline or tab inside a string, which models write and RFC 8259 forbids; the
 # arguments are re-serialised (escaped) before they are returned.
 _DECODER = json.JSONDecoder(strict=False)
-_FORCED = re.compile(r'^\s*\{\s*"name"\s*:\s*"[^"\\]{1,64}"\s*,\s*"arguments"\s*:\s*(.*)$', re.DOTALL)
+_NAME = r'^\s*\{\s*"name"\s*:\s*"([^"\\]{1,64})"'
+_FORCED = re.compile(_NAME + r'\s*,\s*"arguments"\s*:\s*(.*)$', re.DOTALL)
+_WRITTEN_NAME = re.compile(_NAME)
 
 
 def first_json_value(text: str) -> tuple[object, bool]:
@@ -48,6 +50,10 @@ class HermesFormat(ToolCallFormat):
             return opening
         return opening + json.dumps(first_argument) + (': "' if opens_string else ": ")
 
+    def written_name(self, body: str) -> str | None:
+        match = _WRITTEN_NAME.match(body)
+        return match.group(1) if match else None
+
     def parse_body(self, body: str, forced_name: str | None) -> ToolCall | None:
         value, whole = first_json_value(body)
         if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"]:
@@ -59,7 +65,7 @@ class HermesFormat(ToolCallFormat):
         # A call the prompt forced: the name is known. Arguments that are no JSON object at all become `{}`, so
         # that `arguments` is always a JSON object string.
         match = _FORCED.match(body)
-        arguments, whole = first_json_value(match.group(1)) if match else (None, False)
+        arguments, whole = first_json_value(match.group(2)) if match else (None, False)
         if not isinstance(arguments, dict):
             arguments, whole = {}, False
         return ToolCall(new_call_id(), forced_name, arguments_json(arguments), complete=whole)
