@@ -50,21 +50,15 @@ RunSplit = tuple[tuple[tuple[int, int], ...], torch.Tensor]
 def split_runs(slots: torch.Tensor, min_run: int = MIN_VIEW_RUN) -> RunSplit:
     """`slots` (int64 CPU `[n]`) as its runs of at least `min_run` consecutive slots, `(first slot, length)` each,
     and the other slots (int64 CPU, in order)."""
-    n = len(slots)
-    if n < min_run:
+    if len(slots) < min_run:
         return (), slots
-    breaks = torch.nonzero(slots[1:] - slots[:-1] != 1).flatten() + 1
-    starts = torch.cat([torch.zeros(1, dtype=torch.int64), breaks])
-    lengths = torch.cat([breaks, torch.tensor([n])]) - starts
-    long_runs = (lengths >= min_run).nonzero().flatten().tolist()
+    long_runs = [run for run in slot_runs(slots, max_runs=len(slots)) if run[2] >= min_run]
     if not long_runs:
         return (), slots
-    views, rest = [], torch.ones(n, dtype=torch.bool)
-    for run in long_runs:
-        start, length = int(starts[run]), int(lengths[run])
-        views.append((int(slots[start]), length))
-        rest[start : start + length] = False
-    return tuple(views), slots[rest]
+    rest = torch.ones(len(slots), dtype=torch.bool)
+    for offset, _, length in long_runs:
+        rest[offset : offset + length] = False
+    return tuple((first, length) for _, first, length in long_runs), slots[rest]
 
 
 @dataclass(frozen=True)
