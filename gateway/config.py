@@ -197,11 +197,24 @@ def load_config(path: Path | None, overrides: ConfigOverrides = ConfigOverrides(
     return apply_overrides(parse_config(data), overrides)
 
 
+def check_prices(data: Mapping[str, Any]) -> None:
+    """Raises `ConfigError` when `[advice.cache_prices]` is malformed."""
+    from db.retention.costs import PriceError
+    from db.retention.prices import UpstreamPrices
+
+    try:
+        UpstreamPrices.from_config(data)
+    except PriceError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
     """Build a `GatewayConfig` from the parsed TOML document."""
     unknown = set(data) - {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages"}
+    unknown -= {"advice"}  # read by `prefixscope advise` (db.retention.prices), checked here so a bad one is refused
     if unknown:
         raise ConfigError(f"unknown config sections: {sorted(unknown)}")
+    check_prices(data)
     section = dict(data.get("gateway", {}))
     upstreams = tuple(_parse_upstream(item) for item in data.get("upstreams", ())) or GatewayConfig.upstreams
     names = [u.name for u in upstreams]
