@@ -175,6 +175,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 "failed": advisor.failed,
                 "skipped": advisor.skipped,
                 "pending": advisor.pending,
+                "cpu_s": round(advisor.capacity.cpu_s_total, 3),
             },
         }
         return Response(content=body, status_code=200 if refused is None else 503)

@@ -31,8 +31,8 @@ found = ui.read_database(
 )
 if not found:
     ui.stop_with_info(
-        "No rule advice in this range. The advisor samples a share of each tenant's requests "
-        "(`advice_sample_rate` in prefixscope.toml); pick a longer range or another tenant."
+        "No rule advice in this range. The advisor samples every request of a tenant while it has capacity "
+        "(`advice_sample_rate` above 0 in prefixscope.toml); pick a longer range or another tenant."
     )
 
 
@@ -97,7 +97,8 @@ for tenant in found:
     if tenant.needs_more_samples:
         st.info(
             f"Not enough sampled requests yet to advise: {tenant.most_samples} of the {min_samples} an estimate "
-            "needs. The advisor samples a share of the tenant's requests (`advice_sample_rate`)."
+            f"needs, so {tenant.samples_needed} more requests. The advisor samples every request of a tenant with "
+            "`advice_sample_rate` above 0 while it has capacity."
         )
     elif not recommended:
         st.info("Nothing to recommend: no rule this tenant has not enabled would raise its hit rate.")

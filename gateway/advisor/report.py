@@ -80,8 +80,8 @@ def format_text(found: list[TenantAdvice], tenant: str | None = None, since: str
                 "lists the tenants; advice needs advice_sample_rate above 0 and sampled requests)"
             )
         return (
-            "no rule advice in this range (the gateway samples a share of each tenant's requests, advice_sample_rate, "
-            "0.1 by default: send traffic through it or pick a longer --since)"
+            "no rule advice in this range (the gateway samples every request of a tenant with advice_sample_rate "
+            "above 0 while the advisor has capacity: send traffic through it or pick a longer --since)"
         )
     blocks = []
     for tenant in found:
@@ -100,7 +100,8 @@ def format_text(found: list[TenantAdvice], tenant: str | None = None, since: str
         if tenant.needs_more_samples:
             lines.append(
                 f"  not enough sampled requests yet to advise: {tenant.most_samples} of the {tenant.min_samples} "
-                "an estimate needs"
+                f"an estimate needs; {tenant.samples_needed} more requests (each is sampled while the advisor has "
+                "capacity)"
             )
         elif not tenant.recommendations:
             lines.append("  nothing to recommend: no rule that is off would raise the hit rate")

@@ -71,7 +71,7 @@ def test_advise_prints_each_tenant_and_candidate(database_url: str, capsys: pyte
     assert "[not enough samples] - 4 sampled requests" in steady
     # Four samples say nothing either way: no claim that no rule would help.
     assert "nothing to recommend" not in steady
-    assert "not enough sampled requests yet to advise: 4 of the 10 an estimate needs" in steady
+    assert "not enough sampled requests yet to advise: 4 of the 10 an estimate needs; 6 more requests" in steady
 
 
 def test_advise_with_enough_samples_and_no_gain_says_nothing_to_recommend(
