@@ -97,7 +97,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     )
     metrics.replicas.watch(lambda: runtime.router.replica_sets.values())
     explainer = recorder.explainer = Explainer(UpliftChecker(lambda: runtime.client, recorder.record))
-    advisor = recorder.advisor = AdviceSampler(lambda: runtime.client)
+    advisor = recorder.advisor = AdviceSampler(lambda: runtime.client, fleet_key=recorder.hasher.fleet_key())
     engine_context = EngineContextPoller(lambda: runtime.client, storage, config.upstreams)
 
     @asynccontextmanager

@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
 import httpx
 
+from db.advice import AdviceOutcome
+from db.patterns.signature import PromptSignature
 from db.records import RequestRecord
 from gateway.advisor.capacity import DEFAULT_CPU_BUDGET, DEFAULT_WINDOW_S, AdvisorCapacity
 from gateway.advisor.candidates import candidates_for, settings_fingerprint
 from gateway.advisor.estimate import DEFAULT_SCAN_LIMIT, AdviceJob, Estimator
 from gateway.advisor.history import DEFAULT_HISTORY_SIZE, AdviceHistories, Entry
+from gateway.advisor.signature import prompt_signature
 from gateway.explain.explainer import ExplainContext
 from gateway.normalize.pipeline import Pipeline, build_pipeline
 from gateway.tenant_settings import TenantSettings
@@ -48,8 +52,10 @@ class AdviceSampler:
         timeout_s: float = 10.0,
         cpu_budget: float = DEFAULT_CPU_BUDGET,
         window_s: float = DEFAULT_WINDOW_S,
+        fleet_key: bytes = b"",
     ) -> None:
         self._client = client
+        self._fleet_key = fleet_key  # keys the prompt signatures of the fleet patterns (empty: none are taken)
         self._semaphore = asyncio.Semaphore(concurrency)
         self.capacity = AdvisorCapacity(cpu_budget, window_s, max_pending)
         self._timeout = httpx.Timeout(timeout_s)
@@ -128,18 +134,24 @@ class AdviceSampler:
         return found
 
     async def _run(self, job: AdviceJob, record: RequestRecord, submit: Submit) -> None:
-        outcomes = ()
+        outcomes: tuple[AdviceOutcome, ...] = ()
+        signature = None
         try:
             async with self._semaphore:
                 estimator = Estimator(job, self._client(), self._timeout)
                 outcomes = await estimator.outcomes()
                 self.capacity.charge(estimator.cpu_s)
+                if self._fleet_key:
+                    signature, cpu_s = await asyncio.to_thread(_signed, job, self._fleet_key, record.prompt_tokens)
+                    self.capacity.charge(cpu_s)
             self.sampled += 1
         except Exception:  # an estimate must never lose the record
             self.failed += 1
             log.debug("rule advice estimate failed", exc_info=True)
         finally:
-            submit(replace(record, advice=outcomes) if outcomes else record)
+            if outcomes or signature is not None:
+                record = replace(record, advice=outcomes, signature=signature)
+            submit(record)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Wait (bounded) for the estimates in flight; cancel the rest (their records are still submitted)."""
@@ -151,3 +163,10 @@ class AdviceSampler:
             task.cancel()
         if still_running:
             await asyncio.gather(*still_running, return_exceptions=True)
+
+
+def _signed(job: AdviceJob, key: bytes, prompt_tokens: int | None) -> tuple[PromptSignature, float]:
+    """The request's prompt signature and the CPU seconds it took (run in a worker thread)."""
+    started = time.thread_time()
+    signature = prompt_signature(job.endpoint, job.body, key, prompt_tokens)
+    return signature, time.thread_time() - started
