@@ -1,5 +1,5 @@
-"""The Rule advice page's data access: `db.queries.advice`, `.retention` and `.patterns` behind `st.cache_data`, on the pooled engine of
-`dashboard.data`."""
+"""The Rule advice page's data access: `db.queries.advice`, `.retention` and `.patterns` behind `st.cache_data`, on
+the pooled engine of `dashboard.data`."""
 
 from __future__ import annotations
 

@@ -165,7 +165,8 @@ def _tool_patterns(items: list[SignedRequest]) -> list[FleetPattern]:
         members = [m for tools in sets for m in by_set[tools]]
         common = Counter(tuple(sorted(m.signature.tools)) for m in members).most_common(1)[0][0]
         costly = [m for m in members if tuple(sorted(m.signature.tools)) != common]
-        patterns.append(_tool_pattern("one_tool", members, costly, len(sets), f"tools ({len(base)} shared, one differs)",
+        where = f"tools ({len(base)} shared, one differs)"
+        patterns.append(_tool_pattern("one_tool", members, costly, len(sets), where,
                                       "send the union of the tools, or put the tool that varies last, so the shared "
                                       "tools stay cached"))
     return patterns

@@ -8,7 +8,13 @@ from datetime import datetime
 from sqlalchemy import select
 
 from db.models import PromptSignatureRow, table_of
-from db.patterns.finder import DEFAULT_MAX_SPAN_CHARS, DEFAULT_MIN_SHARED_CHARS, FleetPattern, SignedRequest, find_patterns
+from db.patterns.finder import (
+    DEFAULT_MAX_SPAN_CHARS,
+    DEFAULT_MIN_SHARED_CHARS,
+    FleetPattern,
+    SignedRequest,
+    find_patterns,
+)
 from db.patterns.signature import PromptSignature
 from db.queries.totals import Reader
 from db.timeutil import as_utc

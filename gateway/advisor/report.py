@@ -169,7 +169,11 @@ def advise_command(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     if args.json:
-        document = {"rules": to_json(found), "retention": retention_json(retention), "patterns": patterns_json(patterns)}
+        document = {
+            "rules": to_json(found),
+            "retention": retention_json(retention),
+            "patterns": patterns_json(patterns),
+        }
         print(json.dumps(document, indent=2))
     else:
         print(format_text(found, args.tenant, args.since))

@@ -6,9 +6,11 @@ capacity (`gateway.advisor.capacity`: under its CPU budget, a share of one core 
 `max_pending` estimates in flight), not by a fixed fraction, so a quiet tenant is advised after its first handful of
 requests and a busy gateway stays bounded. A sampled request's record is held while a background task estimates every
 candidate (`gateway.advisor.estimate`) and then submitted with the estimates attached, so the client never waits. At
-most `concurrency` estimates run at once; a request that finds no room is not sampled (counted in `skipped`). Each estimate compares against at most `scan_limit` earlier requests and does
-its rewriting in a worker thread, so neither the history size nor the rules slow the event loop. `stop` waits (bounded)
-for the estimates in flight and submits the records of any it has to cancel, without advice.
+most `concurrency` estimates run at once; a request that finds no room is not sampled (counted in `skipped`). Each
+estimate compares against at most `scan_limit` earlier requests and does its rewriting in a worker thread, so neither
+the history size nor the rules slow the event loop. With a fleet key, a sampled record also carries its prompt's keyed
+signature (`gateway.advisor.signature`) for the fleet patterns. `stop` waits (bounded) for the estimates in flight and
+submits the records of any it has to cancel, without advice.
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ def static_head(endpoint: str, body: dict[str, Any]) -> str:
             break
         content = message.get("content")
         if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+            texts = (part.get("text") for part in content if isinstance(part, dict))
+            content = "".join(text for text in texts if isinstance(text, str))
         parts.append(content if isinstance(content, str) else "")
     return "\n".join(parts)
 

@@ -31,7 +31,8 @@ def words(rng: random.Random, count: int) -> str:
 
 
 def tool(name: str) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": f"does {name}", "parameters": {"type": "object"}}}
+    function = {"name": name, "description": f"does {name}", "parameters": {"type": "object"}}
+    return {"type": "function", "function": function}
 
 
 def fleet() -> list[tuple[str, dict[str, Any]]]:
