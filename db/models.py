@@ -173,7 +173,7 @@ class RequestChainRow(Base):
 
 
 class PromptSignatureRow(Base):
-    """The prompt signature of one sampled request (see `db.patterns.signature.PromptSignature`), deleted with its
+    """The prompt signature of one sampled request (see `db.signatures.PromptSignature`), deleted with its
     request; read by the fleet patterns."""
 
     __tablename__ = "prompt_signatures"

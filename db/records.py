@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from db.advice import AdviceOutcome
 from db.chains import RequestChain
-from db.patterns.signature import PromptSignature
+from db.signatures import PromptSignature
 from db.timeutil import as_utc
 
 ENDPOINTS: Final = ("chat.completions", "completions", "messages")

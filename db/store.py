@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, select
 
 from db.advice_store import store_advice
-from db.patterns.store import SIGNATURES, store_signatures
+from db.signature_store import SIGNATURES, store_signatures
 from db.chains import RequestChain, unpack_hash_ids
 from db.dialect import greatest, upsert_insert
 from db.models import MISS_REASON_MAX, SEGMENT_MAX, NamespaceTenant, RequestChainRow, RequestRecordRow, table_of

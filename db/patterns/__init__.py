@@ -1,2 +1,2 @@
-"""Fleet-wide prompt patterns: keyed block signatures of sampled prompts (`signature`), stored per request
-(`store`), and the patterns found across tenants and conversations (`finder`)."""
+"""Fleet-wide prompt patterns found across tenants and conversations (`finder`), from the keyed prompt signatures of
+sampled requests (`db.signatures`, stored by `db.signature_store`)."""

@@ -1,4 +1,4 @@
-"""Finding fleet-wide patterns in prompt signatures (`db.patterns.signature`), across tenants and conversations.
+"""Finding fleet-wide patterns in prompt signatures (`db.signatures`), across tenants and conversations.
 
 Three kinds, each with what it costs and what to do:
 
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from db.patterns.signature import PromptSignature
+from db.signatures import PromptSignature
 
 DEFAULT_MAX_SPAN_CHARS: Final = 256
 DEFAULT_MIN_SHARED_CHARS: Final = 512

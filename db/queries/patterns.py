@@ -15,7 +15,7 @@ from db.patterns.finder import (
     SignedRequest,
     find_patterns,
 )
-from db.patterns.signature import PromptSignature
+from db.signatures import PromptSignature
 from db.queries.totals import Reader
 from db.timeutil import as_utc
 

@@ -24,16 +24,16 @@ from dataclasses import replace
 import httpx
 
 from db.advice import AdviceOutcome
-from db.patterns.signature import PromptSignature
+from db.signatures import PromptSignature
 from db.records import RequestRecord
 from gateway.advisor.capacity import DEFAULT_CPU_BUDGET, DEFAULT_WINDOW_S, AdvisorCapacity
 from gateway.advisor.candidates import candidates_for, settings_fingerprint
 from gateway.advisor.estimate import DEFAULT_SCAN_LIMIT, AdviceJob, Estimator
 from gateway.advisor.history import DEFAULT_HISTORY_SIZE, AdviceHistories, Entry
 from gateway.advisor.signature import prompt_signature
+from gateway.config.tenant import TenantSettings
 from gateway.explain.explainer import ExplainContext
 from gateway.normalize.pipeline import Pipeline, build_pipeline
-from gateway.tenant_settings import TenantSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A sampled request's `PromptSignature` (`db.patterns.signature`): keyed hashes of its static head's blocks and of
+"""A sampled request's `PromptSignature` (`db.signatures`): keyed hashes of its static head's blocks and of
 each tool, for the fleet patterns. Computed in the advisor's worker thread (charged to its CPU budget), never on the
 request path, and bounded: at most `MAX_BLOCKS` blocks from each end and `MAX_TOOLS` tools.
 
@@ -15,7 +15,7 @@ from typing import Any, Final
 import msgspec
 
 from db.patterns.finder import MAX_TOOLS
-from db.patterns.signature import PromptSignature
+from db.signatures import PromptSignature
 from gateway.explain.chains import canonical_prompt_text
 from gateway.parsing import CHAT
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from dashboard_testkit import create_database
 
-from db.patterns.signature import PromptSignature
+from db.signatures import PromptSignature
 from db.records import RequestRecord
 from db.timeutil import utc_now
 
