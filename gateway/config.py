@@ -67,7 +67,9 @@ from typing import Any
 
 from gateway.anthropic.settings import MessagesSettings, parse_messages_settings
 from gateway.errors import ConfigError
-from gateway.replicas.settings import RouterSettings, parse_policy, parse_replicas, parse_router_settings
+from gateway.replicas.settings import (
+    ReplicaEvents, RouterSettings, parse_policy, parse_replica_events, parse_replicas, parse_router_settings,
+)
 from gateway.tenant_settings import (  # noqa: F401 - re-exported: the rule names belong to the configuration
     ALL_RULES,
     HOIST_PLACEMENTS,
@@ -99,6 +101,7 @@ class UpstreamConfig:
     connect_timeout_s: float = 5.0
     # A replica set (several engines serving the same model) and how to route over it (`gateway.replicas`).
     replicas: tuple[str, ...] = ()
+    replica_events: tuple[ReplicaEvents | None, ...] = ()  # per replica: where it publishes KV events
     routing: str = "round_robin"
     router: RouterSettings = RouterSettings()
 
@@ -303,7 +306,9 @@ def _override_replicas(upstream: UpstreamConfig, overrides: ConfigOverrides) -> 
 
 def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
     values = dict(item)
-    replicas = parse_replicas(str(values.get("name")), values.pop("replicas")) if "replicas" in values else ()
+    raw_replicas = values.pop("replicas", None)
+    replicas = parse_replicas(str(values.get("name")), raw_replicas) if raw_replicas is not None else ()
+    replica_events = parse_replica_events(str(values.get("name")), raw_replicas)
     if replicas:
         values.setdefault("url", replicas[0])
     try:
@@ -333,6 +338,7 @@ def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
         replicas=replicas,
+        replica_events=replica_events,
         routing=routing,
         router=router,
     )
