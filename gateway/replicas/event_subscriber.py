@@ -145,6 +145,8 @@ class EventSubscriber:
             _, seq_bytes, payload = frames
             if seq_bytes == _END_OF_REPLAY:
                 self.replays += 1
+                if self.last_seq is None or self.last_seq < start - 1:
+                    self.last_seq = start - 1  # nothing from `start` on yet: the next batch is `start`
                 return True
             seq = int.from_bytes(seq_bytes, "big")
             if first and seq > start:

@@ -97,9 +97,9 @@ def _event(raw: Any) -> Event | None:
     if kind == "BlockStored":
         _, fields = _fields(raw, _STORED_FIELDS)
         hashes, tokens, size = fields.get("block_hashes"), fields.get("token_ids"), fields.get("block_size")
-        if not isinstance(hashes, list) or not isinstance(tokens, list) or not isinstance(size, int) or size < 1:
-            raise MalformedEvents("BlockStored needs block_hashes, token_ids and a positive block_size")
-        if len(tokens) != len(hashes) * size or not all(isinstance(t, int) for t in tokens):
+        if not isinstance(hashes, list) or not isinstance(tokens, list) or not isinstance(size, int):
+            raise MalformedEvents("BlockStored needs block_hashes, token_ids and block_size")
+        if size < 1 or len(tokens) != len(hashes) * size or not all(isinstance(t, int) for t in tokens):
             return None  # placeholders (offloaded chunks without tokens) and unaligned blocks name nothing routable
         return Stored(tuple(hashes), fields.get("parent_block_hash"), tokens, size, _tier(fields.get("medium")),
                       _namespace(fields))

@@ -252,7 +252,9 @@ class ReplicaSet:
         """Cached tokens predicted on one replica (at most all but the last prompt token), and where from."""
         limit = max(0, prompt_tokens - 1)
         size = replica.index.block_size
-        if tokens is not None and size is not None and replica.events_synced:
+        if tokens is not None and replica.events_synced:
+            if size is None:
+                return _Prediction(0, "events", 0.0)  # nothing announced yet
             if size not in keys:
                 keys[size] = block_keys(namespace, tokens, size)
             blocks, weighted = replica.index.match(keys[size], now)
