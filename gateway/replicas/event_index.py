@@ -40,7 +40,10 @@ class EventIndex:
     def __init__(self) -> None:
         self.block_size: int | None = None  # from the events (None until the first BlockStored)
         self._tiers: dict[int, int] = {}  # router key -> bit mask of tiers holding the block
-        self._engine: dict[object, tuple[int, str]] = {}  # engine block hash -> (router key, namespace)
+        # engine block hash -> router key, and router key -> namespace (two maps of atoms rather than one of tuples:
+        # the garbage collector then never walks them, which keeps decisions free of long pauses)
+        self._engine: dict[object, int] = {}
+        self._key_namespace: dict[int, str] = {}
         self._namespaces: Counter[str] = Counter()  # blocks held per namespace
         self._pending: dict[int, float] = {}  # router key -> until (monotonic seconds)
         self.orphans = 0  # stored blocks whose parent this index never saw (skipped)
@@ -60,6 +63,7 @@ class EventIndex:
     def clear(self) -> None:
         self._tiers.clear()
         self._engine.clear()
+        self._key_namespace.clear()
         self._namespaces.clear()
         self._pending.clear()
 
@@ -74,19 +78,20 @@ class EventIndex:
         if event.parent_hash is None:
             namespace, previous = event.namespace or "", hash(("ns", event.namespace or ""))
         else:
-            parent = self._engine.get(event.parent_hash)
-            if parent is None:
+            previous = self._engine.get(event.parent_hash)
+            if previous is None:
                 self.orphans += len(event.block_hashes)
                 return
-            previous, namespace = parent
+            namespace = self._key_namespace[previous]
         size, bit = event.block_size, 1 << event.tier
         for i, engine_hash in enumerate(event.block_hashes):
             key = hash((previous, *event.token_ids[i * size : (i + 1) * size]))
             tiers = self._tiers.get(key, 0)
             if not tiers:
                 self._namespaces[namespace] += 1
+                self._key_namespace[key] = namespace
             self._tiers[key] = tiers | bit
-            self._engine[engine_hash] = (key, namespace)
+            self._engine[engine_hash] = key
             self._pending.pop(key, None)
             previous = key
 
@@ -95,16 +100,16 @@ class EventIndex:
             return
         bit = 1 << event.tier
         for engine_hash in event.block_hashes:
-            known = self._engine.get(engine_hash)
-            if known is None:
+            key = self._engine.get(engine_hash)
+            if key is None:
                 continue
-            key, namespace = known
             tiers = self._tiers.get(key, 0) & ~bit
             if tiers:
                 self._tiers[key] = tiers
                 continue
             self._tiers.pop(key, None)
             del self._engine[engine_hash]
+            namespace = self._key_namespace.pop(key, "")
             self._namespaces[namespace] -= 1
             if self._namespaces[namespace] <= 0:
                 del self._namespaces[namespace]

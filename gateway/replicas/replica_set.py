@@ -95,6 +95,7 @@ class Placement:
     index_source: str | None = None
     text: TextChain | None = None
     excluded: list[str] = field(default_factory=list)
+    deferred_text: tuple[str, dict[str, Any], str, str] | None = None  # (endpoint, body, namespace, model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +228,10 @@ class ReplicaSet:
         candidates = [r for r in allowed if r.healthy] or allowed
         self._turn += 1
         now = time.monotonic() if now is None else now
-        text = text_chain(namespace, model, prompt_material(endpoint, body), self.settings.approx_block_chars)
+        # The text chain feeds the approximate index; when every candidate is predicted from its events, it is
+        # built after the request (`release`), off the decision's path.
+        deferred = self.policy == "cache_aware" and tokens is not None and all(r.events_synced for r in candidates)
+        text = None if deferred else self._text_chain(endpoint, body, namespace, model)
         if self.policy != "cache_aware":
             pool = [Candidate(r.position, r.load) for r in candidates]
             chosen = choose(self.policy, pool, self.settings, self._turn, 0)
@@ -242,11 +246,17 @@ class ReplicaSet:
             for r in candidates
         ]
         chosen = choose(self.policy, pool, self.settings, self._turn, prompt_tokens)
-        return self._placed(chosen.position, chosen.reason, predictions[chosen.position], text, namespace, keys, now,
-                            excluded)
+        placement = self._placed(chosen.position, chosen.reason, predictions[chosen.position], text, namespace, keys,
+                                 now, excluded)
+        if deferred:
+            placement.deferred_text = (endpoint, body, namespace, model)
+        return placement
+
+    def _text_chain(self, endpoint: str, body: dict[str, Any], namespace: str, model: str) -> TextChain:
+        return text_chain(namespace, model, prompt_material(endpoint, body), self.settings.approx_block_chars)
 
     def _predict(
-        self, replica: Replica, namespace: str, text: TextChain, tokens: list[int] | None,
+        self, replica: Replica, namespace: str, text: TextChain | None, tokens: list[int] | None,
         keys: dict[int, list[int]], prompt_tokens: int, now: float,
     ) -> _Prediction:
         """Cached tokens predicted on one replica (at most all but the last prompt token), and where from."""
@@ -259,17 +269,19 @@ class ReplicaSet:
                 keys[size] = block_keys(namespace, tokens, size)
             blocks, weighted = replica.index.match(keys[size], now)
             return _Prediction(min(limit, blocks * size), "events", weighted * size / SCORE_BLOCK_TOKENS)
+        assert text is not None  # built whenever some candidate is predicted approximately
         blocks = replica.approximate.match_blocks(namespace, text.hashes, now)
         predicted = min(limit, round(blocks * text.block_chars * self.tokens_per_char))
         return _Prediction(predicted, "approximate", predicted // SCORE_BLOCK_TOKENS)
 
     def _placed(
-        self, position: int, reason: str, prediction: _Prediction | None, text: TextChain, namespace: str,
+        self, position: int, reason: str, prediction: _Prediction | None, text: TextChain | None, namespace: str,
         keys: dict[int, list[int]], now: float, excluded: Sequence[str],
     ) -> Placement:
         replica = self.replicas[position]
         replica.load += 1
-        replica.approximate.record(namespace, text.hashes, now)
+        if text is not None:
+            replica.approximate.record(namespace, text.hashes, now)
         size = replica.index.block_size
         if size in keys:
             replica.index.expect(keys[size], now + self.settings.pending_ttl_s)
@@ -284,6 +296,11 @@ class ReplicaSet:
         if placement.replica is None:
             return
         placement.replica.load -= 1
+        if placement.deferred_text is not None:
+            endpoint, body, namespace, model = placement.deferred_text
+            placement.text = self._text_chain(endpoint, body, namespace, model)
+            placement.deferred_text = None
+            placement.replica.approximate.record(namespace, placement.text.hashes, time.monotonic())
         text = placement.text
         if prompt_tokens and text is not None and text.num_chars:
             self.tokens_per_char += 0.1 * (prompt_tokens / text.num_chars - self.tokens_per_char)

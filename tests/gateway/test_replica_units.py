@@ -194,7 +194,7 @@ def test_bench_routing_starts_its_gateway_open(monkeypatch, tmp_path):
 
     monkeypatch.setattr(routing, "_spawn", spawn)
     with pytest.raises(Started):
-        routing._run_policy("cache_aware", [], [], tmp_path)
+        routing._run_policy("events", [], [], tmp_path)
     assert "--open" in commands[0]
 
 
