@@ -23,9 +23,9 @@ import logging
 import zmq
 import zmq.asyncio
 
+from gateway.config.router import ReplicaEvents
 from gateway.replicas.event_index import EventIndex
 from gateway.replicas.kv_event_wire import Cleared, MalformedEvents, decode_batch
-from gateway.replicas.settings import ReplicaEvents
 
 log = logging.getLogger(__name__)
 

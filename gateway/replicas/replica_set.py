@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from gateway.config import UpstreamConfig
+from gateway.config.router import ReplicaEvents
 from gateway.errors import UpstreamUnavailable
 from gateway.replicas.approximate_index import ApproximateIndex
 from gateway.replicas.event_index import EventIndex, block_keys
@@ -28,9 +29,8 @@ from gateway.replicas.event_subscriber import EventSubscriber
 from gateway.replicas.health import health_loop
 from gateway.replicas.policy import Candidate, choose
 from gateway.replicas.request_tokens import RequestTokenizer, TokenizerUnavailable
-from gateway.replicas.settings import ReplicaEvents
 from gateway.replicas.text_chain import TextChain, prompt_material, text_chain
-from gateway.routing import Route, build_route
+from gateway.upstreams.route import Route, build_route
 
 log = logging.getLogger(__name__)
 

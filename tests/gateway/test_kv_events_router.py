@@ -23,7 +23,7 @@ from gateway.config import UpstreamConfig, parse_config
 from gateway.errors import ConfigError
 from gateway.replicas.event_index import EventIndex, block_keys
 from gateway.replicas.kv_event_wire import DEVICE, DISK, HOST, Cleared, MalformedEvents, Removed, Stored, decode_batch
-from gateway.replicas.settings import ReplicaEvents, RouterSettings
+from gateway.config.router import ReplicaEvents, RouterSettings
 from tests.kv_events_reference import (
     AllBlocksCleared,
     BlockRemoved,

@@ -17,10 +17,10 @@ from gateway_testkit import FakeStorage, TcpProxy, free_port, gateway_config, ru
 from replica_kit import EngineProcess, save_tiny_model
 
 from gateway.config import UpstreamConfig
+from gateway.config.router import ReplicaEvents, RouterSettings
 from gateway.replicas.event_index import EventIndex, block_keys
 from gateway.replicas.event_subscriber import EventSubscriber
 from gateway.replicas.request_tokens import RequestTokenizer
-from gateway.replicas.settings import ReplicaEvents, RouterSettings
 
 POOL_TOKENS = "640"
 ADMIN = "replica-test-admin"

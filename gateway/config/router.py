@@ -26,7 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from db.records import ROUTING_POLICIES
 from gateway.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ReplicaEvents:
@@ -35,9 +37,6 @@ class ReplicaEvents:
     endpoint: str
     replay_endpoint: str | None = None
     topic: str = ""
-
-
-ROUTING_POLICIES = ("cache_aware", "round_robin", "least_loaded")
 
 
 @dataclass(frozen=True)
