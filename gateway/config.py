@@ -55,6 +55,9 @@ Example `prefixscope.toml`::
 
     [messages]                          # the Anthropic Messages API (see gateway/anthropic/settings.py)
     min_cacheable_tokens = 1024
+
+    [telemetry]                         # OpenTelemetry request spans (see gateway/telemetry/settings.py)
+    # otlp_endpoint = "http://127.0.0.1:4318"
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from typing import Any
 from gateway.anthropic.settings import MessagesSettings, parse_messages_settings
 from gateway.errors import ConfigError
 from gateway.replicas.settings import RouterSettings, parse_policy, parse_replicas, parse_router_settings
+from gateway.telemetry.settings import TelemetrySettings, parse_telemetry_settings
 from gateway.tenant_settings import (  # noqa: F401 - re-exported: the rule names belong to the configuration
     ALL_RULES,
     HOIST_PLACEMENTS,
@@ -155,6 +159,7 @@ class GatewayConfig:
     max_key_staleness_s: float = 60.0
     key_snapshot_path: Path | None = DEFAULT_KEY_SNAPSHOT_PATH
     messages: MessagesSettings = MessagesSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
 
     @property
     def open_mode(self) -> bool:
@@ -199,7 +204,9 @@ def load_config(path: Path | None, overrides: ConfigOverrides = ConfigOverrides(
 
 def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
     """Build a `GatewayConfig` from the parsed TOML document."""
-    unknown = set(data) - {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages"}
+    unknown = set(data) - {
+        "gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages", "telemetry"
+    }
     if unknown:
         raise ConfigError(f"unknown config sections: {sorted(unknown)}")
     section = dict(data.get("gateway", {}))
@@ -253,6 +260,7 @@ def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
         tenants=tenants,
         recorder=recorder,
         messages=parse_messages_settings(dict(data.get("messages", {}))),
+        telemetry=parse_telemetry_settings(dict(data.get("telemetry", {}))),
         **kwargs,
     )
 

@@ -24,6 +24,7 @@ from gateway.upstreams.base import CacheReport, UsageReport
 
 if TYPE_CHECKING:
     from gateway.advisor.sampler import AdviceSampler
+    from gateway.telemetry.request_span import RequestSpan
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class RequestTracker:
         "predicted_match_tokens",
         "routing_index_source",
         "failovers",
+        "span",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -148,6 +150,7 @@ class RequestTracker:
         self.predicted_match_tokens: int | None = None
         self.routing_index_source: str | None = None
         self.failovers = 0
+        self.span: RequestSpan | None = None  # the request's OpenTelemetry span, when the gateway exports them
 
     def placed(self, placement: Any) -> None:
         """A replica set chose where this request goes (`gateway.replicas.replica_set.Placement`)."""
@@ -239,6 +242,8 @@ class RequestTracker:
             predicted_match_tokens=self.predicted_match_tokens,
             routing_index_source=self.routing_index_source,
         )
+        if self.span is not None:
+            self.span.end(record)
         recorder = self._recorder
 
         def submit(record: RequestRecord) -> None:
