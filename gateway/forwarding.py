@@ -36,7 +36,7 @@ class _Envelope(msgspec.Struct):
     # For the request's span: the response id and model, and each choice's finish reason.
     id: Any = None
     model: Any = None
-    choices: msgspec.Raw | None = None
+    choices: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 _ENVELOPE = msgspec.json.Decoder(_Envelope)

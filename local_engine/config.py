@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prefixscope.tracing import TraceExport
 
 
 @dataclass(frozen=True)
@@ -75,3 +79,5 @@ class ServerConfig:
     admin_token: str | None = None  # required by the cache views (local_engine.access); flushing needs it
     api_key: str | None = None  # required on every endpoint but /health when set
     max_body_bytes: int = 8 * 1024 * 1024
+    # Where request spans go (`--otlp-endpoint` or the OTEL_* variables); None: no spans.
+    trace_export: TraceExport | None = None

@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from local_engine.cache import MissKind
 from local_engine.telemetry.vllm_metrics import vllm_families
+from prefixscope.tracing import ExportMetrics, Tracing
 
 # (metric name, documentation, key in each tier's stats, scale): gauges then counters, labelled by `tier`.
 _TIER_GAUGES = (
@@ -81,7 +82,9 @@ def _tier_metrics(tiers: dict[str, dict]):
     )
 
 
-def render_metrics(engine) -> bytes:
+def render_metrics(engine, tracing: Tracing | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_EngineCollector(engine))
+    if tracing is not None:
+        registry.register(ExportMetrics("prefixscope_engine", tracing))
     return generate_latest(registry)
