@@ -52,7 +52,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     ) as engine_url:
         config = gateway_config(
             engine_url,
-            upstreams=(UpstreamConfig(name="engine", url=engine_url, kind="local_engine", timeout_s=300.0),),
+            # A replica set (of one engine), so the per-replica series are served too.
+            upstreams=(
+                UpstreamConfig(
+                    name="engine", url=engine_url, kind="local_engine", timeout_s=300.0, replicas=(engine_url,),
+                    routing="cache_aware",
+                ),
+            ),
             default_upstream="engine",
             auth="keys",
             # `open` lets its prompts be stored, so its spans may carry prompt text; `quiet` (the default) does not.
@@ -171,3 +177,115 @@ def test_export_outcomes_are_counted(stack: Stack):
         assert f'{prefix}_trace_spans_total{{outcome="exported"}}' in text
         assert f'{prefix}_trace_spans_total{{outcome="failed"}} 0.0' in text
         assert f'{prefix}_trace_spans_total{{outcome="dropped"}} 0.0' in text
+
+
+# What vLLM's V1 `PrometheusStatLogger` (vllm/v1/metrics/loggers.py) declares for the series the engine serves under
+# its names: type and label names. `model_name` and `engine` label every one of them.
+VLLM_SERIES = {
+    "vllm:prefix_cache_queries": ("counter", ()),
+    "vllm:prefix_cache_hits": ("counter", ()),
+    "vllm:prompt_tokens": ("counter", ()),
+    "vllm:prompt_tokens_by_source": ("counter", ("source",)),
+    "vllm:prompt_tokens_cached": ("counter", ()),
+    "vllm:generation_tokens": ("counter", ()),
+    "vllm:num_preemptions": ("counter", ()),
+    "vllm:request_success": ("counter", ("finished_reason",)),
+    "vllm:num_requests_running": ("gauge", ()),
+    "vllm:num_requests_waiting": ("gauge", ()),
+    "vllm:kv_cache_usage_perc": ("gauge", ()),
+    "vllm:time_to_first_token_seconds": ("histogram", ()),
+    "vllm:inter_token_latency_seconds": ("histogram", ()),
+    "vllm:request_time_per_output_token_seconds": ("histogram", ()),
+    "vllm:e2e_request_latency_seconds": ("histogram", ()),
+    "vllm:request_queue_time_seconds": ("histogram", ()),
+    "vllm:request_prefill_time_seconds": ("histogram", ()),
+    "vllm:request_decode_time_seconds": ("histogram", ()),
+    "vllm:request_inference_time_seconds": ("histogram", ()),
+}
+REPO = Path(__file__).resolve().parents[2]
+# Labels Prometheus adds to every scraped series, and the bucket bound of histogram samples.
+SCRAPE_LABELS = {"instance", "job", "le"}
+
+
+@dataclass
+class Scraped:
+    type: str
+    labels: set[str]
+
+
+def _scrape(url: str) -> tuple[dict[str, Scraped], dict[str, object]]:
+    """Sample name -> its family's type and label names; and the families by name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, Scraped] = {}
+    families = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        families[family.name] = family
+        for sample in family.samples:
+            entry = samples.setdefault(sample.name, Scraped(family.type, set()))
+            entry.labels.update(sample.labels)
+    return samples, families
+
+
+def test_engine_serves_vllm_series_with_vllm_types_and_labels(stack: Stack):
+    stack.client("quiet").chat.completions.create(model="smollm2", messages=_messages("Hi"), max_tokens=3)
+    _, families = _scrape(stack.engine_url)
+    # (prometheus_client, which vLLM uses too, also writes a `_created` gauge per counter and histogram series.)
+    served = {name for name in families if name.startswith("vllm:") and not name.endswith("_created")}
+    assert served == set(VLLM_SERIES)
+    for name, (kind, extra_labels) in VLLM_SERIES.items():
+        family = families[name]
+        assert family.type == kind, name
+        labels = {label for sample in family.samples for label in sample.labels} - {"le"}
+        assert labels == {"model_name", "engine", *extra_labels}, name
+        assert {sample.labels["model_name"] for sample in family.samples} == {"smollm2"}
+
+
+def test_every_series_the_board_and_rules_query_is_served(stack: Stack):
+    from promql_names import board_queries, rules
+
+    client = stack.client("quiet")
+    messages = _messages("What are your opening hours?")
+    for _ in range(2):  # the second one hits: hit and eligible counters move
+        client.chat.completions.create(model="smollm2", messages=messages, max_tokens=3)
+    engine, _ = _scrape(stack.engine_url)
+    gateway, _ = _scrape(stack.gateway_url)
+    scraped = {**engine, **gateway}
+    rule_queries, recorded, alerts = rules(REPO / "deploy" / "prometheus" / "rules.yml")
+    board = board_queries(REPO / "deploy" / "grafana" / "prefixscope.json")
+    assert {alert["alert"] for alert in alerts} == {"PrefixCacheHitRateDrop", "TenantMissesDominatedByOneReason"}
+    # The labels of each recorded series: what its rule groups by, and what the recorded series it reads carry.
+    outputs: dict[str, set[str]] = {}
+    for query in rule_queries:
+        name = query.source.split("'")[1]
+        if name in recorded:
+            outputs[name] = query.grouping_labels.union(*(outputs.get(n, set()) for n in query.metrics))
+
+    checked = set()
+    for query in [*rule_queries, *board]:
+        for name in query.metrics:
+            checked.add(name)
+            if name in recorded:
+                # A recorded series has the labels its rule groups by.
+                assert query.selector_labels.get(name, set()) <= outputs[name], (query.source, name)
+                continue
+            assert name in scraped, f"{query.source}: {name} is not served"
+            series = scraped[name]
+            expected = "histogram" if name.endswith("_bucket") else "counter" if name.endswith("_total") else "gauge"
+            assert series.type == expected, (query.source, name, series.type)
+            assert query.selector_labels.get(name, set()) <= series.labels, (query.source, name, series.labels)
+        served_labels = set().union(
+            *(scraped[n].labels for n in query.metrics if n in scraped),
+            *(outputs[n] for n in query.metrics if n in recorded),
+        )
+        assert query.grouping_labels - SCRAPE_LABELS <= served_labels, (query.source, query.grouping_labels)
+    # The board reads hit rates by tenant and replica, miss reasons, tiers and the vLLM-named engine series.
+    assert {
+        "prefixscope_gateway_tenant_cached_tokens_total",
+        "prefixscope_gateway_tenant_eligible_prompt_tokens_total",
+        "prefixscope_gateway_tenant_miss_reasons_total",
+        "prefixscope_engine_tier_hit_tokens_total",
+        "prefixscope_gateway_replica_cached_tokens_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:time_to_first_token_seconds_bucket",
+    } <= checked
