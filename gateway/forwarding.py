@@ -18,9 +18,9 @@ from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
 from gateway.explain.chains import body_without_hash_chain
 from gateway.recording import Outcome, RequestTracker
 from gateway.retention import retention_header
-from gateway.routing import Route
 from gateway.sse import SSERelay
 from gateway.telemetry.request_span import with_trace_context
+from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
 

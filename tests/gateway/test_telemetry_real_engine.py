@@ -22,7 +22,7 @@ from real_engine_kit import create_keys, running_engine, stored
 
 from gateway.config import TenantSettings, UpstreamConfig
 from gateway.telemetry import genai
-from gateway.telemetry.settings import TelemetrySettings
+from gateway.config.telemetry import TelemetrySettings
 
 pytestmark = pytest.mark.real_model
 

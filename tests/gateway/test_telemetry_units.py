@@ -16,7 +16,7 @@ from gateway.config import parse_config
 from gateway.errors import ConfigError
 from gateway.telemetry import genai
 from gateway.telemetry.response_facts import ResponseFacts
-from gateway.telemetry.settings import TelemetrySettings, with_environment
+from gateway.config.telemetry import TelemetrySettings, with_environment
 from gateway.telemetry.tenant_metrics import TenantMetrics
 from prefixscope.tracing import export_from_env, parse_headers
 

@@ -8,7 +8,7 @@
 
 The standard OpenTelemetry environment variables (`prefixscope.tracing.export_from_env`) win over the file, as
 `$PREFIXSCOPE_DATABASE_URL` wins over `database_url`; `OTEL_SDK_DISABLED=true` turns tracing off whatever the file
-says. The CLI applies them (`with_environment`); nothing else here reads the environment.
+says. The CLI applies them (`with_environment`); nothing here reads the environment itself.
 """
 
 from __future__ import annotations
