@@ -15,6 +15,7 @@ from typing import Any, Final
 from db.advice import AdviceOutcome
 from db.chains import RequestChain
 from db.record_schema import stored
+from db.signatures import PromptSignature
 from db.timeutil import as_utc
 
 ENDPOINTS: Final = ("chat.completions", "completions", "messages")
@@ -165,6 +166,8 @@ class RequestRecord:
     # Sampled by the rule advisor: per candidate rule, the tokens this request would have hit (`db.advice`); kept in
     # `hourly_advice`.
     advice: tuple[AdviceOutcome, ...] = ()
+    # Sampled by the rule advisor: keyed block hashes of the prompt, for the fleet patterns (`db.patterns`).
+    signature: PromptSignature | None = None
     # Where `ttft_ms` comes from: `gateway` (first streamed content byte, measured by the gateway) or `engine` (the
     # engine's own queue + prefill time, for non-streamed responses); one of `TTFT_SOURCES`.
     ttft_source: str | None = field(default=None, metadata=stored("string", max_chars=16, null="no TTFT"))
@@ -231,6 +234,7 @@ class RequestRecord:
         data["applied_rules"] = list(self.applied_rules)
         data["chain"] = None if self.chain is None else self.chain.to_dict()
         data["advice"] = [outcome.to_dict() for outcome in self.advice]
+        data["signature"] = None if self.signature is None else self.signature.to_dict()
         # ASCII output survives any string (lone surrogates included); default=str keeps a value of an unexpected
         # type in readable form rather than failing the spill.
         return json.dumps(data, separators=(",", ":"), default=str)
@@ -248,4 +252,6 @@ class RequestRecord:
         chain = kwargs.get("chain")
         kwargs["chain"] = None if chain is None else RequestChain.from_dict(chain)
         kwargs["advice"] = tuple(AdviceOutcome.from_dict(item) for item in kwargs.get("advice") or ())
+        signature = kwargs.get("signature")
+        kwargs["signature"] = None if signature is None else PromptSignature.from_dict(signature)
         return cls(**kwargs)

@@ -27,8 +27,9 @@ from db.store import record_to_row, row_to_record, store_records
 from db.types import UTCDateTime
 
 REQUESTS = table_of(RequestRecordRow)
-# Record fields kept in other tables than `requests`: the hash chain, the rule advice and the namespace label.
-ELSEWHERE = {"chain", "advice", "namespace_label"}
+# Record fields kept in other tables than `requests`: the hash chain, the rule advice, the prompt signature and the
+# namespace label.
+ELSEWHERE = {"chain", "advice", "signature", "namespace_label"}
 SQL_TYPES = {
     "string": String,
     "text": Text,

@@ -234,7 +234,7 @@ def test_a_gap_in_the_events_triggers_a_resync(tiny_model):
     import torch
 
     from local_engine.cache.events import CacheEventLog
-    from local_engine.model_loader import load_model
+    from local_engine.model.loader import load_model
     from tests.local_engine.server_fixtures import served_engine
 
     loaded = load_model(tiny_model, torch.device("cpu"))
