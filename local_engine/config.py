@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from local_engine.kv_events.config import KvEventsConfig
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -27,6 +29,7 @@ class EngineConfig:
     disk_cache_dir: str | None = None
     disk_cache_gib: float | None = None
     cache_write_policy: str = "write_back"
+    kv_events: KvEventsConfig = KvEventsConfig()  # the KV-event stream (local_engine.kv_events)
 
     def __post_init__(self) -> None:
         self._check_tiers()
