@@ -37,7 +37,8 @@ def tree_blocks(cache, size: int = SIZE) -> set[tuple[str, tuple[int, ...], str]
                 block_mask = 0b111
                 for value in masks[i * size : (i + 1) * size]:
                     block_mask &= value
-                held.update((namespace, tuple(path[: (i + 1) * size]), MEDIUM[t]) for t in range(3) if block_mask >> t & 1)
+                prefix = tuple(path[: (i + 1) * size])
+                held.update((namespace, prefix, MEDIUM[t]) for t in range(3) if block_mask >> t & 1)
             stack.extend((child, path, masks) for child in node.children.values())
     return held
 
