@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from local_engine.cache import MissKind
+from local_engine.kv_events.metrics import kv_event_metrics
 
 # (metric name, documentation, key in each tier's stats, scale): gauges then counters, labelled by `tier`.
 _TIER_GAUGES = (
@@ -63,6 +64,7 @@ class _EngineCollector:
         for name, documentation, value in gauges:
             yield GaugeMetricFamily(name, documentation, value=value)
         yield from _tier_metrics(stats["tiers"])
+        yield from kv_event_metrics(stats.get("kv_events"))
 
 
 def _tier_metrics(tiers: dict[str, dict]):

@@ -254,8 +254,7 @@ def test_a_replica_whose_events_are_missing_is_predicted_approximately(tmp_path)
         config = type(config)(**{**config.__dict__, "upstreams": (
             type(upstream)(**{**upstream.__dict__, "replica_events": (dead, dead, dead)}),)})
         gateway = stack.enter_context(running_gateway(config))
-        time.sleep(1.5)  # longer than the replay timeout
-        assert {r["events"] for r in replica_states(gateway.url)} == {"unsynced"}
+        assert wait_until(lambda: {r["events"] for r in replica_states(gateway.url)} == {"unsynced"}, 10)
         body = {"model": "llama", "max_tokens": 2, "messages": [{"role": "user", "content": "w1 w2 w3"}]}
         assert httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
         assert gateway.wait_records(1)[0].routing_index_source == "approximate"
