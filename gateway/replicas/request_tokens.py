@@ -6,7 +6,7 @@ holding `tokenizer.json` and `tokenizer_config.json` (its `chat_template`, `bos_
 `local_engine` replica set without one, the engine's `GET /v1/tokenizer` (the model it serves).
 
 How the prompt is laid out depends on the server: prefixscope's engine renders tools as JSON lines in the system
-message and assistant tool calls as `<tool_call>` lines (`local_engine/chat_prompt.py`); vLLM and SGLang hand
+message and assistant tool calls as `<tool_call>` lines (`local_engine/prompt/chat_prompt.py`); vLLM and SGLang hand
 `messages` and `tools` to the template as they are. Both encode the rendered text without adding special tokens
 (the template writes them). A prediction from a prompt the gateway laid out differently from the engine only ends
 its match early; it never claims blocks the engine does not hold.
@@ -113,7 +113,7 @@ class RequestTokenizer:
 
 
 def engine_messages(messages: list, tools: list | None) -> list[dict]:
-    """The `{role, content}` list prefixscope's engine hands its template (`local_engine.chat_prompt`)."""
+    """The `{role, content}` list prefixscope's engine hands its template (`local_engine.prompt.chat_prompt`)."""
     plain = []
     for message in messages:
         role = message["role"]
