@@ -163,3 +163,12 @@ def test_advice_and_simulator_agree_on_a_recorded_trace(db_url: str, make_record
     advised = replay_retention(trace, lambda name: by_name[name].best.retention)
     assert advised.prefixes["every_20m"].hit_tokens == by_name["every_20m"].best.hit_tokens > 0
     assert advised.prefixes["once"].hit_tokens == 0
+
+
+def test_a_local_engine_is_priced_at_its_measured_prefill_speed_unless_the_config_sets_one() -> None:
+    data = {"upstreams": [{"name": "a", "kind": "local_engine"}, {"name": "b", "kind": "local_engine"}],
+            "advice": {"cache_prices": {"b": {"prefill_ms_per_token": 3.0}}}}
+    prices = UpstreamPrices.from_config(data)
+    assert prices.for_upstream("a", 0.25).prefill_ms_per_token == 0.25
+    assert prices.for_upstream("a").prefill_ms_per_token == 0.5
+    assert prices.for_upstream("b", 0.25).prefill_ms_per_token == 3.0
