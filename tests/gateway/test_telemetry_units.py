@@ -95,7 +95,9 @@ def test_telemetry_settings_and_the_standard_environment():
     with pytest.raises(ValueError):
         parse_headers("no-equals-sign")
     with pytest.raises(ConfigError):
-        with_environment(TelemetrySettings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_EXPORTER_OTLP_HEADERS": "bad"})
+        with_environment(
+            TelemetrySettings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_EXPORTER_OTLP_HEADERS": "bad"}
+        )
 
 
 def test_tenant_hit_counters_are_pairs_over_the_same_requests():
