@@ -109,10 +109,12 @@ def resolve_database_url(explicit: str | None, from_config: str | None) -> str:
 
 def run_gateway(args: argparse.Namespace) -> int:
     import logging
+    from dataclasses import replace
 
     from gateway.config import ConfigOverrides, load_config
     from gateway.errors import ConfigError
     from gateway.state import place_state
+    from gateway.config.telemetry import with_environment
     from prefixscope.logs import quiet_library_loggers
     from prefixscope.paths import state_dir
 
@@ -136,6 +138,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         )
         database_url = resolve_database_url(args.database_url, config.database_url)
         config = place_state(config, state_dir())
+        config = replace(config, telemetry=with_environment(config.telemetry, os.environ))
     except (ConfigError, ValueError) as exc:
         print(f"prefixscope gateway: {exc}", file=sys.stderr)
         return 2
