@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from db.records import RequestRecord
+from db.records import UNAUTHENTICATED_TENANT, RequestRecord
 from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.explain.explainer import ExplainContext, Explained, Explainer
 from gateway.explain.reasons import EngineReport
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-UNAUTHENTICATED_TENANT = "unauthenticated"
 # Where a recorded TTFT comes from: the gateway's clock (first streamed content byte) or the engine's report.
 TTFT_GATEWAY = "gateway"
 TTFT_ENGINE = "engine"

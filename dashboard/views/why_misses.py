@@ -38,7 +38,8 @@ filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False, 
 result = ui.read_database(data_explain.why_misses, settings.database_url, filters.since, filters.until, filters.tenant)
 st.caption(
     f"{filters.label}{' · ' + filters.tenant if filters.tenant else ''} · {filters.since:%Y-%m-%d %H:%M} to "
-    f"{filters.until:%Y-%m-%d %H:%M} UTC · from the hourly rollups"
+    f"{filters.until:%Y-%m-%d %H:%M} UTC · totals from the hourly rollups, the chart in "
+    f"{ui.bucket_words(result.bucket)}"
 )
 if not result.totals:
     ui.stop_with_info(
@@ -98,12 +99,19 @@ else:
     hits = next((row.requests for row in result.totals if row.reason == "hit"), 0)
     st.caption(
         f"Tokens lost are prompt tokens prefilled again because the prompt diverged from what had been cached. "
-        f"{hits:,} more requests were served from cache as far as they could be (reason `hit`)."
+        f"{ui.count_of(hits, 'more request')} {'was' if hits == 1 else 'were'} served from cache as far as "
+        f"{'it' if hits == 1 else 'they'} could be (reason `hit`)."
     )
 
 st.subheader("Where prompts diverged")
 if not result.locations:
-    st.info("No request in this range recorded where its prompt first differed from the cached one.")
+    st.info(
+        f"The {ui.count_of(missed_requests, 'missed request')} in this range recorded no place where "
+        f"{'its prompt' if missed_requests == 1 else 'their prompts'} first differed from the cached one (the "
+        "upstream reported none)."
+        if missed_requests
+        else "No request in this range missed the cache, so none has a place where its prompt first differed."
+    )
 else:
     left, right = st.columns([3, 2])
     left.plotly_chart(charts_explain.divergence_figure(result.locations), width="stretch")
