@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-# The gateway's normalization rules (`gateway.tenant_settings`; the db package does not import the gateway).
+# The gateway's normalization rules (`gateway.config.tenant`; the db package does not import the gateway).
 SEMANTIC_RULES: Final = ("newlines", "tool_schema_key_order", "tool_order", "tool_call_arguments_key_order")
 HOIST_PLACEMENTS: Final = ("after_system", "end")
 CANDIDATE_MAX = 64

@@ -34,7 +34,7 @@ from gateway.advisor.history import CURRENT, Entry, Rendering, segment_keys, sha
 from gateway.explain.chains import CHARS_PER_TOKEN, approximate_chain, canonical_prompt_text
 from gateway.explain.uplift import UpliftJob, dry_run_payload
 from gateway.normalize.pipeline import Pipeline
-from gateway.routing import Route
+from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
 

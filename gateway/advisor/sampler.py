@@ -23,9 +23,9 @@ from db.records import RequestRecord
 from gateway.advisor.candidates import candidates_for, settings_fingerprint
 from gateway.advisor.estimate import DEFAULT_SCAN_LIMIT, AdviceJob, Estimator
 from gateway.advisor.history import DEFAULT_HISTORY_SIZE, AdviceHistories, Entry
+from gateway.config.tenant import TenantSettings
 from gateway.explain.explainer import ExplainContext
 from gateway.normalize.pipeline import Pipeline, build_pipeline
-from gateway.tenant_settings import TenantSettings
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from gateway.explain.chains import canonical_prompt_text
 from gateway.explain.explainer import ExplainContext
 from gateway.normalize.pipeline import NormalizationResult, Pipeline, build_pipeline
 from gateway.parsing import CHAT
-from gateway.routing import build_route
+from gateway.upstreams.route import build_route
 
 STATIC = "You are a helpful assistant for a bicycle shop. Answer briefly and never invent order numbers. " * 3
 ENGINE = build_route(UpstreamConfig(name="engine", url="http://engine.test", kind="local_engine"))

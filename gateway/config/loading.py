@@ -1,138 +1,26 @@
-"""Frozen configuration of the gateway, read from a TOML file plus command-line overrides.
+"""Reading `prefixscope.toml` (see `examples/prefixscope.toml`) and the command line into a `GatewayConfig`.
 
-Nothing here reads the process environment: the CLI reads it once and passes values in.
-
-The configuration file is described in docs/gateway.md; `examples/prefixscope.toml` shows every section and loads
-as it is.
+Nothing here reads the process environment: the CLI reads it once and passes values in. Every error is a
+`ConfigError` that names the section and key.
 """
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from gateway.anthropic.settings import MessagesSettings, parse_messages_settings
+import tomllib
+
+from db.writer_config import WriterConfig
+from gateway.config.messages import parse_messages_settings
+from gateway.config.router import parse_policy, parse_replicas, parse_router_settings
+from gateway.config.settings import AUTH_MODES, UPSTREAM_KINDS, ConfigOverrides, GatewayConfig, UpstreamConfig
+from gateway.config.tenant import TenantSettings, parse_tenant
 from gateway.errors import ConfigError
-from gateway.replicas.settings import RouterSettings, parse_policy, parse_replicas, parse_router_settings
-from gateway.tenant_settings import (  # noqa: F401 - re-exported: the rule names belong to the configuration
-    ALL_RULES,
-    HOIST_PLACEMENTS,
-    OPT_IN_RULES,
-    SEMANTIC_RULES,
-    TenantSettings,
-    parse_tenant,
-)
 
-UPSTREAM_KINDS = ("local_engine", "openai", "vllm", "sglang", "anthropic")
-
-DEFAULT_UPSTREAM_URL = "http://127.0.0.1:8001"
-DEFAULT_SECRET_FILE = Path("var/gateway_secret")
-DEFAULT_SPILL_PATH = Path("var/spill/gateway_requests.jsonl")
-DEFAULT_KEY_SNAPSHOT_PATH = Path("var/key_snapshot.json")
-AUTH_MODES = ("keys", "none")
-DURABILITY_MODES = ("queue_first", "spill_first")
-
-
-@dataclass(frozen=True)
-class UpstreamConfig:
-    """One engine the gateway forwards to. `url` is the server's base URL, with or without a trailing `/v1`."""
-
-    name: str
-    url: str
-    kind: str = "local_engine"
-    api_key: str | None = None
-    timeout_s: float = 600.0
-    connect_timeout_s: float = 5.0
-    # A replica set (several engines serving the same model) and how to route over it (`gateway.replicas`).
-    replicas: tuple[str, ...] = ()
-    routing: str = "round_robin"
-    router: RouterSettings = RouterSettings()
-
-    @property
-    def api_base(self) -> str:
-        """The base URL that `/chat/completions` and friends hang off (always ends in `/v1`)."""
-        base = self.url.rstrip("/")
-        return base if base.endswith("/v1") else base + "/v1"
-
-    @property
-    def server_root(self) -> str:
-        """The URL without the `/v1` suffix, where `/health` lives."""
-        base = self.url.rstrip("/")
-        return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
-@dataclass(frozen=True)
-class RecorderConfig:
-    """Sizing of the background record writer (passed on to `db.writer.WriterConfig`)."""
-
-    queue_size: int = 50_000
-    # Large batches let the writer keep up when the event loop is saturated: each batch costs a fixed number of
-    # round trips through the loop, whatever its size. At modest rates batches stay small (one per interval).
-    batch_size: int = 2048
-    flush_interval_s: float = 0.25
-    spill_path: Path = DEFAULT_SPILL_PATH
-    replay_interval_s: float = 5.0
-    # spill_first: a record is appended to the journal next to the spill file before it is queued (default: it adds
-    # about 0.02 ms to the request path, see `prefixscope bench gateway`). queue_first: a record waits in memory and
-    # reaches disk (database or spill file) within a batch interval.
-    durability: str = "spill_first"
-    journal_fsync_interval_s: float = 0.005
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    """Everything the gateway needs to start. Build it with `load_config`."""
-
-    upstreams: tuple[UpstreamConfig, ...] = (UpstreamConfig(name="local", url=DEFAULT_UPSTREAM_URL),)
-    default_upstream: str = "local"
-    routes: Mapping[str, str] = field(default_factory=dict)
-    host: str = "127.0.0.1"
-    port: int = 8080
-    database_url: str | None = None
-    server_secret: str | None = None
-    secret_file: Path = DEFAULT_SECRET_FILE
-    max_body_bytes: int = 8 * 1024 * 1024
-    key_refresh_interval_s: float = 5.0
-    max_connections: int = 512
-    tenant_defaults: TenantSettings = TenantSettings()
-    tenants: Mapping[str, TenantSettings] = field(default_factory=dict)
-    recorder: RecorderConfig = RecorderConfig()
-    auth: str = "keys"  # "none": open mode, the operator's explicit choice
-    max_key_staleness_s: float = 60.0
-    key_snapshot_path: Path | None = DEFAULT_KEY_SNAPSHOT_PATH
-    messages: MessagesSettings = MessagesSettings()
-
-    @property
-    def open_mode(self) -> bool:
-        """Whether the gateway serves without API keys (`auth = "none"` or `--open`)."""
-        return self.auth == "none"
-
-    def upstream(self, name: str) -> UpstreamConfig:
-        for upstream in self.upstreams:
-            if upstream.name == name:
-                return upstream
-        raise ConfigError(f"unknown upstream {name!r}")
-
-    def tenant_settings(self, tenant: str) -> TenantSettings:
-        return self.tenants.get(tenant, self.tenant_defaults)
-
-
-@dataclass(frozen=True)
-class ConfigOverrides:
-    """Command-line values that win over the file."""
-
-    host: str | None = None
-    port: int | None = None
-    upstream_url: str | None = None
-    replica_urls: tuple[str, ...] = ()  # several --upstream URLs: the default upstream becomes a replica set
-    routing: str | None = None
-    database_url: str | None = None
-    server_secret: str | None = None
-    open_mode: bool | None = None  # --open
-    upstream_api_key: str | None = None  # for the default upstream, when the file gives it none
+SECTIONS = frozenset({"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages"})
 
 
 def load_config(path: Path | None, overrides: ConfigOverrides = ConfigOverrides()) -> GatewayConfig:
@@ -148,7 +36,7 @@ def load_config(path: Path | None, overrides: ConfigOverrides = ConfigOverrides(
 
 def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
     """Build a `GatewayConfig` from the parsed TOML document."""
-    unknown = set(data) - {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages"}
+    unknown = set(data) - SECTIONS
     if unknown:
         raise ConfigError(f"unknown config sections: {sorted(unknown)}")
     section = dict(data.get("gateway", {}))
@@ -297,24 +185,26 @@ def _parse_named_tenant(tenant: str, values: Any, defaults: TenantSettings) -> T
         raise ConfigError(f"[tenants.{tenant}] {exc}") from None
 
 
-def _parse_recorder(values: dict[str, Any]) -> RecorderConfig:
-    base = RecorderConfig()
-    config = RecorderConfig(
-        queue_size=int(values.pop("queue_size", base.queue_size)),
-        batch_size=int(values.pop("batch_size", base.batch_size)),
-        flush_interval_s=float(values.pop("flush_interval_s", base.flush_interval_s)),
-        spill_path=Path(values.pop("spill_path", base.spill_path)),
-        replay_interval_s=float(values.pop("replay_interval_s", base.replay_interval_s)),
-        durability=str(values.pop("durability", base.durability)),
-        journal_fsync_interval_s=float(values.pop("journal_fsync_interval_s", base.journal_fsync_interval_s)),
-    )
-    if values:
-        raise ConfigError(f"unknown [recorder] keys: {sorted(values)}")
-    if config.durability not in DURABILITY_MODES:
-        raise ConfigError(f"[recorder] durability must be one of {DURABILITY_MODES}, not {config.durability!r}")
-    if config.journal_fsync_interval_s <= 0:
-        raise ConfigError("[recorder] journal_fsync_interval_s must be positive")
-    return config
+_RECORDER_CASTS = {"int": int, "float": float, "str": str, "Path": Path}
+
+
+def _parse_recorder(values: dict[str, Any]) -> WriterConfig:
+    """The `[recorder]` table: one key per `WriterConfig` field, over its defaults."""
+    kinds = {f.name: str(f.type) for f in fields(WriterConfig)}
+    unknown = set(values) - set(kinds)
+    if unknown:
+        raise ConfigError(f"unknown [recorder] keys: {sorted(unknown)}")
+    parsed: dict[str, Any] = {}
+    for key, value in values.items():
+        cast = _RECORDER_CASTS[kinds[key]]
+        try:
+            parsed[key] = cast(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"[recorder] {key} = {value!r} is not a valid {cast.__name__}") from None
+    try:
+        return WriterConfig(**parsed)
+    except ValueError as exc:
+        raise ConfigError(f"[recorder] {exc}") from None
 
 
 def _parse_auth(values: dict[str, Any]) -> dict[str, Any]:
