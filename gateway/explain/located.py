@@ -15,8 +15,8 @@ offset are the engine's, whatever the reason (a hit's new turn, a cold miss at `
      The same segment text sent before but not matched: `evicted` (dropped without a trace in the ghost index).
      Never `new_prefix`: part of the prompt was cached.
 4. Nothing beyond the template's opening matched: the history method (`reasons.classify` on `compare`) decides, with a
-   zero match: `new_prefix` when nothing earlier is like it, `model_changed` when the earlier one was another
-   model's (the engine cannot see another model's cache), else the reason; each with the engine's location.
+   zero match: `new_prefix` when nothing earlier is like it (at the engine's location), `model_changed` (located at
+   the model, by history: the engine cannot see another model's cache), else the reason with the engine's location.
 """
 
 from __future__ import annotations
@@ -166,12 +166,9 @@ def explain_located(
             return Explanation(reason, *location, recomputed_tokens=uncached, source=ENGINE)
     if approximate.reason == NEW_PREFIX:
         return Explanation(NEW_PREFIX, *location, recomputed_tokens=uncached, source=ENGINE)
-    if engine.divergence_segment is None:
+    if approximate.reason == MODEL_CHANGED or engine.divergence_segment is None:
+        # Another model's cache: what differs first is the model, which the engine cannot see.
         return replace(approximate, recomputed_tokens=uncached, source=HISTORY)
-    if approximate.reason == MODEL_CHANGED:
-        # Another model's cache: what differs first is the model, which the engine cannot see; where its match
-        # ended is still the engine's report.
-        return Explanation(MODEL_CHANGED, *location, recomputed_tokens=uncached, source=ENGINE)
     return Explanation(approximate.reason, *location, recomputed_tokens=uncached, source=ENGINE)
 
 
