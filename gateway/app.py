@@ -85,7 +85,8 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         metrics.keys_loaded.set(len(snapshot.entries))
 
     keys.on_change = on_keys
-    recorder = Recorder(storage.sink, metrics, hasher=RecordHasher(secret))
+    hasher = RecordHasher(secret)
+    recorder = Recorder(storage.sink, metrics, hasher=hasher)
     runtime = Runtime(
         config=config,
         client=httpx.AsyncClient(),  # replaced by the pooled client when the app starts
@@ -98,7 +99,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     metrics.replicas.watch(lambda: runtime.router.replica_sets.values())
     uplift = UpliftChecker(lambda: runtime.client, recorder.record)
     explainer = Explainer(uplift)
-    advisor = AdviceSampler(lambda: runtime.client)
+    advisor = AdviceSampler(lambda: runtime.client, fleet_key=hasher.fleet_key())
     recorder.compose(explainer=explainer, uplift=uplift, advisor=advisor)
     engine_context = EngineContextPoller(lambda: runtime.client, storage, config.upstreams)
 
@@ -177,6 +178,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 "failed": advisor.failed,
                 "skipped": advisor.skipped,
                 "pending": advisor.pending,
+                "cpu_s": round(advisor.capacity.cpu_s_total, 3),
             },
         }
         return Response(content=body, status_code=200 if refused is None else 503)

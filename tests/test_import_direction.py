@@ -26,7 +26,8 @@ PROGRAMS = {"db", "gateway", "dashboard", "local_engine"}
 # Programs whose rooms must not import each other in a circle.
 ACYCLIC = ("gateway", "db", "dashboard")
 # `gateway.config` sits below every feature: besides itself it may import only these.
-CONFIG_MAY_IMPORT = ("gateway.errors", "db.records", "db.writer_config")
+# db.retention.prices declares the [advice.cache_prices] section, which the gateway checks at start.
+CONFIG_MAY_IMPORT = ("gateway.errors", "db.records", "db.writer_config", "db.retention.costs", "db.retention.prices")
 
 
 def module_name(path: Path, root: Path) -> str:

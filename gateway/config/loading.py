@@ -13,14 +13,18 @@ from typing import Any
 
 import tomllib
 
+from db.retention.costs import PriceError
+from db.retention.prices import UpstreamPrices
 from db.writer_config import WriterConfig
 from gateway.config.messages import parse_messages_settings
-from gateway.config.router import parse_policy, parse_replicas, parse_router_settings
+from gateway.config.router import parse_policy, parse_replica_events, parse_replicas, parse_router_settings
 from gateway.config.settings import AUTH_MODES, UPSTREAM_KINDS, ConfigOverrides, GatewayConfig, UpstreamConfig
 from gateway.config.tenant import TenantSettings, parse_tenant
 from gateway.errors import ConfigError
 
 SECTIONS = frozenset({"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages"})
+# `[advice]` is read by `prefixscope advise` (db.retention.prices); it is checked here so a bad one is refused at start.
+ADVICE_SECTION = "advice"
 
 
 def load_config(path: Path | None, overrides: ConfigOverrides = ConfigOverrides()) -> GatewayConfig:
@@ -34,11 +38,20 @@ def load_config(path: Path | None, overrides: ConfigOverrides = ConfigOverrides(
     return apply_overrides(parse_config(data), overrides)
 
 
+def check_prices(data: Mapping[str, Any]) -> None:
+    """Raises `ConfigError` when `[advice.cache_prices]` is malformed."""
+    try:
+        UpstreamPrices.from_config(data)
+    except PriceError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
     """Build a `GatewayConfig` from the parsed TOML document."""
-    unknown = set(data) - SECTIONS
+    unknown = set(data) - SECTIONS - {ADVICE_SECTION}
     if unknown:
         raise ConfigError(f"unknown config sections: {sorted(unknown)}")
+    check_prices(data)
     section = dict(data.get("gateway", {}))
     upstreams = tuple(_parse_upstream(item) for item in data.get("upstreams", ())) or GatewayConfig.upstreams
     names = [u.name for u in upstreams]
@@ -140,7 +153,9 @@ def _override_replicas(upstream: UpstreamConfig, overrides: ConfigOverrides) -> 
 
 def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
     values = dict(item)
-    replicas = parse_replicas(str(values.get("name")), values.pop("replicas")) if "replicas" in values else ()
+    raw_replicas = values.pop("replicas", None)
+    replicas = parse_replicas(str(values.get("name")), raw_replicas) if raw_replicas is not None else ()
+    replica_events = parse_replica_events(str(values.get("name")), raw_replicas)
     if replicas:
         values.setdefault("url", replicas[0])
     try:
@@ -170,6 +185,7 @@ def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
         replicas=replicas,
+        replica_events=replica_events,
         routing=routing,
         router=router,
     )

@@ -6,7 +6,7 @@ Example (in `prefixscope.toml`)::
     store_prompt_text = false
     explain_history_size = 1000         # recent requests remembered per tenant to explain misses
     uplift_sample_rate = 0.1            # share of requests whose normalization gain is measured (dry-run match)
-    advice_sample_rate = 0.1            # share of requests the rule advisor estimates every rule that is off on
+    advice_sample_rate = 0.1            # above 0: the rule advisor samples every request while it has capacity; 0: off
     hash_chain = true                   # record each prompt's block hash chain
     hash_block_size = 16                # tokens per hashed block
     max_cache_retention = "1h"          # the longest retention class a request may get (see retention.py here)
