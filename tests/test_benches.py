@@ -15,7 +15,7 @@ from prefixscope.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_MODULES = (
-    "local_engine/bench.py", "local_engine/bench_tiers.py", "gateway/bench/runner.py", "gateway/bench/routing.py",
+    "local_engine/bench/engine.py", "local_engine/bench/tiers.py", "gateway/bench/runner.py", "gateway/bench/routing.py",
     "gateway/advisor/bench.py", "dashboard/bench.py", "db/simulation/commands.py", "db/commands.py",
 )
 
@@ -74,7 +74,7 @@ def test_error_answers_are_not_throughput() -> None:
 def test_the_kv_memory_check_measures_where_the_pool_lives() -> None:
     import torch
 
-    from local_engine.bench_concurrent import kv_memory_probe
+    from local_engine.bench.concurrent import kv_memory_probe
 
     name, probe = kv_memory_probe(torch.device("cpu"))
     with probe:
