@@ -134,8 +134,9 @@ else:
     )
     st.caption(
         "The segment of the request (tools, system prompt, a message) and the character range inside it where the "
-        "prompt first differed from the cached prefix, in 64-character steps. A difference early in `tools` or "
-        "`system` invalidates everything after it."
+        "prompt first differed from the cached prefix, in 64-character steps, as the engine reported it: for a cold "
+        "miss, the start of the request; for a hit, where its new turn begins (no tokens lost). A difference early "
+        "in `tools` or `system` invalidates everything after it."
     )
 
 st.subheader("Examples")
