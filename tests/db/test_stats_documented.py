@@ -73,3 +73,23 @@ def test_the_readme_names_the_stats_output_as_printed(recorded: str, capsys: pyt
 def test_the_unauthenticated_tenant_name_is_reserved() -> None:
     with pytest.raises(ValueError, match="reserved"):
         validate_tenant_name(UNAUTHENTICATED_TENANT)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["stats", "--since", "1h", "--by", "tenant", "--json"],
+        ["stats", "--since", "1h", "--bucket", "1m", "--json"],
+        ["keys", "create", "--tenant", "acme", "--json"],
+        ["keys", "list", "--json"],
+        ["simulate", "--since", "1h", "--capacity", "1k", "--json"],
+        ["advise", "--since", "1h", "--json"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_every_json_output_is_one_document(recorded: str, argv: list[str], capsys: pytest.CaptureFixture[str]):
+    """`--json` prints exactly one JSON document on standard output (human lines, if any, go to standard error)."""
+    import json
+
+    assert main([*argv, "--database-url", recorded]) == 0
+    json.loads(capsys.readouterr().out)  # raises on a second document or a stray line
