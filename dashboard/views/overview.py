@@ -79,8 +79,8 @@ def render_totals(result: OverviewData) -> None:
     unknown = totals.requests - totals.requests_with_known_cache
     if unknown:
         st.caption(
-            f"{ui.count_of(unknown, 'request')} {'has' if unknown == 1 else 'have'} no cached-token count (failed, or sent to an upstream that does not report "
-            "it); the hit rates leave them out."
+            f"{ui.count_of(unknown, 'request')} {'has' if unknown == 1 else 'have'} no cached-token count (failed, "
+            "or sent to an upstream that does not report it); the hit rates leave them out."
         )
     st.caption(ttft_caption(totals.ttft_ranges_ms))
 
