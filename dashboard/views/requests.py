@@ -43,7 +43,11 @@ rows = ui.read_database(
 if not rows:
     ui.stop_with_info("No requests match these filters in this time range.")
 
-st.caption(f"The {len(rows):,} newest matching requests ({filters.label}). Select a row to see its detail.")
+st.caption(
+    f"The {ui.count_of(len(rows), 'newest matching request')} ({filters.label}). Select a row to see its detail."
+    if len(rows) > 1
+    else f"The one matching request ({filters.label})."
+)
 table = st.dataframe(
     request_table_rows(rows),
     hide_index=True,

@@ -178,7 +178,8 @@ if misses:
         rows = picked.selection.rows if picked is not None and hasattr(picked, "selection") else []
         chosen = examples[rows[0]] if rows else examples[0]
         st.caption(
-            f"The {len(examples)} newest requests with reason `{reason}`. Select one and open it with the button below."
+            f"The {ui.count_of(len(examples), 'newest request')} with reason `{reason}`. Select one and open it with "
+            "the button below."
         )
         if st.button(f"Open request {chosen.request_id} on the Requests page", key="why_misses_open"):
             st.session_state[REQUESTS_DETAIL_KEY] = chosen.request_id
