@@ -65,6 +65,10 @@ MISS_REASONS: Final = (
     "below_page",
 )
 
+UNAUTHENTICATED_TENANT: Final = "unauthenticated"
+"""The tenant name recorded for requests refused before a key named a tenant (no key, a bad key). It is reserved (no
+real tenant may take it, `db.tenants.validate_tenant_name`), so the read side shows those requests as `(rejected)`."""
+
 
 TTFT_SOURCES: Final = ("gateway", "engine")
 DIVERGENCE_SOURCES: Final = ("engine", "history")

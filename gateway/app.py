@@ -194,7 +194,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
 
     @get("/v1/models")
     async def models(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        keys.authenticate(request.headers.get("authorization"))
+        await keys.authenticate_now(request.headers.get("authorization"))
         return await list_models(runtime)
 
     stats_handler = make_stats_handler(keys, storage)

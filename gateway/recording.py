@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from db.chains import RequestChain
-from db.records import RequestRecord
+from db.records import UNAUTHENTICATED_TENANT, RequestRecord
 from gateway.metrics import GatewayMetrics
 from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.upstreams.base import CacheReport, UsageReport
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-UNAUTHENTICATED_TENANT = "unauthenticated"
 # Where a recorded TTFT comes from: the gateway's clock (first streamed content byte) or the engine's report.
 TTFT_GATEWAY = "gateway"
 TTFT_ENGINE = "engine"

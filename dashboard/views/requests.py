@@ -43,7 +43,11 @@ rows = ui.read_database(
 if not rows:
     ui.stop_with_info("No requests match these filters in this time range.")
 
-st.caption(f"The {len(rows):,} newest matching requests ({filters.label}). Select a row to see its detail.")
+st.caption(
+    f"The {ui.count_of(len(rows), 'newest matching request')} ({filters.label}). Select a row to see its detail."
+    if len(rows) > 1
+    else f"The one matching request ({filters.label})."
+)
 table = st.dataframe(
     request_table_rows(rows),
     hide_index=True,
@@ -52,10 +56,14 @@ table = st.dataframe(
     key="requests_table",
     column_config={
         "time (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
-        "cached share": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
-        "prompt tokens": st.column_config.NumberColumn(format="localized"),
-        "cached tokens": st.column_config.NumberColumn(format="localized"),
-        "tokens lost": st.column_config.NumberColumn(format="localized", help="prompt tokens computed again"),
+        "tenant": st.column_config.TextColumn(width="small"),
+        "hit/miss": st.column_config.TextColumn(width="small"),
+        "cached share": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0, width="small"),
+        "prompt tokens": st.column_config.NumberColumn(format="localized", width="small"),
+        "cached tokens": st.column_config.NumberColumn(format="localized", width="small"),
+        "tokens lost": st.column_config.NumberColumn(
+            format="localized", help="prompt tokens computed again", width="small"
+        ),
         "offset": st.column_config.NumberColumn(help="character offset of the divergence inside the segment"),
     },
 )

@@ -1,4 +1,4 @@
-"""Reading `prefixscope.toml` (see the example in `gateway.config`) and the command line into a `GatewayConfig`.
+"""Reading `prefixscope.toml` (see `examples/prefixscope.toml`) and the command line into a `GatewayConfig`.
 
 Nothing here reads the process environment: the CLI reads it once and passes values in. Every error is a
 `ConfigError` that names the section and key.

@@ -1,6 +1,6 @@
 """The gateway's settings as frozen values: the listen address, upstreams, routes, tenants, recorder and auth.
 
-Build them with `gateway.config.load_config`; the example `prefixscope.toml` is in `gateway.config`'s docstring.
+Build them with `gateway.config.load_config`; the example `prefixscope.toml` is `examples/prefixscope.toml`.
 """
 
 from __future__ import annotations
