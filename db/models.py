@@ -49,6 +49,7 @@ TENANT_NAME_MAX = 200
 MODEL_NAME_MAX = 200
 MISS_REASON_MAX = 32
 SEGMENT_MAX = 100
+PROVIDER_REASON_MAX = 48
 
 
 class Base(DeclarativeBase):
@@ -134,6 +135,8 @@ class RequestRecordRow(Base):
     cached_tokens_host: Mapped[int | None] = mapped_column(Integer)
     cached_tokens_disk: Mapped[int | None] = mapped_column(Integer)
     cache_load_ms: Mapped[float | None] = mapped_column(Float)
+    provider_miss_reason: Mapped[str | None] = mapped_column(String(PROVIDER_REASON_MAX))
+    provider_missed_tokens: Mapped[int | None] = mapped_column(Integer)
 
     # The explorer filters by one of these and pages newest first.
     __table_args__ = (

@@ -149,6 +149,11 @@ class RequestRecord:
     cached_tokens_host: int | None = None
     cached_tokens_disk: int | None = None
     cache_load_ms: float | None = None
+    # The provider's own prompt-cache diagnosis, when the upstream returned one (`gateway.provider_diagnostics`): its
+    # reason as the provider names it (`tools_changed`, `cache_hit`, `no_divergence`...) and the input tokens it says
+    # missed; None when the upstream gave none.
+    provider_miss_reason: str | None = None
+    provider_missed_tokens: int | None = None
 
     @property
     def cache_hit(self) -> bool | None:

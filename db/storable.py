@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Final
 
-from db.models import MISS_REASON_MAX, MODEL_NAME_MAX, SEGMENT_MAX, TENANT_NAME_MAX
+from db.models import MISS_REASON_MAX, MODEL_NAME_MAX, PROVIDER_REASON_MAX, SEGMENT_MAX, TENANT_NAME_MAX
 from db.records import RequestRecord
 
 SANITIZED_FLAG: Final = "record_sanitized"
@@ -30,6 +30,7 @@ _TEXT_FIELDS: Final[dict[str, int | None]] = {
     "prompt_text": None,
     "miss_reason": MISS_REASON_MAX,
     "divergence_segment": SEGMENT_MAX,
+    "provider_miss_reason": PROVIDER_REASON_MAX,
 }
 _RULE_MAX: Final = 100  # a rule name is a rollup dimension value, String(100)
 

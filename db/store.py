@@ -79,6 +79,8 @@ def record_to_row(record: RequestRecord) -> dict[str, Any]:
         "cached_tokens_host": record.cached_tokens_host,
         "cached_tokens_disk": record.cached_tokens_disk,
         "cache_load_ms": record.cache_load_ms,
+        "provider_miss_reason": record.provider_miss_reason,
+        "provider_missed_tokens": record.provider_missed_tokens,
     }
 
 
@@ -148,6 +150,8 @@ def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
         cached_tokens_host=getattr(row, "cached_tokens_host", None),
         cached_tokens_disk=getattr(row, "cached_tokens_disk", None),
         cache_load_ms=getattr(row, "cache_load_ms", None),
+        provider_miss_reason=getattr(row, "provider_miss_reason", None),
+        provider_missed_tokens=getattr(row, "provider_missed_tokens", None),
     )
 
 

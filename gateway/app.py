@@ -34,6 +34,8 @@ from gateway.proxy import CompletionProxy
 from gateway.record_keys import RecordHasher
 from gateway.recording import Recorder, RecordSink
 from gateway.replicas.health_view import replica_health
+from gateway.responses.handler import ResponseResource, ResponsesProxy
+from gateway.responses.store import ResponseStore
 from gateway.routing import Router
 from gateway.runtime import Runtime
 from gateway.stats_api import make_stats_handler
@@ -147,6 +149,18 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     async def anthropic_count_tokens(scope: Any, receive: Any, send: Any) -> None:
         await count_tokens(scope, receive, send)
 
+    response_store = ResponseStore(config.responses, recorder.hash_key)
+    responses = ResponsesProxy(runtime, response_store, runtime.baselines)
+    response_resource = ResponseResource(runtime, response_store)
+
+    @asgi("/v1/responses", copy_scope=False)
+    async def openai_responses(scope: Any, receive: Any, send: Any) -> None:
+        await responses(scope, receive, send)
+
+    @asgi("/v1/responses/{response_path:path}", copy_scope=False)
+    async def openai_response(scope: Any, receive: Any, send: Any) -> None:
+        await response_resource(scope, receive, send)
+
     @get("/health", sync_to_thread=False)
     def health() -> Response[dict[str, Any]]:
         counters = storage.sink.counters()
@@ -201,6 +215,8 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             legacy_completions,
             anthropic_messages,
             anthropic_count_tokens,
+            openai_responses,
+            openai_response,
             health,
             metrics_endpoint,
             models,

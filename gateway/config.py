@@ -55,6 +55,9 @@ Example `prefixscope.toml`::
 
     [messages]                          # the Anthropic Messages API (see gateway/anthropic/settings.py)
     min_cacheable_tokens = 1024
+
+    [responses]                         # the Responses API's kept responses (see gateway/responses/settings.py)
+    store_ttl_s = 3600
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from typing import Any
 
 from gateway.anthropic.settings import MessagesSettings, parse_messages_settings
 from gateway.errors import ConfigError
+from gateway.responses.settings import ResponsesSettings, parse_responses_settings
 from gateway.replicas.settings import RouterSettings, parse_policy, parse_replicas, parse_router_settings
 from gateway.tenant_settings import (  # noqa: F401 - re-exported: the rule names belong to the configuration
     ALL_RULES,
@@ -155,6 +159,7 @@ class GatewayConfig:
     max_key_staleness_s: float = 60.0
     key_snapshot_path: Path | None = DEFAULT_KEY_SNAPSHOT_PATH
     messages: MessagesSettings = MessagesSettings()
+    responses: ResponsesSettings = ResponsesSettings()
 
     @property
     def open_mode(self) -> bool:
@@ -199,7 +204,8 @@ def load_config(path: Path | None, overrides: ConfigOverrides = ConfigOverrides(
 
 def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
     """Build a `GatewayConfig` from the parsed TOML document."""
-    unknown = set(data) - {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages"}
+    unknown = set(data) - {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages",
+                       "responses"}
     if unknown:
         raise ConfigError(f"unknown config sections: {sorted(unknown)}")
     section = dict(data.get("gateway", {}))
@@ -253,6 +259,7 @@ def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
         tenants=tenants,
         recorder=recorder,
         messages=parse_messages_settings(dict(data.get("messages", {}))),
+        responses=parse_responses_settings(dict(data.get("responses", {}))),
         **kwargs,
     )
 

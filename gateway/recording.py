@@ -20,6 +20,7 @@ from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.explain.explainer import ExplainContext, Explained, Explainer
 from gateway.explain.reasons import EngineReport
 from gateway.metrics import GatewayMetrics
+from gateway.provider_diagnostics import ProviderDiagnosis
 from gateway.upstreams.base import CacheReport, UsageReport
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ class RequestTracker:
         "predicted_match_tokens",
         "routing_index_source",
         "failovers",
+        "provider_diagnosis",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -148,6 +150,8 @@ class RequestTracker:
         self.predicted_match_tokens: int | None = None
         self.routing_index_source: str | None = None
         self.failovers = 0
+        # The upstream provider's own prompt-cache diagnosis, when it returned one (`gateway.provider_diagnostics`).
+        self.provider_diagnosis: ProviderDiagnosis | None = None
 
     def placed(self, placement: Any) -> None:
         """A replica set chose where this request goes (`gateway.replicas.replica_set.Placement`)."""
@@ -238,6 +242,8 @@ class RequestTracker:
             routing_policy=self.routing_policy,
             predicted_match_tokens=self.predicted_match_tokens,
             routing_index_source=self.routing_index_source,
+            provider_miss_reason=None if self.provider_diagnosis is None else self.provider_diagnosis.reason,
+            provider_missed_tokens=None if self.provider_diagnosis is None else self.provider_diagnosis.missed_tokens,
         )
         recorder = self._recorder
 

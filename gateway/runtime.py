@@ -10,6 +10,7 @@ from gateway.auth import KeyStore
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.normalize.pipeline import Pipeline, build_pipeline
+from gateway.provider_diagnostics import Baselines
 from gateway.recording import Recorder
 from gateway.routing import Router
 from gateway.tenancy import SaltDeriver
@@ -24,6 +25,8 @@ class Runtime:
     router: Router
     recorder: Recorder
     metrics: GatewayMetrics
+    # The tenant's latest upstream response per prefix, compared with by providers' cache diagnostics.
+    baselines: Baselines = field(default_factory=Baselines)
     _pipelines: dict[str, Pipeline] = field(default_factory=dict)
 
     def pipeline_for(self, tenant: str) -> Pipeline:
