@@ -153,13 +153,11 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     responses = ResponsesProxy(runtime, response_store, runtime.baselines)
     response_resource = ResponseResource(runtime, response_store)
 
-    @asgi("/v1/responses", copy_scope=False)
+    # Mounted (the path below it is the response id): `POST /v1/responses` creates, `/v1/responses/{id}` reads.
+    @asgi("/v1/responses", is_mount=True, copy_scope=False)
     async def openai_responses(scope: Any, receive: Any, send: Any) -> None:
-        await responses(scope, receive, send)
-
-    @asgi("/v1/responses/{response_path:path}", copy_scope=False)
-    async def openai_response(scope: Any, receive: Any, send: Any) -> None:
-        await response_resource(scope, receive, send)
+        response_id = scope["path"].strip("/")
+        await (response_resource(scope, receive, send, response_id) if response_id else responses(scope, receive, send))
 
     @get("/health", sync_to_thread=False)
     def health() -> Response[dict[str, Any]]:
@@ -216,7 +214,6 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             anthropic_messages,
             anthropic_count_tokens,
             openai_responses,
-            openai_response,
             health,
             metrics_endpoint,
             models,

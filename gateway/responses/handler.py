@@ -50,7 +50,6 @@ _ENCODER = msgspec.json.Encoder()
 _AUTHORIZATION = b"authorization"
 _CONTENT_LENGTH = b"content-length"
 OPENAI_KIND = "openai"
-PATH_PREFIX = "/v1/responses/"
 
 
 def _not_found(response_id: str, param: str | None = None) -> NotFound:
@@ -225,21 +224,21 @@ class ResponseResource:
         self._runtime = runtime
         self._store = store
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send, path: str) -> None:
+        """Answer for `path`, the part of the URL after `/v1/responses/`."""
         request_id = "req_" + secrets.token_hex(12)
         ids = [(b"x-request-id", request_id.encode())]
         try:
-            status, body, content_type = await self._answer(scope)
+            status, body, content_type = await self._answer(scope, path)
         except GatewayError as exc:
             self._runtime.metrics.count_error(exc.error_type)
             await send_response(send, exc.status_code, exc.body(), [*ids, JSON_CONTENT_TYPE])
             return
         await send_response(send, status, body, [*ids, content_type])
 
-    async def _answer(self, scope: dict[str, Any]) -> tuple[int, bytes, tuple[bytes, bytes]]:
+    async def _answer(self, scope: dict[str, Any], path: str) -> tuple[int, bytes, tuple[bytes, bytes]]:
         runtime = self._runtime
         principal = runtime.keys.authenticate(header_values(scope, _AUTHORIZATION).get(_AUTHORIZATION))
-        path = scope["path"][len(PATH_PREFIX) :]
         response_id, _, rest = path.partition("/")
         if rest:
             raise BadRequest(
