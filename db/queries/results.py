@@ -140,6 +140,9 @@ class RequestRow:
     cached_tokens_host: int | None = None
     cached_tokens_disk: int | None = None
     cache_load_ms: float | None = None
+    # The provider's own cache diagnosis, when the upstream returned one (`db.records.RequestRecord`).
+    provider_miss_reason: str | None = None
+    provider_missed_tokens: int | None = None
 
     @property
     def cache_hit(self) -> bool | None:
