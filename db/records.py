@@ -16,7 +16,7 @@ from db.advice import AdviceOutcome
 from db.chains import RequestChain
 from db.timeutil import as_utc
 
-ENDPOINTS: Final = ("chat.completions", "completions", "messages")
+ENDPOINTS: Final = ("chat.completions", "completions", "messages", "responses")
 
 # Lifetime classes of cached KV, shortest first: Anthropic's `cache_control.ttl` values, and the engine's
 # `cache_retention` body field (`persistent` is exempt from TTL and kept on disk rather than dropped).

@@ -60,7 +60,8 @@ def from_openai(diagnostics: Any) -> ProviderDiagnosis | None:
     if kind is None:
         return None
     if kind == "cache_miss":
-        return ProviderDiagnosis(_label(diagnostics.get("reason")) or kind, _tokens(diagnostics.get("cache_missed_tokens")))
+        reason = _label(diagnostics.get("reason")) or kind
+        return ProviderDiagnosis(reason, _tokens(diagnostics.get("cache_missed_tokens")))
     return ProviderDiagnosis(kind)
 
 

@@ -167,7 +167,8 @@ async def _pump(exchange: Exchange, upstream: httpx.Response, writer: EventWrite
     if error is not None:
         message, error_type, status_code = error
         tracker.outcome = Outcome(status_code, error_type)
-        await exchange.send({"type": "http.response.body", "body": writer.fail(message, error_type), "more_body": False})
+        failed = writer.fail(message, error_type)
+        await exchange.send({"type": "http.response.body", "body": failed, "more_body": False})
         return tracker.outcome
     status, reason = finish_status(writer.finish_reason)
     closing, response = writer.finish(status, exchange.usage(usage), reason)

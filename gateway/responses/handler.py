@@ -23,7 +23,15 @@ from typing import Any
 import httpx
 import msgspec
 
-from gateway.asgi_io import JSON_CONTENT_TYPE, Receive, Send, header_values, read_body, run_until_disconnect, send_response
+from gateway.asgi_io import (
+    JSON_CONTENT_TYPE,
+    Receive,
+    Send,
+    header_values,
+    read_body,
+    run_until_disconnect,
+    send_response,
+)
 from gateway.auth import Principal
 from gateway.body_checks import too_deep
 from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
@@ -188,7 +196,8 @@ class ResponsesProxy(CompletionProxy):
             tracker.explain = ExplainContext(settings, CHAT, tenant, chat_view, raw_view, salt, route, False)
         prefix = tracker.prefix_hash
         if settings.diagnostics:
-            _ask_for_diagnostics(body, request.previous_response_id or self._baselines.latest(tenant, route.name, prefix))
+            baseline = request.previous_response_id or self._baselines.latest(tenant, route.name, prefix)
+            _ask_for_diagnostics(body, baseline)
         payload = _ENCODER.encode(body)
 
         def on_answer(response: dict[str, Any]) -> None:
@@ -213,7 +222,8 @@ def _ask_for_diagnostics(body: dict[str, Any], baseline: str | None) -> None:
     options = body.get("prompt_cache_options")
     if isinstance(options, dict) and options.get("comparison_response_id") is not None:
         return
-    body["prompt_cache_options"] = {**(options if isinstance(options, dict) else {}), "comparison_response_id": baseline}
+    kept = options if isinstance(options, dict) else {}
+    body["prompt_cache_options"] = {**kept, "comparison_response_id": baseline}
 
 
 class ResponseResource:

@@ -168,7 +168,8 @@ async def forward_stream(
             outcome = tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
             await send_response(send, upstream.status_code, body, _headers(tracker, upstream))
             return outcome
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + _headers(tracker, upstream)})
+        headers = _SSE_HEADERS + _headers(tracker, upstream)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         reader = EventReader(tracker, start_perf)
         try:
             async for chunk in upstream.aiter_raw():

@@ -31,7 +31,7 @@ _ENTRY_OVERHEAD_BYTES = 256
 @dataclass(slots=True)
 class StoredResponse:
     """One kept response: its tenant, the upstream that answered, the Response object and the conversation so far
-    (chat messages; empty for an OpenAI upstream), and for the diagnostics the upstream's own id."""
+    as chat messages (None and empty for an OpenAI upstream, which keeps both itself)."""
 
     tenant: str
     upstream: str
@@ -45,7 +45,10 @@ class ResponseStore:
     """A bounded, expiring map (tenant, response id) -> `StoredResponse`. Not thread-safe (the event loop's only)."""
 
     def __init__(
-        self, settings: ResponsesSettings, tenant_key: Callable[[str], bytes], clock: Callable[[], float] = time.monotonic
+        self,
+        settings: ResponsesSettings,
+        tenant_key: Callable[[str], bytes],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._tenant_key = tenant_key

@@ -85,13 +85,14 @@ class ResponsesStub:
 
     def _response(self, body: dict[str, Any], response_id: str) -> dict[str, Any]:
         text = {"type": "output_text", "text": "Hi there", "annotations": [], "logprobs": []}
+        message = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed", "content": [text]}
         response: dict[str, Any] = {
             "id": response_id,
             "object": "response",
             "created_at": 1,
             "status": "completed",
             "model": body["model"],
-            "output": [{"id": "msg_1", "type": "message", "role": "assistant", "status": "completed", "content": [text]}],
+            "output": [message],
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": body.get("tools") or [],

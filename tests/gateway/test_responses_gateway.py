@@ -165,7 +165,10 @@ def test_text_format_json_schema_becomes_response_format(stub, keyed_gateway):
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0].type",
+        ),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": "hi", "previous_response_id": "resp_unknown"}, "previous_response_id"),
         ({"input": "hi", "prompt_cache_retention": "forever"}, "prompt_cache_retention"),
