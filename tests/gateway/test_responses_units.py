@@ -76,7 +76,10 @@ def test_input_items_become_chat_messages():
         {"type": "function_call_output", "call_id": "c1", "output": "18 C"},
     ]
     messages = input_messages(items)
-    assert messages[:2] == [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+    assert messages[:2] == [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
     assert messages[2]["content"] == "Checking." and [c["id"] for c in messages[2]["tool_calls"]] == ["c1", "c2"]
     assert messages[3] == {"role": "tool", "tool_call_id": "c1", "content": "18 C"}
     with pytest.raises(BadRequest) as refused:
@@ -142,7 +145,7 @@ def test_responses_shaped_normalization_uses_the_tenants_rules():
 
 
 def test_reading_providers_diagnoses():
-    miss = {"type": "cache_miss", "reason": "tools_changed", "cache_missed_tokens": 900, "comparison_reusable_tokens": 1}
+    miss = {"type": "cache_miss", "reason": "tools_changed", "cache_missed_tokens": 900, "comparison_reusable_tokens": 3}
     assert from_openai(miss) == ProviderDiagnosis("tools_changed", 900)
     assert from_openai({"type": "cache_hit"}) == ProviderDiagnosis("cache_hit")
     assert from_openai({"type": "comparison_response_not_found"}) == ProviderDiagnosis("comparison_response_not_found")
