@@ -128,12 +128,12 @@ def _serve(args: argparse.Namespace) -> int:
     import sys
 
     from local_engine.config import ServerConfig
-    from local_engine.engine import Engine
-    from local_engine.model_loader import load_model, resolve_device
-    from local_engine.access import ENV_API_KEY, check_bind
-    from local_engine.attention_backends import resolve_attention_backend
-    from local_engine.server import create_app
-    from local_engine.shutdown import serve
+    from local_engine.engine.engine import Engine
+    from local_engine.model.loader import load_model, resolve_device
+    from local_engine.api.access import ENV_API_KEY, check_bind
+    from local_engine.model.attention_backends import resolve_attention_backend
+    from local_engine.api.server import create_app
+    from local_engine.engine.shutdown import serve
 
     if getattr(args, "engine_parser", None) is not None:
         check_engine_options(args.engine_parser, args)
@@ -142,8 +142,8 @@ def _serve(args: argparse.Namespace) -> int:
     if refusal:
         print(f"prefixscope engine: {refusal}", file=sys.stderr)
         return 2
-    from local_engine.cache.disk_index import DiskCacheLocked
-    from local_engine.kv_tiers import TierUnavailable, reserve_disk_directory
+    from local_engine.cache.tiers.disk_index import DiskCacheLocked
+    from local_engine.engine.kv_tiers import TierUnavailable, reserve_disk_directory
 
     try:
         config = engine_config_from(args)
@@ -186,7 +186,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from local_engine.bench import run_engine_benchmark
+    from local_engine.bench.engine import run_engine_benchmark
 
     return run_engine_benchmark(args)
 

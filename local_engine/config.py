@@ -19,7 +19,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # tokens per step: decode tokens plus prefill chunks
     shutdown_grace_s: float = 10.0  # on SIGTERM, in-flight requests may finish this long before being cancelled
     max_waiting_requests: int = 256  # beyond this new requests get a 503
-    attention_backend: str = "auto"  # auto | torch | flashinfer (local_engine.attention_backends)
+    attention_backend: str = "auto"  # auto | torch | flashinfer (local_engine.model.attention_backends)
     # Lower KV tiers (off by default): L2 host pool in tokens or GiB (0 = off), L3 disk directory with its capacity
     # (10 GiB when a directory is given), and when copies go down (write_back: on eviction; write_through: at insert).
     host_cache_tokens: int | None = None
@@ -72,6 +72,6 @@ DEFAULT_DISK_CACHE_GIB = 10.0
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8001
-    admin_token: str | None = None  # required by the cache views (local_engine.access); flushing needs it
+    admin_token: str | None = None  # required by the cache views (local_engine.api.access); flushing needs it
     api_key: str | None = None  # required on every endpoint but /health when set
     max_body_bytes: int = 8 * 1024 * 1024

@@ -26,9 +26,9 @@ from gateway.config import UpstreamConfig
 from gateway.forwarding import map_transport_error
 from gateway.provider_diagnostics import Baselines, from_anthropic
 from gateway.recording import Outcome, RequestTracker
-from gateway.routing import Route
 from gateway.upstreams.base import UsageReport
 from gateway.upstreams.kinds import HEADER_MATCHED, HEADER_PROMPT, anthropic_usage
+from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from gateway.recording import Outcome, RequestTracker
 from gateway.responses.stream import EventWriter
 from gateway.responses.translate import finish_status, output_items, response_object, usage_object
 from gateway.retention import retention_header
-from gateway.routing import Route
+from gateway.upstreams.route import Route
 from gateway.upstreams.base import UsageReport
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ from gateway.responses.normalize import normalize
 from gateway.responses.request import ResponsesRequest, parse_responses_request
 from gateway.responses.store import ResponseStore, StoredResponse
 from gateway.responses.translate import history_messages, input_messages, new_id, to_chat_body
-from gateway.routing import Route
+from gateway.upstreams.route import Route
 from gateway.runtime import Runtime
 from gateway.upstreams.base import CLIENT_SALT_FIELDS
 from gateway.upstreams.prompt_cache_key import FIELD as PROMPT_CACHE_KEY

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.normalize.rules import ToolSchemaKeyOrder, canonical_json_text, normalize_newlines
-from gateway.tenant_settings import TenantSettings
+from gateway.config.tenant import TenantSettings
 
 _TOOL_SCHEMA_KEY_ORDER = ToolSchemaKeyOrder()
 

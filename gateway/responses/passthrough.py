@@ -23,7 +23,7 @@ from gateway.asgi_io import Send, send_response
 from gateway.forwarding import map_transport_error, upstream_error_type
 from gateway.provider_diagnostics import from_openai
 from gateway.recording import Outcome, RequestTracker
-from gateway.routing import Route
+from gateway.upstreams.route import Route
 from gateway.upstreams.base import UsageReport, _int_or_none
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.responses.settings import ResponsesSettings
+from gateway.config.responses import ResponsesSettings
 
 _ENCODER = msgspec.json.Encoder()
 _ENTRY_OVERHEAD_BYTES = 256

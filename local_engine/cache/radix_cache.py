@@ -16,15 +16,15 @@ from typing import Callable
 
 import torch
 
-from local_engine.cache import tier_eviction
+from local_engine.cache.tiers import eviction as tier_eviction
 from local_engine.cache.events import CacheEventLog
 from local_engine.cache.eviction import eviction_policy
 from local_engine.cache.ghost_index import GhostIndex, prefix_hash
 from local_engine.cache.radix_node import RadixNode, child_key, common_prefix_tokens
 from local_engine.cache.retention import Lifetime, extend, is_expired, lifetime_of
 from local_engine.cache.slot_allocator import SlotAllocator
-from local_engine.cache.tier_integrity import check_tier_integrity
-from local_engine.cache.tier_store import DEVICE, TierStore
+from local_engine.cache.tiers.integrity import check_tier_integrity
+from local_engine.cache.tiers.store import DEVICE, TierStore
 from local_engine.cache.tiers import TierTokens
 from local_engine.cache.tree_views import CacheStats, cache_stats, check_tree_integrity, tree_snapshot
 from local_engine.cache.types import EvictedPrefix, InsertResult, MatchResult, MissKind

@@ -3,7 +3,7 @@ tokens it says missed (OpenAI's `prompt_cache_diagnostics`, Anthropic's `diagnos
 the upstream returned none.
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0013
 Create Date: 2026-12-01
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | None = "0009"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

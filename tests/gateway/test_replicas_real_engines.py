@@ -16,9 +16,9 @@ from gateway_testkit import FakeStorage, gateway_config, running_gateway, wait_u
 from replica_kit import EngineProcess, save_tiny_model
 
 from gateway.config import UpstreamConfig
+from gateway.config.router import RouterSettings
 from gateway.replicas.follower import poll_once, resync
 from gateway.replicas.replica_set import Replica
-from gateway.replicas.settings import RouterSettings
 
 POOL_TOKENS = "640"
 ADMIN = "replica-test-admin"
@@ -234,7 +234,7 @@ def test_a_gap_in_the_events_triggers_a_resync(tiny_model):
     import torch
 
     from local_engine.cache.events import CacheEventLog
-    from local_engine.model_loader import load_model
+    from local_engine.model.loader import load_model
     from tests.local_engine.server_fixtures import served_engine
 
     loaded = load_model(tiny_model, torch.device("cpu"))

@@ -11,11 +11,11 @@ from gateway.errors import BadRequest
 from gateway.provider_diagnostics import Baselines, ProviderDiagnosis, from_anthropic, from_openai
 from gateway.responses.normalize import normalize
 from gateway.responses.request import parse_responses_request
-from gateway.responses.settings import ResponsesSettings
+from gateway.config.responses import ResponsesSettings
 from gateway.responses.store import ResponseStore, StoredResponse
 from gateway.responses.stream import EventWriter
 from gateway.responses.translate import history_messages, input_messages, output_items, response_format
-from gateway.tenant_settings import TenantSettings
+from gateway.config.tenant import TenantSettings
 
 
 class Clock:
