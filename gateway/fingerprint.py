@@ -13,8 +13,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.parsing import CHAT
-from gateway.responses import RESPONSES
+from gateway.parsing import CHAT, RESPONSES
 
 _ENCODER = msgspec.json.Encoder(order="deterministic")
 COMPLETION_PREFIX_CHARS = 2048

@@ -7,4 +7,6 @@ bounded and expiring; `engine_forward` calls upstreams that speak the chat API (
 `passthrough` sends the normalized body on to an OpenAI upstream unchanged; `handler` is the HTTP edge.
 """
 
-RESPONSES = "responses"
+from gateway.parsing import RESPONSES
+
+__all__ = ["RESPONSES"]

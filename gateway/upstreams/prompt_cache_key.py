@@ -21,8 +21,7 @@ import hmac
 from typing import Any
 
 from gateway.fingerprint import prefix_material
-from gateway.parsing import CHAT, COMPLETIONS
-from gateway.responses import RESPONSES
+from gateway.parsing import CHAT, COMPLETIONS, RESPONSES
 
 FIELD = "prompt_cache_key"
 _CONTEXT = b"prefixscope/prompt-cache-key/v1"
