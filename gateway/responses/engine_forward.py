@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -49,6 +49,7 @@ class Exchange:
     start_perf: float
     retention: str | None
     on_complete: Callable[[dict[str, Any]], None]
+    created_at: int = field(default_factory=lambda: int(time.time()))  # one time for every event of the response
 
     def response(
         self,
@@ -58,7 +59,13 @@ class Exchange:
         incomplete_reason: str | None = None,
     ) -> dict[str, Any]:
         return response_object(
-            self.body, self.response_id, status=status, output=output, usage=usage, incomplete_reason=incomplete_reason
+            self.body,
+            self.response_id,
+            status=status,
+            output=output,
+            usage=usage,
+            incomplete_reason=incomplete_reason,
+            created_at=self.created_at,
         )
 
     def headers(self, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
