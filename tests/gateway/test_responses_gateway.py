@@ -9,8 +9,12 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from gateway_testkit import FakeStorage, RunningGateway, gateway_config, running_gateway
+from gateway_testkit import TEST_SECRET, FakeStorage, RunningGateway, gateway_config, running_gateway
 from stub_upstream import STUB_TOOL_CALL
+
+from gateway.config import UpstreamConfig
+from gateway.tenancy import derive_salt
+from gateway.upstreams.prompt_cache_key import derive_prompt_cache_key
 
 STREAM_EVENTS = [
     "response.created",
@@ -187,3 +191,21 @@ def test_what_a_chat_upstream_cannot_do_is_refused_naming_the_field(stub, keyed_
     assert stub.state.requests == []
     (record,) = gw.wait_records(1)
     assert record.endpoint == "responses" and record.status_code == response.status_code
+
+
+def test_chat_requests_to_openai_upstreams_carry_the_derived_prompt_cache_key(stub, stub_url):
+    storage = FakeStorage()
+    keys = {tenant: storage.add_key(f"k-{tenant}", tenant) for tenant in ("acme", "beta")}
+    upstreams = (UpstreamConfig(name="openai", url=stub_url, kind="openai", timeout_s=30.0),)
+    config = gateway_config(stub_url, auth="keys", upstreams=upstreams, default_upstream="openai")
+    system = {"role": "system", "content": "You are the support assistant of a bicycle shop."}
+    with running_gateway(config, storage) as gw:
+        for tenant, question in (("acme", "When are you open?"), ("acme", "Any spare tubes?"), ("beta", "Hi")):
+            client(gw, keys[tenant]).chat.completions.create(
+                model="m", messages=[system, {"role": "user", "content": question}], prompt_cache_key="mine"
+            )
+    acme_first, acme_second, beta = (sent["prompt_cache_key"] for sent in stub.state.requests)
+    assert acme_first == acme_second != beta  # one key per tenant and prefix, whatever follows the prefix
+    body = {"model": "m", "messages": [system], "prompt_cache_key": "mine"}
+    assert acme_first == derive_prompt_cache_key(derive_salt(TEST_SECRET, "acme"), body)
+    assert all("cache_salt" not in sent for sent in stub.state.requests)
