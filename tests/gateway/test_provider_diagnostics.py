@@ -18,7 +18,7 @@ from real_engine_kit import create_keys, stored
 from responses_stub import STUB_MISSED_TOKENS as OPENAI_MISSED
 from responses_stub import ResponsesStub
 
-from gateway.config import TenantSettings, UpstreamConfig
+from gateway.config import UpstreamConfig
 from gateway.tenancy import derive_salt
 from gateway.upstreams.prompt_cache_key import derive_prompt_cache_key
 
