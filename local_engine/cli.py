@@ -53,6 +53,19 @@ def _add_tier_options(parser: argparse.ArgumentParser) -> None:
         "--cache-write-policy", default="write_back", choices=["write_back", "write_through"],
         help="write_back: KV goes down a tier when evicted; write_through: copies go down at insert time",
     )
+    events = parser.add_argument_group("KV events (vLLM's and SGLang's ZeroMQ format; docs/fleets.md)")
+    events.add_argument(
+        "--kv-events-endpoint", default=None, metavar="tcp://HOST:PORT",
+        help="publish the cache's KV events on a ZeroMQ PUB socket bound here (they carry token ids: keep it private)",
+    )
+    events.add_argument(
+        "--kv-events-replay-endpoint", default=None, metavar="tcp://HOST:PORT",
+        help="answer replay requests (from a sequence number) on a ZeroMQ ROUTER socket bound here",
+    )
+    events.add_argument("--kv-events-topic", default="", help="the topic frame of every KV-event message")
+    events.add_argument(
+        "--kv-events-block-size", type=int, default=16, metavar="TOKENS", help="tokens per announced block",
+    )
 
 
 def _non_negative_int(text: str) -> int:
@@ -101,6 +114,7 @@ add_engine_options = _add_engine_options
 
 def engine_config_from(args: argparse.Namespace):
     from local_engine.config import EngineConfig
+    from local_engine.kv_events.config import KvEventsConfig
 
     return EngineConfig(
         model=args.model,
@@ -120,6 +134,10 @@ def engine_config_from(args: argparse.Namespace):
         disk_cache_dir=args.disk_cache_dir,
         disk_cache_gib=args.disk_cache_gib,
         cache_write_policy=args.cache_write_policy,
+        kv_events=KvEventsConfig(
+            endpoint=args.kv_events_endpoint, replay_endpoint=args.kv_events_replay_endpoint,
+            topic=args.kv_events_topic, block_size=args.kv_events_block_size,
+        ),
     )
 
 
@@ -168,7 +186,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"prefixscope engine: {error}", file=sys.stderr)
         return 2
     admin_token = args.admin_token or os.environ.get("PREFIXSCOPE_ENGINE_ADMIN_TOKEN")
-    server_config = ServerConfig(host=args.host, port=args.port, admin_token=admin_token, api_key=api_key)
+    try:
+        trace_export = trace_export_from(args.otlp_endpoint, os.environ)
+    except ValueError as error:
+        print(f"prefixscope engine: {error}", file=sys.stderr)
+        return 2
+    server_config = ServerConfig(host=args.host, port=args.port, admin_token=admin_token, api_key=api_key,
+                                 trace_export=trace_export)
     print(
         f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
         f"{engine.pool.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
@@ -177,12 +201,36 @@ def _serve(args: argparse.Namespace) -> int:
         f"listening on http://{args.host}:{args.port}",
         flush=True,
     )
-    engine.start()
+    try:
+        engine.start()
+    except OSError as error:  # a KV events address that is taken or cannot be bound
+        print(f"prefixscope engine: cannot publish KV events: {error}", file=sys.stderr)
+        engine.stop()
+        return 2
+    if engine.kv_events is not None and engine.kv_events.bound_endpoint:
+        print(f"prefixscope engine: KV events on {engine.kv_events.bound_endpoint}"
+              f" (replay {engine.kv_events.bound_replay_endpoint or 'off'})", flush=True)
     try:
         serve(create_app(engine, server_config), engine, args.host, args.port, args.log_level, config.shutdown_grace_s)
     finally:
         engine.stop()
     return 0
+
+
+def trace_export_from(otlp_endpoint: str | None, env):
+    """`--otlp-endpoint` wins; else the standard OTEL_* variables; None: no spans (or OTEL_SDK_DISABLED=true).
+    Raises ValueError on malformed OTEL_EXPORTER_OTLP_HEADERS."""
+    from prefixscope.tracing import ENV_SDK_DISABLED, TraceExport, export_from_env, traces_url
+    from local_engine.telemetry.tracing import SERVICE_NAME
+
+    if env.get(ENV_SDK_DISABLED, "").strip().lower() == "true":
+        return None
+    from_env = export_from_env(env, SERVICE_NAME)
+    if otlp_endpoint:
+        return TraceExport(traces_url=traces_url(otlp_endpoint),
+                           service_name=from_env.service_name if from_env else SERVICE_NAME,
+                           headers=from_env.headers if from_env else {})
+    return from_env
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -209,6 +257,11 @@ def register(commands, bench_commands) -> None:
         "--insecure", action="store_true", help="allow listening on a non-loopback address without an API key"
     )
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument(
+        "--otlp-endpoint", default=None, metavar="URL",
+        help="export request spans over OTLP/HTTP to this collector (base URL or full /v1/traces URL; default: the "
+             "OTEL_EXPORTER_OTLP_* variables, else no spans)",
+    )
     serve.add_argument(
         "--shutdown-grace-s", type=float, default=10.0,
         help="on SIGTERM, stop admitting and give in-flight requests this long to finish before cancelling them",

@@ -4,7 +4,7 @@ Where each setting lives: `settings` (the listen address, upstreams, routes, aut
 `tenant` (`[tenant_defaults]`, `[tenants.NAME]`), `retention` (a tenant's cache retention classes),
 `volatile_patterns` (the default patterns of `hoist_volatile`), `router` (`[upstreams.router]`: routing over a
 replica set), `messages` (`[messages]`: the Anthropic Messages API), `responses` (`[responses]`: the responses kept
-for the Responses API), and `db.writer_config.WriterConfig` (`[recorder]`,
+for the Responses API), `telemetry` (`[telemetry]`: where request spans go), and `db.writer_config.WriterConfig` (`[recorder]`,
 the record writer's settings, shared with db). `loading` reads the TOML file and the command line into them.
 Nothing here reads the process environment: the CLI reads it once and passes values in.
 
@@ -64,6 +64,8 @@ Example `prefixscope.toml`::
 
     [responses]                         # the Responses API's kept responses (see gateway/config/responses.py)
     store_ttl_s = 3600
+    [telemetry]                         # OpenTelemetry request spans (see gateway/config/telemetry.py)
+    # otlp_endpoint = "http://127.0.0.1:4318"
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ from gateway.config.settings import (
     GatewayConfig,
     UpstreamConfig,
 )
+from gateway.config.telemetry import TelemetrySettings
 from gateway.config.tenant import ALL_RULES, HOIST_PLACEMENTS, OPT_IN_RULES, SEMANTIC_RULES, TenantSettings
 
 __all__ = [
@@ -101,6 +104,7 @@ __all__ = [
     "GatewayConfig",
     "MessagesSettings",
     "RouterSettings",
+    "TelemetrySettings",
     "TenantSettings",
     "UpstreamConfig",
     "WriterConfig",

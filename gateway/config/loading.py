@@ -18,13 +18,16 @@ from db.retention.prices import UpstreamPrices
 from db.writer_config import WriterConfig
 from gateway.config.messages import parse_messages_settings
 from gateway.config.responses import parse_responses_settings
-from gateway.config.router import parse_policy, parse_replicas, parse_router_settings
+from gateway.config.router import parse_policy, parse_replica_events, parse_replicas, parse_router_settings
 from gateway.config.settings import AUTH_MODES, UPSTREAM_KINDS, ConfigOverrides, GatewayConfig, UpstreamConfig
+from gateway.config.telemetry import parse_telemetry_settings
 from gateway.config.tenant import TenantSettings, parse_tenant
 from gateway.errors import ConfigError
 
-SECTIONS = frozenset({"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages",
-                       "responses"})
+SECTIONS = frozenset(
+    {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages", "responses",
+     "telemetry"}
+)
 # `[advice]` is read by `prefixscope advise` (db.retention.prices); it is checked here so a bad one is refused at start.
 ADVICE_SECTION = "advice"
 
@@ -106,6 +109,7 @@ def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
         recorder=recorder,
         messages=parse_messages_settings(dict(data.get("messages", {}))),
         responses=parse_responses_settings(dict(data.get("responses", {}))),
+        telemetry=parse_telemetry_settings(dict(data.get("telemetry", {}))),
         **kwargs,
     )
 
@@ -156,7 +160,9 @@ def _override_replicas(upstream: UpstreamConfig, overrides: ConfigOverrides) -> 
 
 def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
     values = dict(item)
-    replicas = parse_replicas(str(values.get("name")), values.pop("replicas")) if "replicas" in values else ()
+    raw_replicas = values.pop("replicas", None)
+    replicas = parse_replicas(str(values.get("name")), raw_replicas) if raw_replicas is not None else ()
+    replica_events = parse_replica_events(str(values.get("name")), raw_replicas)
     if replicas:
         values.setdefault("url", replicas[0])
     try:
@@ -186,6 +192,7 @@ def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
         replicas=replicas,
+        replica_events=replica_events,
         routing=routing,
         router=router,
     )

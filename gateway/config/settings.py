@@ -12,7 +12,8 @@ from pathlib import Path
 from db.writer_config import WriterConfig
 from gateway.config.messages import MessagesSettings
 from gateway.config.responses import ResponsesSettings
-from gateway.config.router import RouterSettings
+from gateway.config.router import ReplicaEvents, RouterSettings
+from gateway.config.telemetry import TelemetrySettings
 from gateway.config.tenant import TenantSettings
 from gateway.errors import ConfigError
 
@@ -36,6 +37,7 @@ class UpstreamConfig:
     connect_timeout_s: float = 5.0
     # A replica set (several engines serving the same model) and how to route over it (`gateway.replicas`).
     replicas: tuple[str, ...] = ()
+    replica_events: tuple[ReplicaEvents | None, ...] = ()  # per replica: where it publishes KV events
     routing: str = "round_robin"
     router: RouterSettings = RouterSettings()
 
@@ -75,6 +77,7 @@ class GatewayConfig:
     key_snapshot_path: Path | None = DEFAULT_KEY_SNAPSHOT_PATH
     messages: MessagesSettings = MessagesSettings()
     responses: ResponsesSettings = ResponsesSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()  # `[telemetry]`: where request spans go (off by default)
 
     @property
     def open_mode(self) -> bool:

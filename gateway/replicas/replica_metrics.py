@@ -43,8 +43,9 @@ class ReplicaMetrics:
         self.requests.labels(*labels).inc()
         # Only where the engine reported what matched, as the dashboard's router accuracy counts, so that predicted
         # and actual cached tokens compare: a refused request's prediction has nothing to be compared with.
+        predicted = self.predicted_tokens.labels(*labels)  # served from the replica's first request on, even at 0
         if record.predicted_match_tokens and record.cached_tokens is not None and record.status_code < 400:
-            self.predicted_tokens.labels(*labels).inc(record.predicted_match_tokens)
+            predicted.inc(record.predicted_match_tokens)
         if record.cached_tokens:
             self.cached_tokens.labels(*labels).inc(record.cached_tokens)
         if record.prompt_tokens:
@@ -66,7 +67,7 @@ class _ReplicaStateCollector(Collector):
         )
         synced = GaugeMetricFamily(
             "prefixscope_gateway_replica_events_synced",
-            "1 while the router follows the replica's cache events (its precise index is current).",
+            "1 while the router follows the replica's KV events (its events index is current).",
             labels=labels,
         )
         blocks = GaugeMetricFamily(
@@ -77,10 +78,12 @@ class _ReplicaStateCollector(Collector):
             "prefixscope_gateway_replica_taken_out", "Times the replica was taken out of rotation.", labels=labels
         )
         resyncs = CounterMetricFamily(
-            "prefixscope_gateway_replica_event_resyncs", "Index rebuilds from the replica's snapshot.", labels=labels
+            "prefixscope_gateway_replica_event_replays", "KV-event replays completed (start, gaps, restarts).",
+            labels=labels,
         )
         gaps = CounterMetricFamily(
-            "prefixscope_gateway_replica_event_gaps", "Event gaps (or engine restarts) detected.", labels=labels
+            "prefixscope_gateway_replica_event_gaps", "KV-event sequence gaps and engine restarts detected.",
+            labels=labels,
         )
         failovers = CounterMetricFamily(
             "prefixscope_gateway_failovers", "Requests retried on another replica.", labels=["upstream"]
@@ -92,9 +95,10 @@ class _ReplicaStateCollector(Collector):
                 load.add_metric(key, float(replica.load))
                 healthy.add_metric(key, 1.0 if replica.healthy else 0.0)
                 synced.add_metric(key, 1.0 if replica.events_synced else 0.0)
-                blocks.add_metric([*key, "precise"], float(replica.precise.num_blocks()))
+                blocks.add_metric([*key, "events"], float(replica.index.num_blocks()))
                 blocks.add_metric([*key, "approximate"], float(replica.approximate.num_blocks()))
                 taken_out.add_metric(key, float(replica.taken_out))
-                resyncs.add_metric(key, float(replica.resyncs))
-                gaps.add_metric(key, float(replica.gaps))
+                subscriber = replica.subscriber
+                resyncs.add_metric(key, float(subscriber.replays if subscriber else 0))
+                gaps.add_metric(key, float(subscriber.gaps + subscriber.restarts if subscriber else 0))
         yield from (load, healthy, synced, blocks, taken_out, resyncs, gaps, failovers)

@@ -19,6 +19,7 @@ class StubState:
 
     requests: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
+    request_headers: list[dict[str, str]] = field(default_factory=list)  # of each completion request
     match_requests: list[dict[str, Any]] = field(default_factory=list)  # bodies sent to `/v1/cache/match`
     match_matched_tokens: int = 1  # what the dry-run match answers
     match_status: int = 200  # the dry-run match's status (an OpenAI-shaped error body when not 200)
@@ -67,6 +68,9 @@ class StubUpstream:
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         path = scope["path"]
+        if path == "/health":
+            await self._json(send, 200, {"status": "ok"})
+            return
         if path.endswith("/models"):
             await self._json(send, 200, {"object": "list", "data": [{"id": "stub-model", "object": "model"}]})
             return
@@ -88,6 +92,7 @@ class StubUpstream:
             return
         self.state.requests.append(body)
         self.state.paths.append(path)
+        self.state.request_headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         model = body.get("model", "")
         if model == "slow":
             await asyncio.sleep(self.state.slow_seconds)

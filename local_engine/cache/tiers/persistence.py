@@ -48,7 +48,6 @@ def rebuild_from_disk(cache) -> int:
             cache.enable_expiry()
         parent.children[child_key(tokens, indexed.edge_start, page_size)] = node
         cache.account(node, 1)
-        cache.events.stored(indexed.namespace, tokens, indexed.edge_start)
         rebuilt += 1
     over = disk.used_tokens - disk.capacity_tokens
     if over > 0:  # restarted with a smaller --disk-cache-gib
