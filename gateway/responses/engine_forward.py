@@ -97,11 +97,34 @@ class Exchange:
         return upstream
 
     async def relay_error(self, upstream: httpx.Response, headers: list[tuple[bytes, bytes]]) -> Outcome:
-        """The chat upstream's error, OpenAI-shaped already, passed on with its status."""
-        body = upstream.content
+        """The chat upstream's error, OpenAI-shaped already, passed on with its status (naming the Responses field
+        where the chat field has another name)."""
+        body = responses_error(upstream.content)
         outcome = self.tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
         await send_response(self.send, upstream.status_code, body, [*headers, JSON_CONTENT_TYPE])
         return outcome
+
+
+# Chat fields the translation renamed: an upstream's error naming one names the Responses field instead.
+RESPONSES_PARAMS = {"response_format": "text.format", "max_tokens": "max_output_tokens"}
+
+
+def responses_error(body: bytes) -> bytes:
+    """An OpenAI-shaped error body with `error.param` named as on the Responses API (`RESPONSES_PARAMS`; a
+    sub-field such as `response_format.json_schema` keeps its tail); other bodies unchanged."""
+    try:
+        payload = _DECODER.decode(body)
+    except msgspec.DecodeError:
+        return body
+    error = payload.get("error") if isinstance(payload, dict) else None
+    param = error.get("param") if isinstance(error, dict) else None
+    if not isinstance(param, str):
+        return body
+    head, dot, tail = param.partition(".")
+    if head not in RESPONSES_PARAMS:
+        return body
+    assert isinstance(payload, dict) and isinstance(error, dict)
+    return _ENCODER.encode({**payload, "error": {**error, "param": RESPONSES_PARAMS[head] + dot + tail}})
 
 
 async def forward_plain(exchange: Exchange) -> Outcome:

@@ -9,6 +9,7 @@ import pytest
 
 from gateway.errors import BadRequest
 from gateway.provider_diagnostics import Baselines, ProviderDiagnosis, from_anthropic, from_openai
+from gateway.responses.engine_forward import responses_error
 from gateway.responses.normalize import normalize
 from gateway.responses.request import parse_responses_request
 from gateway.config.responses import ResponsesSettings
@@ -108,6 +109,16 @@ def test_text_format_and_prompt_cache_retention():
     assert parse_responses_request(json.dumps(body).encode()).retention_class == "persistent"
     body["cache_retention"] = "5m"  # the gateway's own field wins
     assert parse_responses_request(json.dumps(body).encode()).retention_class == "5m"
+
+
+def test_an_upstream_error_names_the_responses_field():
+    refused = {"error": {"message": "response_format json_schema is not supported", "type": "invalid_request_error",
+                         "param": "response_format.json_schema", "code": None}}
+    renamed = json.loads(responses_error(json.dumps(refused).encode()))
+    assert renamed["error"]["param"] == "text.format.json_schema"
+    assert renamed["error"]["message"] == refused["error"]["message"]
+    other = json.dumps({"error": {"message": "no", "param": "temperature"}}).encode()
+    assert responses_error(other) == other and responses_error(b"not json") == b"not json"
 
 
 def test_event_writer_numbers_events_and_closes_each_item():
