@@ -221,7 +221,7 @@ def trace_export_from(otlp_endpoint: str | None, env):
     """`--otlp-endpoint` wins; else the standard OTEL_* variables; None: no spans (or OTEL_SDK_DISABLED=true).
     Raises ValueError on malformed OTEL_EXPORTER_OTLP_HEADERS."""
     from prefixscope.tracing import ENV_SDK_DISABLED, TraceExport, export_from_env, traces_url
-    from local_engine.telemetry.tracing import SERVICE_NAME
+    from local_engine.api.tracing import SERVICE_NAME
 
     if env.get(ENV_SDK_DISABLED, "").strip().lower() == "true":
         return None

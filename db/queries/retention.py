@@ -126,3 +126,4 @@ def retention_advice(
         model = prices(upstream)
         result.append(advise_tenant(name, [uses for uses, _ in items], model, days, end_s, top))
     return result
+

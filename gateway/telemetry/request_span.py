@@ -38,14 +38,18 @@ class RequestSpan:
         self._span = span
         self._spans = spans
         self.response = ResponseFacts()
-        self._upstream_headers: dict[str, str] | None = None
+        self._upstream_headers: list[tuple[str, str]] | None = None
 
-    def upstream_headers(self) -> dict[str, str]:
-        """`traceparent` (and `tracestate`) naming this span as the parent of the upstream's."""
+    def upstream_headers(self) -> list[tuple[str, str]]:
+        """`traceparent` (and `tracestate`) naming this span as the parent of the upstream's, in W3C Trace Context's
+        version 00 format: what `TraceContextTextMapPropagator.inject` writes, formatted here directly because it
+        runs on the request path (a few microseconds less than a context and a carrier per request)."""
         if self._upstream_headers is None:
-            carrier: dict[str, str] = {}
-            PROPAGATOR.inject(carrier, context=trace.set_span_in_context(self._span))
-            self._upstream_headers = carrier
+            context = self._span.get_span_context()
+            headers = [("traceparent", f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}")]
+            if context.trace_state:
+                headers.append(("tracestate", context.trace_state.to_header()))
+            self._upstream_headers = headers
         return self._upstream_headers
 
     def end(self, record: RequestRecord) -> None:
@@ -94,5 +98,7 @@ class RequestSpans:
 def with_trace_context(request: httpx.Request, span: RequestSpan | None) -> httpx.Request:
     """`request` carrying the span's `traceparent` to the upstream (unchanged when the request is not traced)."""
     if span is not None:
-        request.headers.update(span.upstream_headers())
+        headers = request.headers
+        for name, value in span.upstream_headers():
+            headers[name] = value  # one item at a time: several times cheaper than `Headers.update`
     return request

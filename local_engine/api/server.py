@@ -43,13 +43,15 @@ from local_engine.api.responses import (
     new_response_id,
     tool_call_stream,
 )
+from local_engine.api.tracing import EngineSpans, RequestTrace
+from prefixscope.tracing import Tracing
 
 _MAX_TREE_NODES = 5000
 log = logging.getLogger(__name__)
 
 
 async def _generate(request: Request, state: State, endpoint: str) -> Response | Stream:
-    """A completion, with its spans when the engine exports them (`local_engine.telemetry.tracing`)."""
+    """A completion, with its spans when the engine exports them (`local_engine.api.tracing`)."""
     trace = state.spans.begin(request.headers, endpoint) if state.spans is not None else None
     try:
         return await _complete(request, state, endpoint, trace)

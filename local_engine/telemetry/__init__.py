@@ -1,1 +1,1 @@
-"""What the engine tells an operator's observability stack: vLLM-named Prometheus series and OpenTelemetry spans."""
+"""The engine's figures under the names other serving engines' boards read (vLLM's); its spans are `api.tracing`."""

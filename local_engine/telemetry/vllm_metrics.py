@@ -11,13 +11,15 @@ core per process).
 | `vllm:prefix_cache_queries` | counter | prompt tokens looked up in the prefix cache (once per request, at admission) |
 | `vllm:prefix_cache_hits` | counter | of those, tokens served from cache (any tier) |
 | `vllm:prompt_tokens` | counter | prompt tokens of admitted requests |
-| `vllm:prompt_tokens_by_source{source}` | counter | `local_compute` (prefilled), `local_cache_hit`, `external_kv_transfer` (always 0) |
+| `vllm:prompt_tokens_by_source{source}` | counter | `local_compute` (prefilled), `local_cache_hit`, |
+| | | `external_kv_transfer` (always 0) |
 | `vllm:prompt_tokens_cached` | counter | prompt tokens served from cache (local + external) |
 | `vllm:generation_tokens` | counter | tokens generated |
 | `vllm:num_preemptions` | counter | running requests preempted (recompute) |
 | `vllm:request_success{finished_reason}` | counter | finished requests by `stop`, `length`, `abort` |
 | `vllm:num_requests_running` / `_waiting` | gauge | requests in the running batch / queued |
-| `vllm:kv_cache_usage_perc` | gauge | share (0-1) of KV slots held by requests; cached slots no request holds count as free, as vLLM's evictable blocks do |
+| `vllm:kv_cache_usage_perc` | gauge | share (0-1) of KV slots held by requests; cached slots no request holds |
+| | | count as free, as vLLM's evictable blocks do |
 | `vllm:time_to_first_token_seconds` | histogram | arrival at the engine to the first token |
 | `vllm:inter_token_latency_seconds` | histogram | time between consecutive output tokens of a request |
 | `vllm:request_time_per_output_token_seconds` | histogram | a request's decode time / (output tokens - 1) |

@@ -95,7 +95,9 @@ def test_telemetry_settings_and_the_standard_environment():
     with pytest.raises(ValueError):
         parse_headers("no-equals-sign")
     with pytest.raises(ConfigError):
-        with_environment(TelemetrySettings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_EXPORTER_OTLP_HEADERS": "bad"})
+        with_environment(
+            TelemetrySettings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_EXPORTER_OTLP_HEADERS": "bad"}
+        )
 
 
 def test_tenant_hit_counters_are_pairs_over_the_same_requests():
@@ -146,3 +148,16 @@ def test_gateway_span_continues_the_incoming_trace_and_passes_it_upstream(stub, 
     sent = stub.state.request_headers[-1]
     assert sent["traceparent"] == f"00-{span.trace_id}-{span.span_id}-01"
     assert span.attributes["prefixscope.request_id"] == response.headers["x-request-id"]
+
+
+def test_bench_times_the_tracing_work_and_exports_every_span():
+    from gateway.bench.tracing import measure_request_path, span_counts
+
+    with otlp_receiver() as receiver:
+        figures = measure_request_path(receiver.url, num_requests=50)
+        spans = receiver.wait_for(lambda spans: len(spans) == 50)
+    assert figures["spans_exported"] == 50 and figures["spans_failed"] == figures["spans_dropped"] == 0
+    assert figures["before_response_us"]["p50"] > 0 and figures["after_response_us"]["p50"] > 0
+    assert {span.parent_span_id for span in spans} == {"b7ad6b7169203331"}  # under the incoming traceparent
+    text = 'prefixscope_gateway_trace_spans_total{outcome="exported"} 7.0\nprefixscope_gateway_trace_spans_queued 0.0'
+    assert span_counts(text) == {"exported": 7.0}
