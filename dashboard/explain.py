@@ -54,6 +54,16 @@ def describe_divergence(
     return text
 
 
+def describe_provider_diagnosis(upstream: str, reason: str | None, missed_tokens: int | None) -> str | None:
+    """A sentence for the provider's own cache diagnosis (`requests.provider_miss_reason`); None when it gave none."""
+    if reason is None:
+        return None
+    text = f"`{reason}` (the upstream {upstream!r}'s own diagnosis)"
+    if missed_tokens is not None:
+        text += f"; it estimates {missed_tokens:,} input tokens missed the cache"
+    return text
+
+
 _QUANTILE_NAMES = (("hit_p50", "p50 hits"), ("miss_p50", "p50 misses"), ("hit_p95", "p95 hits"),
                    ("miss_p95", "p95 misses"))
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, data, ui
-from dashboard.explain import describe_divergence, describe_miss_kind, request_table_rows
+from dashboard.explain import (
+    describe_divergence,
+    describe_miss_kind,
+    describe_provider_diagnosis,
+    request_table_rows,
+)
 from db.records import MISS_KINDS, MISS_REASONS
 
 settings = ui.load_settings()
@@ -124,6 +129,9 @@ why = describe_divergence(
     detail.divergence_source,
 )
 st.markdown(f"**Why:** {why}" if why else "**Why:** not explained (the upstream did not answer it)")
+provider = describe_provider_diagnosis(detail.upstream, detail.provider_miss_reason, detail.provider_missed_tokens)
+if provider:
+    st.markdown(f"**Provider's reason:** {provider}")
 rules = ", ".join(f"`{rule}`" for rule in detail.applied_rules) or "none (the request was already canonical)"
 st.markdown(f"**Normalization rules applied:** {rules}")
 st.markdown(

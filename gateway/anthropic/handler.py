@@ -158,13 +158,22 @@ class MessagesProxy(CompletionProxy):
 
         if route.adapter.kind == ANTHROPIC_KIND:
             upstream_headers = passthrough.upstream_headers(route.upstream, headers.get(_VERSION), headers.get(_BETA))
+            upstream_body = normalized_body
+            asked = settings.diagnostics or "diagnostics" in normalized_body
+            if settings.diagnostics and "diagnostics" not in normalized_body:
+                # The provider's own cache diagnosis, compared with the tenant's latest message on this prefix.
+                baseline = runtime.baselines.latest(principal.tenant, route.name, tracker.prefix_hash)
+                upstream_body = {**normalized_body, "diagnostics": {"previous_message_id": baseline}}
             upstream_request = passthrough.upstream_request(
-                route, "messages", _passthrough_body(normalized_body), upstream_headers
+                route, "messages", _passthrough_body(upstream_body), upstream_headers
             )
+            answered = passthrough.Answered(runtime.baselines, principal.tenant, route.name, tracker.prefix_hash, asked)
             if request.stream:
-                work = passthrough.forward_stream(runtime.client, route, upstream_request, tracker, send, start_perf)
+                work = passthrough.forward_stream(
+                    runtime.client, route, upstream_request, tracker, send, start_perf, answered
+                )
             else:
-                work = passthrough.forward_plain(runtime.client, route, upstream_request, tracker, send)
+                work = passthrough.forward_plain(runtime.client, route, upstream_request, tracker, send, answered)
             return await run_until_disconnect(work, receive)
 
         positions = None

@@ -3,7 +3,8 @@
 Where each setting lives: `settings` (the listen address, upstreams, routes, auth; `GatewayConfig` holds them all),
 `tenant` (`[tenant_defaults]`, `[tenants.NAME]`), `retention` (a tenant's cache retention classes),
 `volatile_patterns` (the default patterns of `hoist_volatile`), `router` (`[upstreams.router]`: routing over a
-replica set), `messages` (`[messages]`: the Anthropic Messages API), `telemetry` (`[telemetry]`: where request spans go), and `db.writer_config.WriterConfig` (`[recorder]`,
+replica set), `messages` (`[messages]`: the Anthropic Messages API), `responses` (`[responses]`: the responses kept
+for the Responses API), `telemetry` (`[telemetry]`: where request spans go), and `db.writer_config.WriterConfig` (`[recorder]`,
 the record writer's settings, shared with db). `loading` reads the TOML file and the command line into them.
 Nothing here reads the process environment: the CLI reads it once and passes values in.
 
