@@ -24,7 +24,6 @@ from local_engine.errors import EngineError, Forbidden, InvalidRequest, Unauthor
 from local_engine.api.match_details import HEADER_TTFT_MS, describe_match
 from local_engine.api.metrics import render_metrics
 from local_engine.api.openapi import openapi_document
-from prefixscope.tracing import Tracing
 from local_engine.api.protocol import (
     CHAT,
     COMPLETIONS,
@@ -34,7 +33,6 @@ from local_engine.api.protocol import (
     parse_request,
 )
 from local_engine.api.fields import optional_choice
-from local_engine.telemetry.tracing import EngineSpans, RequestTrace
 from local_engine.api.responses import (
     ChunkWriter,
     completion_body,
