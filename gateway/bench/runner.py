@@ -8,7 +8,8 @@ database), and the load generator, each its own process so the client does not t
 2. a closed-loop run through the gateway: the highest sustained request rate of one gateway process;
 3. stop the gateway (its writer flushes) and check that every request sent has exactly one row, and how many rows
    carry a miss explanation, a (sampled) normalization gain and a hash chain (the stub answers like the engine);
-4. with `--tracing`, step 1 again through a second gateway exporting a span per request (`gateway.bench.tracing`).
+4. with `--tracing` (before step 3), pairs of one request through that gateway and one through a second gateway
+   exporting a span per request: what tracing adds (`gateway.bench.tracing`).
 
 Prints one JSON object, with a `verdict` against the stated `TARGETS`, then one PASS/FAIL line per target and overall.
 """
