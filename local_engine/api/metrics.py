@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from local_engine.cache import MissKind
 from local_engine.telemetry.vllm_metrics import vllm_families
 from prefixscope.tracing import ExportMetrics, Tracing
+from local_engine.kv_events.metrics import kv_event_metrics
 
 # (metric name, documentation, key in each tier's stats, scale): gauges then counters, labelled by `tier`.
 _TIER_GAUGES = (
@@ -67,6 +68,7 @@ class _EngineCollector:
             yield GaugeMetricFamily(name, documentation, value=value)
         yield from _tier_metrics(stats["tiers"])
         yield from vllm_families(self.engine.loaded.model_id, counters, stats)
+        yield from kv_event_metrics(stats.get("kv_events"))
 
 
 def _tier_metrics(tiers: dict[str, dict]):
