@@ -204,7 +204,9 @@ def _traced_run(
     from gateway.bench.tracing import measure_request_path, span_counts, telemetry_section
 
     config_file = workdir / "gateway-traced.toml"
-    config_file.write_text((workdir / "gateway.toml").read_text() + telemetry_section(stub_url))
+    config_file.write_text(
+        (workdir / "gateway.toml").read_text() + telemetry_section(stub_url, workdir / "traced_key_snapshot.json")
+    )
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     gateway = _start_gateway(config_file, port, stub_url, workdir / "traced.db", env)
