@@ -1,0 +1,142 @@
+"""Command-line options declared on the fields of a frozen config, once.
+
+A field declared with `option(default, "--flag", help=...)` is a command-line option: its flag names, help, value
+parser (from the field's type unless given), choices and mutually exclusive group live in the declaration, and the
+argparse options (`add_options`), the config built from parsed arguments (`config_from`) and the argv that
+`prefixscope up` passes on to the engine it starts (`passed_on_argv`) are all derived from it. The argparse `dest` of
+each option is its field's name. The shape follows SGLang's `ServerArgs` (one declaration per flag), kept frozen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one config field appears on the command line.
+
+    `names`: the flag and its aliases (the first is the one passed on). `switch`: a bool field set by a flag without a
+    value (`store_true`, or `store_false` for a field that defaults to True, as `--no-prefix-cache`). `passed_on`:
+    `prefixscope up` (and the benchmarks) offer it and pass it on; False for options only `prefixscope engine`
+    itself takes."""
+
+    names: tuple[str, ...]
+    help: str | None = None
+    parse: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    group: str | None = None
+    passed_on: bool = True
+
+
+def option(
+    default: Any,
+    *names: str,
+    help: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+    group: str | None = None,
+    passed_on: bool = True,
+) -> Any:
+    """A dataclass field with `default` that is also the command-line option `names[0]` (aliases after it)."""
+    flag = Flag(tuple(names), help, parse, choices, metavar, group, passed_on)
+    return dataclasses.field(default=default, metadata={"flag": flag})
+
+
+def flags_of(config_type: type) -> list[tuple[dataclasses.Field, Flag, type]]:
+    """The option fields of `config_type` in declaration order, each with its Flag and its value type (`int` for
+    `int | None`)."""
+    hints = typing.get_type_hints(config_type)
+    found = []
+    for field in dataclasses.fields(config_type):
+        flag = field.metadata.get("flag")
+        if flag is not None:
+            found.append((field, flag, _value_type(hints[field.name])))
+    return found
+
+
+def _value_type(hint: Any) -> type:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        (value,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return value
+    return hint
+
+
+def add_options(parser: argparse.ArgumentParser, config_type: type, *, passed_on: bool | None = None) -> None:
+    """Add `config_type`'s options to `parser` (those with `Flag.passed_on == passed_on`; all when None)."""
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for field, flag, value_type in flags_of(config_type):
+        if passed_on is not None and flag.passed_on != passed_on:
+            continue
+        target: Any = parser
+        if flag.group is not None:
+            target = groups.get(flag.group) or groups.setdefault(flag.group, parser.add_mutually_exclusive_group())
+        kwargs: dict[str, Any] = {"dest": field.name, "help": flag.help}
+        if value_type is bool:
+            kwargs["action"] = "store_false" if field.default else "store_true"
+        else:
+            kwargs["default"] = field.default
+            if flag.parse is not None or value_type in (int, float):
+                kwargs["type"] = flag.parse or value_type
+            if flag.choices is not None:
+                kwargs["choices"] = list(flag.choices)
+            if flag.metavar is not None:
+                kwargs["metavar"] = flag.metavar
+        target.add_argument(*flag.names, **kwargs)
+
+
+def config_from(config_type: type, args: argparse.Namespace, **values: Any) -> Any:
+    """`config_type` from parsed arguments: each option field from `args` (its default when `args` lacks it), then
+    `values`. Raises what the config's own checks raise (ValueError)."""
+    from_args = {field.name: getattr(args, field.name, field.default) for field, _, _ in flags_of(config_type)}
+    return config_type(**(from_args | values))
+
+
+def passed_on_argv(config_type: type, args: argparse.Namespace) -> list[str]:
+    """The passed-on options given in `args` (those not at their default), as argv for another program that takes
+    the same options."""
+    argv: list[str] = []
+    for field, flag, value_type in flags_of(config_type):
+        value = getattr(args, field.name, field.default)
+        if not flag.passed_on or value is None or value == field.default:
+            continue
+        argv += [flag.names[0]] if value_type is bool else [flag.names[0], str(value)]
+    return argv
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number >= 0 (0 turns a tier off)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative (0 turns the tier off)")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite size in GiB >= 0 (0 turns a tier off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a size in GiB (0 turns the tier off)")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite size in GiB > 0."""
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("the size must be positive")
+    return value
