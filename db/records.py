@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from db.advice import AdviceOutcome
 from db.chains import RequestChain
+from db.signatures import PromptSignature
 from db.timeutil import as_utc
 
 ENDPOINTS: Final = ("chat.completions", "completions", "messages")
@@ -117,6 +118,8 @@ class RequestRecord:
     chain: RequestChain | None = None
     # Sampled by the rule advisor: per candidate rule, the tokens this request would have hit (`db.advice`).
     advice: tuple[AdviceOutcome, ...] = ()
+    # Sampled by the rule advisor: keyed block hashes of the prompt, for the fleet patterns (`db.patterns`).
+    signature: PromptSignature | None = None
     # Where `ttft_ms` comes from: `gateway` (first streamed content byte, measured by the gateway) or `engine` (the
     # engine's own queue + prefill time, for non-streamed responses); None when there is no TTFT.
     ttft_source: str | None = None
@@ -165,6 +168,7 @@ class RequestRecord:
         data["applied_rules"] = list(self.applied_rules)
         data["chain"] = None if self.chain is None else self.chain.to_dict()
         data["advice"] = [outcome.to_dict() for outcome in self.advice]
+        data["signature"] = None if self.signature is None else self.signature.to_dict()
         # ASCII output survives any string (lone surrogates included); default=str keeps a value of an unexpected
         # type in readable form rather than failing the spill.
         return json.dumps(data, separators=(",", ":"), default=str)
@@ -182,4 +186,6 @@ class RequestRecord:
         chain = kwargs.get("chain")
         kwargs["chain"] = None if chain is None else RequestChain.from_dict(chain)
         kwargs["advice"] = tuple(AdviceOutcome.from_dict(item) for item in kwargs.get("advice") or ())
+        signature = kwargs.get("signature")
+        kwargs["signature"] = None if signature is None else PromptSignature.from_dict(signature)
         return cls(**kwargs)

@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from db.records import ROUTING_POLICIES
+from db.writer_config import DURABILITY_MODES, WriterConfig
+
 DEFAULT_CONFIG_FILE = Path("prefixscope.toml")
 ENV_DATABASE_URL = "PREFIXSCOPE_DATABASE_URL"
 # The local engine's API key for the default upstream (`prefixscope up` sets it to the secret it shares with it).
@@ -40,7 +43,7 @@ def register(commands: Any, bench_commands: Any) -> None:
     gateway.add_argument(
         "--routing",
         default=None,
-        choices=("cache_aware", "round_robin", "least_loaded"),
+        choices=ROUTING_POLICIES,
         help="routing policy over the default upstream's replicas (default: cache_aware for several)",
     )
     gateway.add_argument(
@@ -68,8 +71,8 @@ def register(commands: Any, bench_commands: Any) -> None:
     bench.add_argument("--stream", action="store_true", help="use streamed requests")
     bench.add_argument(
         "--durability",
-        default="spill_first",
-        choices=("spill_first", "queue_first"),
+        default=WriterConfig.durability,
+        choices=DURABILITY_MODES,
         help="the gateway's recording durability mode ([recorder] durability)",
     )
     bench.add_argument(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.replicas.settings import RouterSettings
+from gateway.config.router import RouterSettings
 
 
 @dataclass(frozen=True, slots=True)

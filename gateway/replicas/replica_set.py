@@ -25,7 +25,7 @@ from gateway.replicas.follower import event_loop, health_loop
 from gateway.replicas.index import ApproximateIndex, PreciseIndex
 from gateway.replicas.policy import Candidate, choose
 from gateway.replicas.text_chain import TextChain, prompt_material, text_chain
-from gateway.routing import Route, build_route
+from gateway.upstreams.route import Route, build_route
 
 _ENCODER = msgspec.json.Encoder()
 SCORE_BLOCK_TOKENS = 16  # the unit of `matched blocks` in the score, whatever index the prediction came from

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import ConfigOverrides, UpstreamConfig, load_config, parse_config
+from gateway.config.router import RouterSettings
 from gateway.errors import ConfigError
 from gateway.replicas.index import ApproximateIndex, PreciseIndex
 from gateway.replicas.policy import Candidate, choose
-from gateway.replicas.settings import RouterSettings
 from gateway.replicas.text_chain import prompt_material, text_chain
 
 SETTINGS = RouterSettings(balance_abs_threshold=4, balance_rel_threshold=1.5, min_match_share=0.3)

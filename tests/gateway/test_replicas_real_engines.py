@@ -16,9 +16,9 @@ from gateway_testkit import FakeStorage, gateway_config, running_gateway, wait_u
 from replica_kit import EngineProcess, save_tiny_model
 
 from gateway.config import UpstreamConfig
+from gateway.config.router import RouterSettings
 from gateway.replicas.follower import poll_once, resync
 from gateway.replicas.replica_set import Replica
-from gateway.replicas.settings import RouterSettings
 
 POOL_TOKENS = "640"
 ADMIN = "replica-test-admin"

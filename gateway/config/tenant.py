@@ -6,10 +6,10 @@ Example (in `prefixscope.toml`)::
     store_prompt_text = false
     explain_history_size = 1000         # recent requests remembered per tenant to explain misses
     uplift_sample_rate = 0.1            # share of requests whose normalization gain is measured (dry-run match)
-    advice_sample_rate = 0.1            # share of requests the rule advisor estimates every rule that is off on
+    advice_sample_rate = 0.1            # above 0: the rule advisor samples every request while it has capacity; 0: off
     hash_chain = true                   # record each prompt's block hash chain
     hash_block_size = 16                # tokens per hashed block
-    max_cache_retention = "1h"          # the longest retention class a request may get (see gateway/retention.py)
+    max_cache_retention = "1h"          # the longest retention class a request may get (see retention.py here)
 
     [tenants.acme]
     rules = { tool_order = false, hoist_volatile = true }
@@ -23,9 +23,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.config.retention import LONGEST_CLASS, RetentionPolicy, parse_retention
+from gateway.config.volatile_patterns import DEFAULT_VOLATILE_PATTERNS, compile_patterns
 from gateway.errors import ConfigError
-from gateway.normalize.volatile import DEFAULT_VOLATILE_PATTERNS, compile_patterns
-from gateway.retention import LONGEST_CLASS, RetentionPolicy, parse_retention
 
 SEMANTIC_RULES = ("newlines", "tool_schema_key_order", "tool_order", "tool_call_arguments_key_order")
 OPT_IN_RULES = ("hoist_volatile",)

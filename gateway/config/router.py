@@ -24,9 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from db.records import ROUTING_POLICIES
 from gateway.errors import ConfigError
-
-ROUTING_POLICIES = ("cache_aware", "round_robin", "least_loaded")
 
 
 @dataclass(frozen=True)
