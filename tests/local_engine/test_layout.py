@@ -1,80 +1,37 @@
-"""The engine's layout rules: local_engine imports no other program, and its folders import each other one way."""
+"""The engine's folders are layers: a lower one never imports an upper one, lazily or not.
+
+`tests/test_import_direction.py` checks that local_engine imports no other program and that its rooms import each
+other in no cycle; this adds the direction: `cli → bench → api → engine → prompt, model → cache`."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "local_engine"
-OTHER_PROGRAMS = {"gateway", "db", "dashboard"}
+from tests.test_import_direction import room_edges
+
+# Each folder with the folders above it (which it must not import).
+UPPER = {
+    "local_engine.cache": {"local_engine.model", "local_engine.prompt", "local_engine.engine", "local_engine.api",
+                           "local_engine.bench", "local_engine.cli"},
+    "local_engine.model": {"local_engine.prompt", "local_engine.engine", "local_engine.api", "local_engine.bench",
+                           "local_engine.cli"},
+    "local_engine.prompt": {"local_engine.model", "local_engine.engine", "local_engine.api", "local_engine.bench",
+                            "local_engine.cli"},
+    "local_engine.engine": {"local_engine.api", "local_engine.bench", "local_engine.cli"},
+    "local_engine.api": {"local_engine.bench", "local_engine.cli"},
+    "local_engine.bench": {"local_engine.cli"},
+}
+# Below every folder: settings with their flags and the exception hierarchy.
+BASE = {"local_engine.config", "local_engine.options", "local_engine.errors"}
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module `path` imports, at module level or inside a function (absolute names)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return found
+@pytest.mark.parametrize("lower", sorted(UPPER))
+def test_lower_folders_never_import_upper_ones(lower: str):
+    edges = room_edges("local_engine")
+    upward = sorted(why for (source, target), why in edges.items() if source == lower and target in UPPER[lower])
+    assert upward == []
 
 
-def room_of(module: str) -> str | None:
-    """The folder (api, engine, cache, ...) or root module (cli, config, ...) of a local_engine module."""
-    parts = module.split(".")
-    if parts[0] != "local_engine" or len(parts) < 2:
-        return None
-    return parts[1]
-
-
-def modules() -> dict[str, Path]:
-    return {".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts): path for path in PACKAGE.rglob("*.py")}
-
-
-def room_graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {}
-    known = {room_of(name) for name in modules()}
-    for name, path in modules().items():
-        room = room_of(name)
-        for imported in imported_modules(path):
-            target = room_of(imported)
-            if target in known and target != room:
-                graph.setdefault(room, set()).add(target)
-    return graph
-
-
-def test_the_engine_imports_no_other_program():
-    offenders = [
-        f"{name} imports {imported}"
-        for name, path in modules().items()
-        for imported in imported_modules(path)
-        if imported.split(".")[0] in OTHER_PROGRAMS
-    ]
-    assert offenders == []
-
-
-def test_the_engine_folders_import_each_other_without_cycles():
-    graph = room_graph()
-    assert {"api", "engine", "model", "prompt", "bench", "cli"} <= set(graph)
-    cycles = []
-
-    def visit(room: str, path: list[str]) -> None:
-        for target in sorted(graph.get(room, ())):
-            if target in path:
-                cycles.append(" -> ".join(path[path.index(target):] + [target]))
-            else:
-                visit(target, path + [target])
-
-    for start in sorted(graph):
-        visit(start, [start])
-    assert cycles == []
-
-
-@pytest.mark.parametrize(("lower", "upper"), [("cache", "engine"), ("cache", "model"), ("model", "engine"),
-                                              ("prompt", "engine"), ("engine", "api"), ("cache", "api")])
-def test_lower_folders_never_import_upper_ones(lower, upper):
-    assert upper not in room_graph().get(lower, set())
+def test_the_base_modules_import_no_folder():
+    edges = room_edges("local_engine")
+    assert sorted(why for (source, target), why in edges.items() if source in BASE and target not in BASE) == []
