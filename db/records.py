@@ -69,10 +69,11 @@ def _field_names() -> tuple[str, ...]:
     return tuple(f.name for f in fields(RequestRecord))
 
 
-# Routing policies over a replica set, and where a cache-aware prediction came from: `precise` the engine's published
-# cache events, `approximate` what the gateway itself sent to that replica, `none` no index knew the replica.
+# Routing policies over a replica set, and where a cache-aware prediction came from: `events` the replica's KV events
+# (vLLM's format, over ZeroMQ), `approximate` what the gateway itself sent to that replica, `none` no index knew the
+# replica; `precise` (rows before the KV events) the engine's former HTTP event feed.
 ROUTING_POLICIES: Final = ("cache_aware", "round_robin", "least_loaded")
-ROUTING_INDEX_SOURCES: Final = ("precise", "approximate", "none")
+ROUTING_INDEX_SOURCES: Final = ("events", "approximate", "none", "precise")
 
 
 @dataclass(frozen=True, slots=True)

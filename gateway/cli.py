@@ -85,15 +85,18 @@ def register(commands: Any, bench_commands: Any) -> None:
 
     routing = bench_commands.add_parser(
         "routing",
-        help="cache-aware routing against round robin over 2 and 3 engine replicas",
-        description="Start engine replicas with pools of about half the working set and replay the same requests "
-        "under cache_aware and round_robin routing; print hit rate, TTFT and load per replica with a verdict.",
+        help="cache-aware routing over KV events vs the approximate index vs round robin, over engine replicas",
+        description="Start engine replicas (publishing KV events) with pools of about half the working set and "
+        "replay the same requests routed cache-aware over their KV events, cache-aware over the gateway's approximate "
+        "index, and round robin; print hit rate, TTFT, load per replica and the router's decision time with 100k "
+        "indexed blocks, with a verdict (exit 1 on FAIL).",
     )
     routing.add_argument("--model", default="smollm2", help="engine model: smollm2 or a local model directory")
-    routing.add_argument("--replicas", default="2,3", help="replica counts to run, comma-separated")
+    routing.add_argument("--replicas", default="3", help="replica counts to run, comma-separated")
     routing.add_argument("--prompts", type=int, default=4, help="K distinct system prompts")
-    routing.add_argument("--prompt-tokens", type=int, default=1500, help="approximate tokens per system prompt")
-    routing.add_argument("--rounds", type=int, default=20, help="requests per system prompt")
+    routing.add_argument("--prompt-tokens", type=int, default=800, help="approximate tokens per system prompt")
+    routing.add_argument("--rounds", type=int, default=12, help="requests per system prompt")
+    routing.add_argument("--indexed-blocks", type=int, default=100_000, help="blocks indexed for the decision time")
     routing.set_defaults(handler=run_routing_bench)
 
 
@@ -187,5 +190,6 @@ def run_routing_bench(args: argparse.Namespace) -> int:
             num_prompts=args.prompts,
             prompt_tokens=args.prompt_tokens,
             rounds=args.rounds,
+            indexed_blocks=args.indexed_blocks,
         )
     )

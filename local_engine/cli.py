@@ -85,7 +85,15 @@ def _serve(args: argparse.Namespace) -> int:
         f"listening on http://{args.host}:{args.port}",
         flush=True,
     )
-    engine.start()
+    try:
+        engine.start()
+    except OSError as error:  # a KV events address that is taken or cannot be bound
+        print(f"prefixscope engine: cannot publish KV events: {error}", file=sys.stderr)
+        engine.stop()
+        return 2
+    if engine.kv_events is not None and engine.kv_events.bound_endpoint:
+        print(f"prefixscope engine: KV events on {engine.kv_events.bound_endpoint}"
+              f" (replay {engine.kv_events.bound_replay_endpoint or 'off'})", flush=True)
     try:
         serve(create_app(engine, server_config), engine, args.host, args.port, args.log_level, config.shutdown_grace_s)
     finally:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from local_engine.options import non_negative_float, non_negative_int, option, positive_float
+from local_engine.kv_events.config import KvEventsConfig
+from local_engine.options import non_negative_float, non_negative_int, option, option_group, positive_float
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ class EngineConfig:
     cache_write_policy: str = option(
         "write_back", "--cache-write-policy", choices=("write_back", "write_through"),
         help="write_back: KV goes down a tier when evicted; write_through: copies go down at insert time",
+    )
+    # The KV-event stream (local_engine.kv_events); its options are KvEventsConfig's, as `--kv-events-*`.
+    kv_events: KvEventsConfig = option_group(
+        KvEventsConfig(), "kv_events_", "KV events (vLLM's and SGLang's ZeroMQ format; docs/fleets.md)"
     )
 
     def __post_init__(self) -> None:

@@ -51,15 +51,39 @@ def option(
     return dataclasses.field(default=default, metadata={"flag": flag})
 
 
-def flags_of(config_type: type) -> list[tuple[dataclasses.Field, Flag, type]]:
-    """The option fields of `config_type` in declaration order, each with its Flag and its value type (`int` for
-    `int | None`)."""
+def option_group(default: Any, prefix: str, title: str) -> Any:
+    """A dataclass field holding a nested frozen config (`default`) whose own `option` fields are command-line
+    options too, shown under `title`, each with argparse dest `prefix + field name`."""
+    return dataclasses.field(default=default, metadata={"group": (prefix, title)})
+
+
+@dataclass(frozen=True)
+class Declared:
+    """One option as found in a config's fields: its argparse `dest`, the field path from the outer config
+    (`("kv_events", "endpoint")`), its Flag, value type, default and the title of the argument group it shows in."""
+
+    dest: str
+    path: tuple[str, ...]
+    flag: Flag
+    value_type: type
+    default: Any
+    title: str | None
+
+
+def flags_of(config_type: type, prefix: str = "", path: tuple[str, ...] = (), title: str | None = None
+             ) -> list[Declared]:
+    """The options of `config_type` (nested groups included) in declaration order."""
     hints = typing.get_type_hints(config_type)
-    found = []
+    found: list[Declared] = []
     for field in dataclasses.fields(config_type):
+        if "group" in field.metadata:
+            group_prefix, group_title = field.metadata["group"]
+            found += flags_of(hints[field.name], prefix + group_prefix, path + (field.name,), group_title)
+            continue
         flag = field.metadata.get("flag")
         if flag is not None:
-            found.append((field, flag, _value_type(hints[field.name])))
+            found.append(Declared(prefix + field.name, path + (field.name,), flag, _value_type(hints[field.name]),
+                                  field.default, title))
     return found
 
 
@@ -72,20 +96,27 @@ def _value_type(hint: Any) -> type:
 
 def add_options(parser: argparse.ArgumentParser, config_type: type, *, passed_on: bool | None = None) -> None:
     """Add `config_type`'s options to `parser` (those with `Flag.passed_on == passed_on`; all when None)."""
-    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
-    for field, flag, value_type in flags_of(config_type):
+    sections: dict[str, Any] = {}
+    groups: dict[tuple[str | None, str], Any] = {}
+    for declared in flags_of(config_type):
+        flag = declared.flag
         if passed_on is not None and flag.passed_on != passed_on:
             continue
-        target: Any = parser
+        section: Any = parser
+        if declared.title is not None:
+            section = sections.get(declared.title) or sections.setdefault(
+                declared.title, parser.add_argument_group(declared.title))
+        target = section
         if flag.group is not None:
-            target = groups.get(flag.group) or groups.setdefault(flag.group, parser.add_mutually_exclusive_group())
-        kwargs: dict[str, Any] = {"dest": field.name, "help": flag.help}
-        if value_type is bool:
-            kwargs["action"] = "store_false" if field.default else "store_true"
+            key = (declared.title, flag.group)
+            target = groups.get(key) or groups.setdefault(key, section.add_mutually_exclusive_group())
+        kwargs: dict[str, Any] = {"dest": declared.dest, "help": flag.help}
+        if declared.value_type is bool:
+            kwargs["action"] = "store_false" if declared.default else "store_true"
         else:
-            kwargs["default"] = field.default
-            if flag.parse is not None or value_type in (int, float):
-                kwargs["type"] = flag.parse or value_type
+            kwargs["default"] = declared.default
+            if flag.parse is not None or declared.value_type in (int, float):
+                kwargs["type"] = flag.parse or declared.value_type
             if flag.choices is not None:
                 kwargs["choices"] = list(flag.choices)
             if flag.metavar is not None:
@@ -94,21 +125,31 @@ def add_options(parser: argparse.ArgumentParser, config_type: type, *, passed_on
 
 
 def config_from(config_type: type, args: argparse.Namespace, **values: Any) -> Any:
-    """`config_type` from parsed arguments: each option field from `args` (its default when `args` lacks it), then
-    `values`. Raises what the config's own checks raise (ValueError)."""
-    from_args = {field.name: getattr(args, field.name, field.default) for field, _, _ in flags_of(config_type)}
-    return config_type(**(from_args | values))
+    """`config_type` from parsed arguments: each option from `args` (its default when `args` lacks it), nested groups
+    built the same way, then `values`. Raises what the configs' own checks raise (ValueError)."""
+    return _build(config_type, args, "", values)
+
+
+def _build(config_type: type, args: argparse.Namespace, prefix: str, values: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(config_type)
+    kwargs = {}
+    for field in dataclasses.fields(config_type):
+        if "group" in field.metadata:
+            kwargs[field.name] = _build(hints[field.name], args, prefix + field.metadata["group"][0], {})
+        elif "flag" in field.metadata:
+            kwargs[field.name] = getattr(args, prefix + field.name, field.default)
+    return config_type(**(kwargs | values))
 
 
 def passed_on_argv(config_type: type, args: argparse.Namespace) -> list[str]:
     """The passed-on options given in `args` (those not at their default), as argv for another program that takes
     the same options."""
     argv: list[str] = []
-    for field, flag, value_type in flags_of(config_type):
-        value = getattr(args, field.name, field.default)
-        if not flag.passed_on or value is None or value == field.default:
+    for declared in flags_of(config_type):
+        value = getattr(args, declared.dest, declared.default)
+        if not declared.flag.passed_on or value is None or value == declared.default:
             continue
-        argv += [flag.names[0]] if value_type is bool else [flag.names[0], str(value)]
+        argv += [declared.flag.names[0]] if declared.value_type is bool else [declared.flag.names[0], str(value)]
     return argv
 
 

@@ -17,7 +17,7 @@ from db.retention.costs import PriceError
 from db.retention.prices import UpstreamPrices
 from db.writer_config import WriterConfig
 from gateway.config.messages import parse_messages_settings
-from gateway.config.router import parse_policy, parse_replicas, parse_router_settings
+from gateway.config.router import parse_policy, parse_replica_events, parse_replicas, parse_router_settings
 from gateway.config.settings import AUTH_MODES, UPSTREAM_KINDS, ConfigOverrides, GatewayConfig, UpstreamConfig
 from gateway.config.tenant import TenantSettings, parse_tenant
 from gateway.errors import ConfigError
@@ -153,7 +153,9 @@ def _override_replicas(upstream: UpstreamConfig, overrides: ConfigOverrides) -> 
 
 def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
     values = dict(item)
-    replicas = parse_replicas(str(values.get("name")), values.pop("replicas")) if "replicas" in values else ()
+    raw_replicas = values.pop("replicas", None)
+    replicas = parse_replicas(str(values.get("name")), raw_replicas) if raw_replicas is not None else ()
+    replica_events = parse_replica_events(str(values.get("name")), raw_replicas)
     if replicas:
         values.setdefault("url", replicas[0])
     try:
@@ -183,6 +185,7 @@ def _parse_upstream(item: Mapping[str, Any]) -> UpstreamConfig:
         timeout_s=timeout_s,
         connect_timeout_s=connect_timeout_s,
         replicas=replicas,
+        replica_events=replica_events,
         routing=routing,
         router=router,
     )

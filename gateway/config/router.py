@@ -4,7 +4,8 @@ Read from an `[[upstreams]]` entry of `prefixscope.toml`::
 
     [[upstreams]]
     name = "local"
-    replicas = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    replicas = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]   # or, with KV events (docs/fleets.md):
+    # replicas = [{ url = "http://10.0.0.1:8000", kv_events = "tcp://10.0.0.1:5557", kv_events_replay = "tcp://10.0.0.1:5558" }, ...]
     routing = "cache_aware"             # cache_aware (default for several replicas) | round_robin | least_loaded
     [upstreams.router]                  # all optional
     balance_abs_threshold = 8           # in-flight requests: route by load when max - min load exceeds this ...
@@ -12,8 +13,9 @@ Read from an `[[upstreams]]` entry of `prefixscope.toml`::
     min_match_share = 0.3               # route by load when the best match is below this share of the prompt
     load_penalty_blocks = 1.0           # score = matched blocks - this * in-flight requests
     health_interval = 2.0               # seconds between health checks
-    events = true                       # follow the engine's cache events (local_engine only)
-    event_poll_interval = 0.2           # seconds between event polls when nothing new came
+    events = true                       # follow the replicas' KV events (configured, or advertised by local engines)
+    tokenizer = "/models/m/tokenizer.json"  # or a model directory; local engines serve theirs (GET /v1/tokenizer)
+    replay_timeout = 2.0                # seconds to wait for a KV-event replay before counting the events missing
     approx_ttl = 600                    # seconds a block the gateway sent stays in the approximate index
     approx_capacity_tokens = 65536      # tokens one replica's approximate index holds (its pool size)
 """
@@ -29,6 +31,15 @@ from gateway.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class ReplicaEvents:
+    """Where one replica publishes its KV events: the PUB endpoint, the replay (ROUTER) endpoint, the topic."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+
+@dataclass(frozen=True)
 class RouterSettings:
     balance_abs_threshold: int = 8
     balance_rel_threshold: float = 1.5
@@ -37,7 +48,8 @@ class RouterSettings:
     health_interval_s: float = 2.0
     health_timeout_s: float = 2.0
     events: bool = True
-    event_poll_interval_s: float = 0.2
+    replay_timeout_s: float = 2.0
+    tokenizer: str | None = None
     approx_ttl_s: float = 600.0
     approx_capacity_tokens: int = 65_536
     # Characters per block of the gateway's own text hash chain (the approximate index: no tokenizer needed).
@@ -49,7 +61,7 @@ class RouterSettings:
 _ALIASES = {
     "health_interval": "health_interval_s",
     "health_timeout": "health_timeout_s",
-    "event_poll_interval": "event_poll_interval_s",
+    "replay_timeout": "replay_timeout_s",
     "approx_ttl": "approx_ttl_s",
     "pending_ttl": "pending_ttl_s",
 }
@@ -63,6 +75,11 @@ def parse_router_settings(upstream: str, values: Mapping[str, Any]) -> RouterSet
         name = _ALIASES.get(key, key)
         if name not in types:
             raise ConfigError(f"upstream {upstream!r}: unknown [router] key {key!r}")
+        if name == "tokenizer":
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"upstream {upstream!r}: router tokenizer must be a path")
+            kwargs[name] = value
+            continue
         cast = {"int": int, "float": float, "bool": bool}[str(types[name])]
         if cast is bool and not isinstance(value, bool):
             raise ConfigError(f"upstream {upstream!r}: router {key} must be true or false")
@@ -71,7 +88,7 @@ def parse_router_settings(upstream: str, values: Mapping[str, Any]) -> RouterSet
         except (TypeError, ValueError):
             raise ConfigError(f"upstream {upstream!r}: router {key} = {value!r} is not a number") from None
     settings = RouterSettings(**kwargs)
-    positive = ("health_interval_s", "health_timeout_s", "event_poll_interval_s", "approx_ttl_s", "pending_ttl_s",
+    positive = ("health_interval_s", "health_timeout_s", "replay_timeout_s", "approx_ttl_s", "pending_ttl_s",
                 "approx_capacity_tokens", "approx_block_chars", "balance_rel_threshold")
     for name in positive:
         if getattr(settings, name) <= 0:
@@ -84,8 +101,12 @@ def parse_router_settings(upstream: str, values: Mapping[str, Any]) -> RouterSet
 
 
 def parse_replicas(upstream: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(url, str) for url in value):
+    """The replicas' URLs, from URLs or `{url = ..., kv_events = ...}` tables (see `parse_replica_events`)."""
+    if not isinstance(value, list) or not value:
         raise ConfigError(f"upstream {upstream!r}: replicas must be a non-empty list of URLs")
+    value = [item.get("url") if isinstance(item, dict) else item for item in value]
+    if not all(isinstance(url, str) for url in value):
+        raise ConfigError(f"upstream {upstream!r}: replicas must be URLs or tables with a url")
     for url in value:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"upstream {upstream!r}: replica url must start with http:// or https://")
@@ -100,3 +121,29 @@ def parse_policy(upstream: str, value: Any, num_replicas: int) -> str:
     if value not in ROUTING_POLICIES:
         raise ConfigError(f"upstream {upstream!r}: routing must be one of {ROUTING_POLICIES}, not {value!r}")
     return str(value)
+
+
+_EVENT_KEYS = {"url", "kv_events", "kv_events_replay", "kv_events_topic"}
+
+
+def parse_replica_events(upstream: str, value: Any) -> tuple[ReplicaEvents | None, ...]:
+    """Per replica (in order), where it publishes KV events: `kv_events = "tcp://HOST:PORT"`, optionally
+    `kv_events_replay` and `kv_events_topic`; None for a replica given as a plain URL or without `kv_events`."""
+    found: list[ReplicaEvents | None] = []
+    for item in value if isinstance(value, list) else ():
+        if not isinstance(item, dict):
+            found.append(None)
+            continue
+        unknown = set(item) - _EVENT_KEYS
+        if unknown:
+            raise ConfigError(f"upstream {upstream!r}: unknown replica keys {sorted(unknown)}")
+        endpoint, replay, topic = item.get("kv_events"), item.get("kv_events_replay"), item.get("kv_events_topic", "")
+        for name, address in (("kv_events", endpoint), ("kv_events_replay", replay)):
+            if address is not None and (not isinstance(address, str) or not address.startswith(("tcp://", "ipc://"))):
+                raise ConfigError(f"upstream {upstream!r}: replica {name} must be a tcp:// or ipc:// address")
+        if replay is not None and endpoint is None:
+            raise ConfigError(f"upstream {upstream!r}: replica kv_events_replay needs kv_events")
+        if not isinstance(topic, str):
+            raise ConfigError(f"upstream {upstream!r}: replica kv_events_topic must be a string")
+        found.append(None if endpoint is None else ReplicaEvents(endpoint, replay, topic))
+    return tuple(found)

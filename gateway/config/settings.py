@@ -11,7 +11,7 @@ from pathlib import Path
 
 from db.writer_config import WriterConfig
 from gateway.config.messages import MessagesSettings
-from gateway.config.router import RouterSettings
+from gateway.config.router import ReplicaEvents, RouterSettings
 from gateway.config.tenant import TenantSettings
 from gateway.errors import ConfigError
 
@@ -35,6 +35,7 @@ class UpstreamConfig:
     connect_timeout_s: float = 5.0
     # A replica set (several engines serving the same model) and how to route over it (`gateway.replicas`).
     replicas: tuple[str, ...] = ()
+    replica_events: tuple[ReplicaEvents | None, ...] = ()  # per replica: where it publishes KV events
     routing: str = "round_robin"
     router: RouterSettings = RouterSettings()
 

@@ -1,5 +1,5 @@
-"""`GET /v1/cache/events` (cursor poll) and `GET /v1/cache/events/snapshot` (resync): the prefix cache's block
-events for cache-aware routers (see `local_engine.cache.events` for the format)."""
+"""`GET /v1/cache/events?after=SEQ`: the KV-event stream's retained batches over HTTP, a view of exactly what the
+ZeroMQ publisher sends (`local_engine.kv_events`), for looking at it with curl; routers subscribe over ZeroMQ."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from litestar import get
 from litestar.datastructures import State
 from litestar.params import FromQuery
 
-from local_engine.cache.events import CacheEventLog
 from local_engine.errors import EngineError, InvalidRequest
+from local_engine.kv_events.publisher import KvEventPublisher
 
-_MAX_EVENTS = 5000
+_MAX_BATCHES = 1000
 
 
 class NotFound(EngineError):
@@ -18,24 +18,19 @@ class NotFound(EngineError):
     error_type = "not_found_error"
 
 
-def _event_log(state: State) -> CacheEventLog:
-    events = getattr(state.engine.cache, "events", None)
-    if events is None:
+def _publisher(state: State) -> KvEventPublisher:
+    publisher = getattr(state.engine, "kv_events", None)
+    if publisher is None:
         raise NotFound("this engine runs without a prefix cache, so it publishes no cache events")
-    return events
+    return publisher
 
 
 @get("/v1/cache/events")
-async def cache_events(state: State, after: FromQuery[int] = 0, limit: FromQuery[int] = 1000) -> dict:
-    """Events with `seq > after` (at most `limit`, up to 5000); `gap: true` means resync from the snapshot."""
-    if after < 0:
-        raise InvalidRequest("after must be a non-negative sequence number", param="after")
+async def cache_events(state: State, after: FromQuery[int] = -1, limit: FromQuery[int] = 100) -> dict:
+    """Batches with `seq > after` (at most `limit`, up to 1000), each `{seq, ts, events}` with the events in the
+    wire's array form; `gap: true` when some batch after `after` is no longer retained."""
+    if after < -1:
+        raise InvalidRequest("after must be a sequence number (-1: from the first retained batch)", param="after")
     if limit <= 0:
         raise InvalidRequest("limit must be positive", param="limit")
-    return _event_log(state).since(after, min(limit, _MAX_EVENTS))
-
-
-@get("/v1/cache/events/snapshot")
-async def cache_events_snapshot(state: State) -> dict:
-    """Every block held now, per namespace, with the sequence number it is current as of."""
-    return _event_log(state).snapshot()
+    return _publisher(state).since(after, min(limit, _MAX_BATCHES))

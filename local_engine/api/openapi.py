@@ -193,6 +193,10 @@ def openapi_document() -> dict:
                 "schema": {"type": "integer", "minimum": 1}}]),
             "/v1/cache": _get("Cache statistics"),
             "/v1/cache/flush": {"post": {"summary": "Flush the cache (admin token)", "responses": _responses()}},
+            "/v1/cache/events": _get("The KV-event stream's retained batches (as published over ZeroMQ)", [
+                {"name": "after", "in": "query", "required": False, "schema": {"type": "integer", "minimum": -1}},
+                {"name": "limit", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1}}]),
+            "/v1/tokenizer": _get("The served model's tokenizer.json, chat template and special tokens"),
             "/v1/models": _get("Served model"),
             "/health": _get("Health"),
             "/metrics": _get("Prometheus metrics"),

@@ -14,7 +14,8 @@ from litestar.response import Response, Stream
 
 from local_engine.api.access import access_guard
 from local_engine.cache.tiers import RETENTION_CLASSES
-from local_engine.api.cache_events import cache_events, cache_events_snapshot
+from local_engine.api.cache_events import cache_events
+from local_engine.kv_events.tokenizer_api import tokenizer_description
 from local_engine.config import ServerConfig
 from local_engine.api.disconnect import cancel_on_disconnect
 from local_engine.engine.engine import Engine
@@ -213,7 +214,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Litestar:
     """The ASGI app; the caller starts and stops the engine."""
     return Litestar(
         route_handlers=[chat_completions, completions, models, health, metrics, cache_stats, cache_tree, cache_match,
-                        cache_flush, openapi, cache_events, cache_events_snapshot],
+                        cache_flush, openapi, cache_events, tokenizer_description],
         state=State({"engine": engine, "server_config": config, "started_at": int(time.time()),
                      "openapi": openapi_document()}),
         openapi_config=None,

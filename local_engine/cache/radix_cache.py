@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from local_engine.cache.block_events import BlockEvents
 from local_engine.cache.eviction import eviction_policy
 from local_engine.cache.radix_node import RadixNode, child_key, common_prefix_tokens
 from local_engine.cache.radix_tree import NO_SLOTS, RadixTree
@@ -44,7 +45,8 @@ class RadixCacheConfig:
 
 class RadixCache:
     """Implements `local_engine.cache.protocol.PrefixCache`. `tiers` is the TierStore of the lower tiers (a device-only
-    one when None); `clock` gives monotonic seconds for access times and TTLs."""
+    one when None); `clock` gives monotonic seconds for access times and TTLs; `events` announces what each tier holds
+    (a BlockEvents of the default block size when None)."""
 
     def __init__(
         self,
@@ -52,6 +54,7 @@ class RadixCache:
         allocator: SlotAllocator,
         clock: Callable[[], float] = time.monotonic,
         tiers: TierStore | None = None,
+        events: BlockEvents | None = None,
     ) -> None:
         self.config = config
         self.page_size = config.page_size
@@ -60,9 +63,10 @@ class RadixCache:
         store = tiers if tiers is not None else TierStore(device_allocator=allocator)
         # The tree reads the time through `_clock`, so a clock swapped in before anything is stored applies.
         self._tree = RadixTree(config.page_size, eviction_policy(config.eviction), store, lambda: self._clock(),
-                               default_ttl_s=config.ttl_s, ghost_capacity=config.ghost_capacity)
+                               events if events is not None else BlockEvents(), default_ttl_s=config.ttl_s,
+                               ghost_capacity=config.ghost_capacity)
         self.tiers = TierMovement(self._tree)
-        self.events = self._tree.events  # what was stored and removed, as block hashes, for cache-aware routers
+        self.events = self._tree.events  # what each tier holds, as KV-event blocks, for cache-aware routers
 
     @property
     def evictable_tokens(self) -> int:
@@ -181,7 +185,6 @@ class RadixCache:
                 leaf.ttl_s, leaf.persistent = lifetime.ttl_s, lifetime.persistent
                 node.children[child_key(token_ids, position, self.page_size)] = leaf
                 tree.account(leaf, 1)
-                tree.events.stored(namespace, token_ids[:stored], position)
                 if tree.store.write_through:
                     self.tiers.copy_down(leaf, namespace)
                 num_cached = position if cached is None else cached

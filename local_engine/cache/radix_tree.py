@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from local_engine.cache.events import CacheEventLog
+from local_engine.cache.block_events import BlockEvents
 from local_engine.cache.ghost_index import GhostIndex, prefix_hash
 from local_engine.cache.radix_node import RadixNode, child_key
 from local_engine.cache.retention import Lifetime, lifetime_of
@@ -28,7 +28,7 @@ class RadixTree:
 
     `page_size`: tokens per page (edges are whole pages). `priority`: the eviction policy's sort key (lower goes
     first). `default_ttl_s`: the lifetime of a node stored without a retention class (None: no TTL). `clock`: seconds,
-    monotonic."""
+    monotonic. `events`: told of every change to what the tiers hold."""
 
     def __init__(
         self,
@@ -36,6 +36,7 @@ class RadixTree:
         priority: Callable[[RadixNode], tuple],
         store: TierStore,
         clock: Callable[[], float],
+        events: BlockEvents,
         *,
         default_ttl_s: float | None = None,
         ghost_capacity: int = 65_536,
@@ -52,7 +53,7 @@ class RadixTree:
         self.evicted_tokens_total = 0
         self.expired_tokens_total = 0
         self.may_expire = default_ttl_s is not None  # set once any node gets a TTL from a retention class
-        self.events = CacheEventLog()  # what was stored and removed, as block hashes, for cache-aware routers
+        self.events = events  # what each tier holds, as KV-event blocks, for cache-aware routers
 
     # ---- namespaces and nodes -----------------------------------------------------------------------------------
 
@@ -101,6 +102,8 @@ class RadixTree:
         for tier in range(3):
             if node.copy_in(tier) is not None:
                 counts[tier] += sign * node.num_tokens
+        if sign > 0:
+            self.events.accounted(self, node)
 
     def lock(self, node: RadixNode | None) -> None:
         """Protect `node` and its ancestors from eviction until `unlock(node)`."""

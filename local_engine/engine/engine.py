@@ -21,6 +21,7 @@ from collections import deque
 import torch
 
 from local_engine.cache import KVPool, NoPrefixCache, RadixCache, RadixCacheConfig, SlotAllocator
+from local_engine.cache.block_events import BlockEvents
 from local_engine.cache.protocol import PrefixCache
 from local_engine.cache.tiers.cleaner import CLEAN_CHUNK_TOKENS
 from local_engine.cache.tiers import RETENTION_CLASSES, TierTokens
@@ -29,6 +30,7 @@ from local_engine.prompt.detokenizer import IncrementalDetokenizer
 from local_engine.engine.counters import EngineCounters
 from local_engine.engine.types import Finished, GenerationRequest, MatchReport, RequestHandle, TokenDelta
 from local_engine.engine.kv_tiers import build_tier_store, tiers_summary
+from local_engine.kv_events.publisher import KvEventPublisher
 from local_engine.errors import CapacityExceeded, EngineError, EngineStopped, InvalidRequest
 from local_engine.model.loader import LoadedModel
 from local_engine.model.runner import ModelRunner, ScheduledChunk
@@ -53,10 +55,14 @@ class Engine:
         self.pool = KVPool(pool_config, num_slots)
         self.allocator = SlotAllocator(num_slots)
         self.tiers = None
+        self.kv_events: KvEventPublisher | None = None  # None without a prefix cache: nothing to publish
         if config.prefix_cache:
             cache_config = RadixCacheConfig(page_size=config.page_size, eviction=config.eviction, ttl_s=config.ttl_s)
             self.tiers = build_tier_store(config, self.pool, self.allocator, loaded.model, loaded.model_id)
-            self.cache: PrefixCache = RadixCache(cache_config, self.allocator, tiers=self.tiers)
+            events = BlockEvents(config.kv_events.block_size)
+            self.cache: PrefixCache = RadixCache(cache_config, self.allocator, tiers=self.tiers, events=events)
+            self.kv_events = KvEventPublisher(config.kv_events, events.announced_events)
+            events.attach(self.kv_events.enqueue)
             if self.tiers.disk is not None:
                 self.cache.tiers.rebuild()  # headers only: the KV stays on disk until a request needs it
         else:
@@ -78,6 +84,9 @@ class Engine:
     # ---- lifecycle ----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the worker (and the KV-event publisher: raises OSError when its address is taken)."""
+        if self.kv_events is not None:
+            self.kv_events.start()
         self._thread.start()
 
     def stop(self) -> None:
@@ -91,6 +100,8 @@ class Engine:
             self._thread.join(timeout=30)
         if not self._thread.is_alive():
             self._close_tiers()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def tiers_summary(self) -> str:
         return tiers_summary(self.tiers) if self.tiers is not None else ""
@@ -353,6 +364,9 @@ class Engine:
         stats["active_requests"] = len(self.scheduler.running)
         stats["waiting_requests"] = len(self.scheduler.waiting) + len(self._incoming)
         stats["pool_bytes"] = self.pool.num_bytes
+        if self.kv_events is not None:  # where a router subscribes, and the block size of what it will read there
+            stats["kv_events"] = {**self.kv_events.describe(), "block_size": self.cache.events.block_size,
+                                  "held_blocks": self.cache.events.num_held_blocks()}
         return stats
 
     def tree_snapshot(self, max_nodes: int) -> dict:

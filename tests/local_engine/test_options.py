@@ -10,6 +10,7 @@ import pytest
 
 from local_engine.cli import engine_config_from, register
 from local_engine.config import EngineConfig, ServerConfig
+from local_engine.kv_events.config import KvEventsConfig
 from local_engine.options import flags_of, passed_on_argv
 
 # A value other than the default for every passed-on option (one of each mutually exclusive pair).
@@ -28,6 +29,9 @@ NON_DEFAULT = {
     "disk_cache_gib": 1.5,
     "cache_write_policy": "write_through",
 }
+# The nested KV-event options (`--kv-events-*`, dest `kv_events_<field>`).
+NON_DEFAULT_KV_EVENTS = {"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558",
+                         "topic": "kv", "block_size": 32}
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:
@@ -45,10 +49,12 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 def test_every_passed_on_option_reaches_the_engine_through_up():
     parsers = commands()
     argv = [part for name, value in NON_DEFAULT.items() for part in (_flag(name), str(value))]
+    argv += [part for name, value in NON_DEFAULT_KV_EVENTS.items() for part in (_flag("kv_events_" + name), str(value))]
     up_args = parsers["up"].parse_args(argv)
     forwarded = passed_on_argv(EngineConfig, up_args)
     engine_args = parsers["engine"].parse_args(forwarded)
-    assert engine_config_from(engine_args) == dataclasses.replace(EngineConfig(), **NON_DEFAULT)
+    kv_events = KvEventsConfig(**NON_DEFAULT_KV_EVENTS)
+    assert engine_config_from(engine_args) == dataclasses.replace(EngineConfig(), **NON_DEFAULT, kv_events=kv_events)
     # The switch: --no-prefix-cache (the tiers need the cache, so alone).
     forwarded = passed_on_argv(EngineConfig, parsers["up"].parse_args(["--no-prefix-cache"]))
     assert forwarded == ["--no-prefix-cache"]
@@ -60,9 +66,9 @@ def test_defaults_are_the_declared_ones_everywhere():
     for command in ("engine", "up", "bench engine"):
         args = parsers[command].parse_args([])
         assert passed_on_argv(EngineConfig, args) == [], command
-        for field, flag, _ in flags_of(EngineConfig):
-            if flag.passed_on or command == "engine":
-                assert getattr(args, field.name) == field.default, (command, field.name)
+        for declared in flags_of(EngineConfig):
+            if declared.flag.passed_on or command == "engine":
+                assert getattr(args, declared.dest) == declared.default, (command, declared.dest)
     engine_args = parsers["engine"].parse_args([])
     assert engine_config_from(engine_args) == EngineConfig()
     assert (engine_args.host, engine_args.port, engine_args.admin_token, engine_args.api_key) == (
@@ -77,5 +83,5 @@ def test_only_the_engine_takes_its_own_options():
             parsers[command].parse_args(["--shutdown-grace-s", "3"])
 
 
-def _flag(field_name: str) -> str:
-    return next(flag.names[0] for field, flag, _ in flags_of(EngineConfig) if field.name == field_name)
+def _flag(dest: str) -> str:
+    return next(declared.flag.names[0] for declared in flags_of(EngineConfig) if declared.dest == dest)

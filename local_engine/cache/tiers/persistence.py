@@ -48,7 +48,6 @@ def rebuild_from_disk(movement) -> int:
             movement.tree.enable_expiry()
         parent.children[child_key(tokens, indexed.edge_start, page_size)] = node
         movement.tree.account(node, 1)
-        movement.tree.events.stored(indexed.namespace, tokens, indexed.edge_start)
         rebuilt += 1
     over = disk.used_tokens - disk.capacity_tokens
     if over > 0:  # restarted with a smaller --disk-cache-gib
