@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
+from local_engine.hash_chain import MAX_BLOCK_SIZE
 from local_engine.options import option
 
 DEFAULT_EVENT_BLOCK_SIZE = 16  # vLLM's default block size

@@ -13,7 +13,7 @@ import pytest
 
 from db.cache_model import PrefixCacheModel
 from local_engine.cache import RadixCache, RadixCacheConfig, SlotAllocator
-from local_engine.cache.hash_chain import page_hash_chain
+from local_engine.hash_chain import page_hash_chain
 
 PAGE = 4
 TTL_S = 60.0

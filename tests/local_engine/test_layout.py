@@ -1,37 +1,35 @@
-"""The engine's folders are layers: a lower one never imports an upper one, lazily or not.
+"""The engine's rooms (folders and root modules) are layers: a room imports only rooms of lower layers.
 
 `tests/test_import_direction.py` checks that local_engine imports no other program and that its rooms import each
-other in no cycle; this adds the direction: `cli → bench → api → engine → prompt, model → cache`."""
+other in no cycle; this adds the direction, top to bottom."""
 
 from __future__ import annotations
 
-import pytest
+from tests.test_import_direction import modules_of, room_edges, room_of
 
-from tests.test_import_direction import room_edges
-
-# Each folder with the folders above it (which it must not import).
-UPPER = {
-    "local_engine.cache": {"local_engine.model", "local_engine.prompt", "local_engine.engine", "local_engine.api",
-                           "local_engine.bench", "local_engine.cli"},
-    "local_engine.model": {"local_engine.prompt", "local_engine.engine", "local_engine.api", "local_engine.bench",
-                           "local_engine.cli"},
-    "local_engine.prompt": {"local_engine.model", "local_engine.engine", "local_engine.api", "local_engine.bench",
-                            "local_engine.cli"},
-    "local_engine.engine": {"local_engine.api", "local_engine.bench", "local_engine.cli"},
-    "local_engine.api": {"local_engine.bench", "local_engine.cli"},
-    "local_engine.bench": {"local_engine.cli"},
-}
-# Below every folder: settings with their flags and the exception hierarchy.
-BASE = {"local_engine.config", "local_engine.options", "local_engine.errors"}
+LAYERS = (
+    {"cli"},
+    {"bench"},
+    {"api"},
+    {"engine"},
+    {"prompt", "model"},  # side by side: neither imports the other
+    {"cache"},
+    {"config"},  # the settings with their flags, the KV-event settings among them
+    {"kv_events"},
+    {"options", "errors", "hash_chain"},
+)
+LAYER_OF = {f"local_engine.{room}": depth for depth, rooms in enumerate(LAYERS) for room in rooms}
 
 
-@pytest.mark.parametrize("lower", sorted(UPPER))
-def test_lower_folders_never_import_upper_ones(lower: str):
-    edges = room_edges("local_engine")
-    upward = sorted(why for (source, target), why in edges.items() if source == lower and target in UPPER[lower])
+def test_every_room_has_a_layer():
+    rooms = {room_of(module) for module in modules_of("local_engine")} - {"local_engine"}
+    assert rooms == set(LAYER_OF)
+
+
+def test_rooms_import_only_lower_layers():
+    upward = sorted(
+        f"{source} -> {target}: {why[0]}"
+        for (source, target), why in room_edges("local_engine").items()
+        if LAYER_OF[target] <= LAYER_OF[source]
+    )
     assert upward == []
-
-
-def test_the_base_modules_import_no_folder():
-    edges = room_edges("local_engine")
-    assert sorted(why for (source, target), why in edges.items() if source in BASE and target not in BASE) == []
