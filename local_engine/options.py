@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -73,18 +74,26 @@ class Declared:
 def flags_of(config_type: type, prefix: str = "", path: tuple[str, ...] = (), title: str | None = None
              ) -> list[Declared]:
     """The options of `config_type` (nested groups included) in declaration order."""
-    hints = typing.get_type_hints(config_type)
     found: list[Declared] = []
     for field in dataclasses.fields(config_type):
         if "group" in field.metadata:
             group_prefix, group_title = field.metadata["group"]
-            found += flags_of(hints[field.name], prefix + group_prefix, path + (field.name,), group_title)
+            found += flags_of(_field_type(config_type, field), prefix + group_prefix, path + (field.name,),
+                              group_title)
             continue
         flag = field.metadata.get("flag")
         if flag is not None:
-            found.append(Declared(prefix + field.name, path + (field.name,), flag, _value_type(hints[field.name]),
-                                  field.default, title))
+            value_type = _value_type(_field_type(config_type, field))
+            found.append(Declared(prefix + field.name, path + (field.name,), flag, value_type, field.default, title))
     return found
+
+
+def _field_type(config_type: type, field: dataclasses.Field) -> Any:
+    """The field's annotation, evaluated in its module (only option fields are: the others may name types that are
+    imported for type checking only)."""
+    if not isinstance(field.type, str):
+        return field.type
+    return eval(field.type, vars(sys.modules[config_type.__module__]))  # noqa: S307 - the module's own annotation
 
 
 def _value_type(hint: Any) -> type:
@@ -131,11 +140,10 @@ def config_from(config_type: type, args: argparse.Namespace, **values: Any) -> A
 
 
 def _build(config_type: type, args: argparse.Namespace, prefix: str, values: dict[str, Any]) -> Any:
-    hints = typing.get_type_hints(config_type)
     kwargs = {}
     for field in dataclasses.fields(config_type):
         if "group" in field.metadata:
-            kwargs[field.name] = _build(hints[field.name], args, prefix + field.metadata["group"][0], {})
+            kwargs[field.name] = _build(_field_type(config_type, field), args, prefix + field.metadata["group"][0], {})
         elif "flag" in field.metadata:
             kwargs[field.name] = getattr(args, prefix + field.name, field.default)
     return config_type(**(kwargs | values))
