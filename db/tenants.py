@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 from db.dialect import upsert_insert
 from db.engine import run_in_transaction, run_in_transaction_async
 from db.errors import UnknownTenantError
-from db.models import TENANT_NAME_MAX, Tenant, table_of
+from db.models import Tenant, table_of
+from db.records import TENANT_NAME_MAX
 from db.timeutil import utc_now
 
 SyncBind = Engine | Connection | Session

@@ -6,6 +6,7 @@ writer (after migrating the schema) and the key refresher, and closes them in re
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ from gateway.replicas.health_view import replica_health
 from gateway.routing import Router
 from gateway.runtime import Runtime
 from gateway.stats_api import make_stats_handler
+from gateway.telemetry.setup import start_request_spans
 from gateway.tenancy import SaltDeriver, load_or_create_secret
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         router=Router(config),
         recorder=recorder,
         metrics=metrics,
+        spans=start_request_spans(config, metrics.registry),
     )
     metrics.replicas.watch(lambda: runtime.router.replica_sets.values())
     uplift = UpliftChecker(lambda: runtime.client, recorder.record)
@@ -127,6 +130,8 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 await runtime.router.stop()
                 await runtime.client.aclose()
                 await storage.stop()
+                if runtime.spans is not None:
+                    await asyncio.to_thread(runtime.spans.tracing.shutdown)  # exports what is queued
 
     chat = CompletionProxy(runtime, CHAT)
     completions = CompletionProxy(runtime, COMPLETIONS)

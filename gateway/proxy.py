@@ -72,6 +72,8 @@ class CompletionProxy:
         runtime = self._runtime
         request_id = "req_" + secrets.token_hex(12)
         tracker = RequestTracker(runtime.recorder, request_id, self._endpoint, start_perf)
+        if runtime.spans is not None:
+            tracker.span = runtime.spans.start(scope, self._endpoint)
         tracked_send = _TrackedSend(send)
         try:
             outcome = await self._handle(scope, receive, tracked_send, tracker, start_perf)

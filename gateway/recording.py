@@ -18,13 +18,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from db.chains import RequestChain
 from db.records import RequestRecord
 from gateway.metrics import GatewayMetrics
 from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.upstreams.base import CacheReport, UsageReport
+
+if TYPE_CHECKING:
+    from gateway.telemetry.request_span import RequestSpan
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +167,7 @@ class RequestTracker:
         "predicted_match_tokens",
         "routing_index_source",
         "failovers",
+        "span",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -199,6 +203,7 @@ class RequestTracker:
         self.predicted_match_tokens: int | None = None
         self.routing_index_source: str | None = None
         self.failovers = 0
+        self.span: RequestSpan | None = None  # the request's OpenTelemetry span, when the gateway exports them
 
     def placed(self, placement: Any) -> None:
         """A replica set chose where this request goes (`gateway.replicas.replica_set.Placement`)."""
@@ -280,6 +285,8 @@ class RequestTracker:
             routing_index_source=self.routing_index_source,
             **({} if explained is None else explained.record_fields(report)),
         )
+        if self.span is not None:
+            self.span.end(record)
         recorder = self._recorder
 
         def submit(record: RequestRecord) -> None:

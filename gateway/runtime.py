@@ -12,6 +12,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.normalize.pipeline import Pipeline, build_pipeline
 from gateway.recording import Recorder
 from gateway.routing import Router
+from gateway.telemetry.request_span import RequestSpans
 from gateway.tenancy import SaltDeriver
 
 
@@ -24,6 +25,7 @@ class Runtime:
     router: Router
     recorder: Recorder
     metrics: GatewayMetrics
+    spans: RequestSpans | None = None  # one OpenTelemetry span per request, when [telemetry] exports them
     _pipelines: dict[str, Pipeline] = field(default_factory=dict)
 
     def pipeline_for(self, tenant: str) -> Pipeline:

@@ -4,6 +4,10 @@ with it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prefixscope.tracing import TraceExport
 
 from local_engine.kv_events.config import KvEventsConfig
 from local_engine.options import non_negative_float, non_negative_int, option, option_group, positive_float
@@ -121,3 +125,5 @@ class ServerConfig:
         None, "--api-key", help="required on every endpoint but /health (default: $PREFIXSCOPE_ENGINE_API_KEY)"
     )
     max_body_bytes: int = 8 * 1024 * 1024
+    # Where request spans go (`--otlp-endpoint` or the OTEL_* variables); None: no spans.
+    trace_export: TraceExport | None = None

@@ -33,6 +33,7 @@ from gateway.retention import retention_header
 from gateway.upstreams.base import UsageReport
 from gateway.upstreams.route import Route
 from gateway.upstreams.tiers import first_tokens
+from gateway.telemetry.request_span import with_trace_context
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class Exchange:
 
     async def open(self, *, stream: bool) -> httpx.Response:
         self.tracker.sending_upstream()
-        request = self.route.request(CHAT, self.payload)
+        request = with_trace_context(self.route.request(CHAT, self.payload), self.tracker.span)
         try:
             upstream = await self.client.send(request, stream=stream)
         except httpx.HTTPError as exc:

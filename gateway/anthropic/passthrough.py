@@ -24,6 +24,7 @@ from gateway.forwarding import map_transport_error
 from gateway.recording import Outcome, RequestTracker
 from gateway.upstreams.base import UsageReport
 from gateway.upstreams.kinds import HEADER_MATCHED, HEADER_PROMPT, anthropic_usage
+from gateway.telemetry.request_span import with_trace_context
 from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ async def _open(
 ) -> httpx.Response:
     tracker.sending_upstream()
     try:
-        upstream = await client.send(request, stream=stream)
+        upstream = await client.send(with_trace_context(request, tracker.span), stream=stream)
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     if tracker.explain is not None:

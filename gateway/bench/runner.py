@@ -7,7 +7,8 @@ database), and the load generator, each its own process so the client does not t
    (alternating which goes first): the distribution of the paired differences is the added latency;
 2. a closed-loop run through the gateway: the highest sustained request rate of one gateway process;
 3. stop the gateway (its writer flushes) and check that every request sent has exactly one row, and how many rows
-   carry a miss explanation, a (sampled) normalization gain and a hash chain (the stub answers like the engine).
+   carry a miss explanation, a (sampled) normalization gain and a hash chain (the stub answers like the engine);
+4. with `--tracing`, step 1 again through a second gateway exporting a span per request (`gateway.bench.tracing`).
 
 Prints one JSON object, with a `verdict` against the stated `TARGETS`, then one PASS/FAIL line per target and overall.
 """
@@ -77,6 +78,7 @@ class BenchConfig:
     warmup_s: float = 2.0
     durability: str = "spill_first"  # the gateway's [recorder] durability mode
     port_base: int | None = None  # stub upstream on this port, gateway on the next; free ports when None
+    tracing: bool = False  # also measure a gateway exporting request spans (`gateway.bench.tracing`)
 
     def ports(self) -> tuple[int, int]:
         """The stub upstream's and the gateway's ports."""
@@ -174,6 +176,48 @@ def _count_explained(db_path: Path) -> dict[str, int]:
     return {"with_miss_reason": int(reasons), "with_normalization_gain": int(gains), "with_hash_chain": int(chains)}
 
 
+def _start_gateway(
+    config_file: Path, port: int, stub_url: str, db_path: Path, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "prefixscope", "gateway", "--config", str(config_file), "--port", str(port)]
+    command += ["--upstream", stub_url, "--database-url", f"sqlite:///{db_path}", "--log-level", "warning", "--open"]
+    return subprocess.Popen(command, env=env)
+
+
+def _traced_run(
+    config: BenchConfig,
+    workdir: Path,
+    stub_url: str,
+    untraced_url: str,
+    body_file: Path,
+    env: dict[str, str],
+    processes: list[subprocess.Popen[bytes]],
+) -> dict[str, Any]:
+    """Pairs of one request through the gateway without spans and one through a second gateway exporting a span per
+    request to the stub's OTLP endpoint: the paired differences are what tracing adds, with the machine's load
+    falling on both sides alike."""
+    from gateway.bench.tracing import measure_request_path, span_counts, telemetry_section
+
+    config_file = workdir / "gateway-traced.toml"
+    config_file.write_text((workdir / "gateway.toml").read_text() + telemetry_section(stub_url))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    gateway = _start_gateway(config_file, port, stub_url, workdir / "traced.db", env)
+    processes.append(gateway)
+    _wait_http(f"{url}/health")
+    chat = "/v1/chat/completions"
+    _loadgen("fixed", url + chat, body_file, config, duration_s=config.warmup_s, connections=16)
+    paired = _loadgen(
+        "paired", url + chat, body_file, config, duration_s=config.duration_s, connections=16,
+        direct_url=untraced_url + chat,
+    )
+    time.sleep(1.0)  # the batch processor exports every 0.5 s
+    counts = span_counts(httpx.get(f"{url}/metrics", timeout=10).text)
+    gateway.send_signal(signal.SIGTERM)
+    gateway.wait(timeout=120)
+    return {"paired": paired, "request_path": measure_request_path(stub_url), "gateway_spans": counts}
+
+
 def run(config: BenchConfig) -> int:
     load_start = round(os.getloadavg()[0], 2)
     workdir = Path(tempfile.mkdtemp(prefix="prefixscope-bench-"))
@@ -207,26 +251,7 @@ def run(config: BenchConfig) -> int:
             subprocess.Popen([sys.executable, "-m", "gateway.bench.stub", "--port", str(stub_port)], env=env)
         )
         _wait_http(f"{stub_url}/health")
-        gateway = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "prefixscope",
-                "gateway",
-                "--config",
-                str(config_file),
-                "--port",
-                str(gateway_port),
-                "--upstream",
-                stub_url,
-                "--database-url",
-                f"sqlite:///{db_path}",
-                "--log-level",
-                "warning",
-                "--open",
-            ],
-            env=env,
-        )
+        gateway = _start_gateway(config_file, gateway_port, stub_url, db_path, env)
         processes.append(gateway)
         _wait_http(f"{gateway_url}/health")
         chat = "/v1/chat/completions"
@@ -262,6 +287,10 @@ def run(config: BenchConfig) -> int:
         clock.stop()
         after = _records(gateway_url)
         sent_to_gateway += peak["sent"]
+        traced = None
+        if config.tracing:
+            traced = _traced_run(config, workdir, stub_url, gateway_url, body_file, env, processes)
+            sent_to_gateway += traced["paired"]["pairs_sent"]  # each pair also sent one request to this gateway
         drain_started = time.perf_counter()
         gateway.send_signal(signal.SIGTERM)
         gateway.wait(timeout=120)
@@ -314,16 +343,21 @@ def run(config: BenchConfig) -> int:
         },
     }
     added = paired["added_latency_ms"]
-    report["verdict"] = verdict(
-        {
-            "added_p50_ms_max": added["p50"],
-            "added_p99_ms_max": added["p99"],
-            "requests_per_s_min": peak["rate_per_s"],
-            "records_lost_max": sent_to_gateway - stored,
-            "spill_first_added_p50_ms_max": report["durability"]["spill_first_request_path"]["p50_us"] / 1000,
-        },
-        TARGETS,
-    )
+    measured = {
+        "added_p50_ms_max": added["p50"],
+        "added_p99_ms_max": added["p99"],
+        "requests_per_s_min": peak["rate_per_s"],
+        "records_lost_max": sent_to_gateway - stored,
+        "spill_first_added_p50_ms_max": report["durability"]["spill_first_request_path"]["p50_us"] / 1000,
+    }
+    targets = dict(TARGETS)
+    if traced is not None:
+        from gateway.bench.tracing import TRACING_TARGETS, tracing_report
+
+        report["tracing"] = tracing_report(traced["paired"], traced["request_path"], traced["gateway_spans"])
+        measured["tracing_added_p50_ms_max"] = report["tracing"]["tracing_added_p50_ms"]
+        targets.update(TRACING_TARGETS)
+    report["verdict"] = verdict(measured, targets)
     print(json.dumps(report, indent=2))
     for name, result in report["verdict"]["targets"].items():
         print(f"{'PASS' if result['pass'] else 'FAIL'} {name}: {result['measured']} (target {result['target']})")

@@ -3,7 +3,7 @@
 Where each setting lives: `settings` (the listen address, upstreams, routes, auth; `GatewayConfig` holds them all),
 `tenant` (`[tenant_defaults]`, `[tenants.NAME]`), `retention` (a tenant's cache retention classes),
 `volatile_patterns` (the default patterns of `hoist_volatile`), `router` (`[upstreams.router]`: routing over a
-replica set), `messages` (`[messages]`: the Anthropic Messages API), and `db.writer_config.WriterConfig` (`[recorder]`,
+replica set), `messages` (`[messages]`: the Anthropic Messages API), `telemetry` (`[telemetry]`: where request spans go), and `db.writer_config.WriterConfig` (`[recorder]`,
 the record writer's settings, shared with db). `loading` reads the TOML file and the command line into them.
 Nothing here reads the process environment: the CLI reads it once and passes values in.
 
@@ -60,6 +60,9 @@ Example `prefixscope.toml`::
 
     [messages]                          # the Anthropic Messages API (see gateway/config/messages.py)
     min_cacheable_tokens = 1024
+
+    [telemetry]                         # OpenTelemetry request spans (see gateway/config/telemetry.py)
+    # otlp_endpoint = "http://127.0.0.1:4318"
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ from gateway.config.settings import (
     GatewayConfig,
     UpstreamConfig,
 )
+from gateway.config.telemetry import TelemetrySettings
 from gateway.config.tenant import ALL_RULES, HOIST_PLACEMENTS, OPT_IN_RULES, SEMANTIC_RULES, TenantSettings
 
 __all__ = [
@@ -97,6 +101,7 @@ __all__ = [
     "GatewayConfig",
     "MessagesSettings",
     "RouterSettings",
+    "TelemetrySettings",
     "TenantSettings",
     "UpstreamConfig",
     "WriterConfig",

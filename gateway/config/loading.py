@@ -19,10 +19,13 @@ from db.writer_config import WriterConfig
 from gateway.config.messages import parse_messages_settings
 from gateway.config.router import parse_policy, parse_replica_events, parse_replicas, parse_router_settings
 from gateway.config.settings import AUTH_MODES, UPSTREAM_KINDS, ConfigOverrides, GatewayConfig, UpstreamConfig
+from gateway.config.telemetry import parse_telemetry_settings
 from gateway.config.tenant import TenantSettings, parse_tenant
 from gateway.errors import ConfigError
 
-SECTIONS = frozenset({"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages"})
+SECTIONS = frozenset(
+    {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages", "telemetry"}
+)
 # `[advice]` is read by `prefixscope advise` (db.retention.prices); it is checked here so a bad one is refused at start.
 ADVICE_SECTION = "advice"
 
@@ -103,6 +106,7 @@ def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
         tenants=tenants,
         recorder=recorder,
         messages=parse_messages_settings(dict(data.get("messages", {}))),
+        telemetry=parse_telemetry_settings(dict(data.get("telemetry", {}))),
         **kwargs,
     )
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from db.writer_config import WriterConfig
 from gateway.config.messages import MessagesSettings
 from gateway.config.router import ReplicaEvents, RouterSettings
+from gateway.config.telemetry import TelemetrySettings
 from gateway.config.tenant import TenantSettings
 from gateway.errors import ConfigError
 
@@ -74,6 +75,7 @@ class GatewayConfig:
     max_key_staleness_s: float = 60.0
     key_snapshot_path: Path | None = DEFAULT_KEY_SNAPSHOT_PATH
     messages: MessagesSettings = MessagesSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()  # `[telemetry]`: where request spans go (off by default)
 
     @property
     def open_mode(self) -> bool:

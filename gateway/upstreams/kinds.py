@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from db.records import MISS_KINDS
 from gateway.retention import REQUEST_FIELD as RETENTION_FIELD
-from gateway.upstreams.base import MISS_KINDS, CacheReport, UpstreamAdapter, UsageReport, _int_or_none
+from gateway.upstreams.base import CacheReport, UpstreamAdapter, UsageReport, _int_or_none
 from gateway.upstreams.tiers import HEADER_TIERS, load_ms_from_prefix_cache, tiers_from_header, tiers_from_prefix_cache
 
 

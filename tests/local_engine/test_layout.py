@@ -16,7 +16,7 @@ LAYERS = (
     {"cache"},
     {"config"},  # the settings with their flags, the KV-event settings among them
     {"kv_events"},
-    {"options", "errors", "hash_chain"},
+    {"options", "errors", "hash_chain", "telemetry"},
 )
 LAYER_OF = {f"local_engine.{room}": depth for depth, rooms in enumerate(LAYERS) for room in rooms}
 
