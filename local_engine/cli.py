@@ -19,7 +19,7 @@ def check_engine_options(parser: argparse.ArgumentParser, args: argparse.Namespa
     if getattr(args, "disk_cache_gib", None) is not None and not getattr(args, "disk_cache_dir", None):
         parser.error("--disk-cache-gib needs --disk-cache-dir")
     lower = bool(args.host_cache_tokens or args.host_cache_gib or args.disk_cache_dir)
-    if lower and not args.prefix_cache:
+    if lower and args.no_prefix_cache:
         parser.error("the host and disk cache tiers need the prefix cache: drop --no-prefix-cache")
 
 

@@ -23,8 +23,8 @@ from typing import Any
 class Flag:
     """How one config field appears on the command line.
 
-    `names`: the flag and its aliases (the first is the one passed on). `switch`: a bool field set by a flag without a
-    value (`store_true`, or `store_false` for a field that defaults to True, as `--no-prefix-cache`). `passed_on`:
+    `names`: the flag and its aliases (the first is the one passed on). A bool field is a switch: a flag without a
+    value that sets it, or, for a field that defaults to True, turns it off (`--no-prefix-cache`). `passed_on`:
     `prefixscope up` (and the benchmarks) offer it and pass it on; False for options only `prefixscope engine`
     itself takes."""
 
@@ -70,6 +70,12 @@ class Declared:
     default: Any
     title: str | None
 
+    @property
+    def negated(self) -> bool:
+        """A switch that turns a field which defaults to True off (`--no-prefix-cache`): its argparse dest is the
+        flag's own name (`no_prefix_cache`, default False) and the field is its negation."""
+        return self.value_type is bool and self.default is True
+
 
 def flags_of(config_type: type, prefix: str = "", path: tuple[str, ...] = (), title: str | None = None
              ) -> list[Declared]:
@@ -84,7 +90,10 @@ def flags_of(config_type: type, prefix: str = "", path: tuple[str, ...] = (), ti
         flag = field.metadata.get("flag")
         if flag is not None:
             value_type = _value_type(_field_type(config_type, field))
-            found.append(Declared(prefix + field.name, path + (field.name,), flag, value_type, field.default, title))
+            dest = prefix + field.name
+            if value_type is bool and field.default is True:
+                dest = flag.names[0].lstrip("-").replace("-", "_")
+            found.append(Declared(dest, path + (field.name,), flag, value_type, field.default, title))
     return found
 
 
@@ -121,7 +130,7 @@ def add_options(parser: argparse.ArgumentParser, config_type: type, *, passed_on
             target = groups.get(key) or groups.setdefault(key, section.add_mutually_exclusive_group())
         kwargs: dict[str, Any] = {"dest": declared.dest, "help": flag.help}
         if declared.value_type is bool:
-            kwargs["action"] = "store_false" if declared.default else "store_true"
+            kwargs["action"] = "store_true"
         else:
             kwargs["default"] = declared.default
             if flag.parse is not None or declared.value_type in (int, float):
@@ -141,11 +150,16 @@ def config_from(config_type: type, args: argparse.Namespace, **values: Any) -> A
 
 def _build(config_type: type, args: argparse.Namespace, prefix: str, values: dict[str, Any]) -> Any:
     kwargs = {}
+    declared = {d.path[-1]: d for d in flags_of(config_type, prefix) if len(d.path) == 1}
     for field in dataclasses.fields(config_type):
         if "group" in field.metadata:
             kwargs[field.name] = _build(_field_type(config_type, field), args, prefix + field.metadata["group"][0], {})
-        elif "flag" in field.metadata:
-            kwargs[field.name] = getattr(args, prefix + field.name, field.default)
+        elif field.name in declared:
+            option = declared[field.name]
+            if option.negated:
+                kwargs[field.name] = not getattr(args, option.dest, False)
+            else:
+                kwargs[field.name] = getattr(args, option.dest, field.default)
     return config_type(**(kwargs | values))
 
 
@@ -154,10 +168,14 @@ def passed_on_argv(config_type: type, args: argparse.Namespace) -> list[str]:
     the same options."""
     argv: list[str] = []
     for declared in flags_of(config_type):
-        value = getattr(args, declared.dest, declared.default)
-        if not declared.flag.passed_on or value is None or value == declared.default:
+        if not declared.flag.passed_on:
             continue
-        argv += [declared.flag.names[0]] if declared.value_type is bool else [declared.flag.names[0], str(value)]
+        if declared.value_type is bool:
+            argv += [declared.flag.names[0]] if getattr(args, declared.dest, False) else []
+            continue
+        value = getattr(args, declared.dest, declared.default)
+        if value is not None and value != declared.default:
+            argv += [declared.flag.names[0], str(value)]
     return argv
 
 

@@ -68,7 +68,8 @@ def test_defaults_are_the_declared_ones_everywhere():
         assert passed_on_argv(EngineConfig, args) == [], command
         for declared in flags_of(EngineConfig):
             if declared.flag.passed_on or command == "engine":
-                assert getattr(args, declared.dest) == declared.default, (command, declared.dest)
+                given = not getattr(args, declared.dest) if declared.negated else getattr(args, declared.dest)
+                assert given == declared.default, (command, declared.dest)
     engine_args = parsers["engine"].parse_args([])
     assert engine_config_from(engine_args) == EngineConfig()
     assert (engine_args.host, engine_args.port, engine_args.admin_token, engine_args.api_key) == (
