@@ -50,21 +50,12 @@ def _program_available(module: str) -> bool:
 
 
 def _engine_options(args: argparse.Namespace) -> list[str]:
-    """The engine's own options (model, device, cache flags) as given to `up`, to pass on unchanged."""
-    from local_engine.cli import add_engine_options
+    """The engine's own options (model, device, cache flags) as given to `up`, to pass on unchanged: derived from
+    EngineConfig's declarations (`local_engine.options`)."""
+    from local_engine.config import EngineConfig
+    from local_engine.options import passed_on_argv
 
-    parser = argparse.ArgumentParser(add_help=False)
-    add_engine_options(parser)
-    argv: list[str] = []
-    for action in parser._actions:
-        value = getattr(args, action.dest, action.default)
-        if not action.option_strings or value is None or value == action.default:
-            continue
-        if action.nargs == 0:
-            argv.append(action.option_strings[0])
-        else:
-            argv += [action.option_strings[0], str(value)]
-    return argv
+    return passed_on_argv(EngineConfig, args)
 
 
 def _replica_options(options: list[str], replica: int, num_replicas: int) -> list[str]:
