@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from db.held_record import HeldRecord
 from db.records import RequestRecord
 from gateway.config import GatewayConfig
 from gateway.demo.engine_model import SimulatedEngine, local_engine_response, openai_response, render
@@ -89,6 +90,9 @@ class _Sink:
     def submit(self, record: RequestRecord) -> bool:
         self.records.append(record)
         return True
+
+    def hold(self, record: RequestRecord) -> HeldRecord:
+        return HeldRecord(record.request_id, self.submit)
 
     def counters(self) -> Any:
         return None
