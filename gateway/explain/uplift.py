@@ -12,8 +12,9 @@ normalized match ended before they part) the difference is at most 0, and when i
 Hence the clamp at 0: a negative difference never means that normalization cost tokens.
 
 The request's record waits for the answer (it is submitted by the task, with or without a gain), so the client never
-does; meanwhile the record writer holds it (journaled, see `db.held_record`), so a crash loses nothing. Concurrency is bounded; past `max_pending` waiting checks a request is not measured. `stop` waits for the
-checks in flight (bounded) and submits the records of any it has to cancel.
+does; meanwhile the record writer holds it (journaled, see `db.held_record`), so a crash loses nothing. Concurrency is
+bounded; past `max_pending` waiting checks a request is not measured. `stop` waits for the checks in flight (bounded)
+and submits the records of any it has to cancel.
 """
 
 from __future__ import annotations
