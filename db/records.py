@@ -18,7 +18,7 @@ from db.record_schema import stored
 from db.signatures import PromptSignature
 from db.timeutil import as_utc
 
-ENDPOINTS: Final = ("chat.completions", "completions", "messages")
+ENDPOINTS: Final = ("chat.completions", "completions", "messages", "responses")
 
 # Column widths of the text fields that other tables repeat (rollup keys).
 TENANT_NAME_MAX: Final = 200
@@ -64,6 +64,10 @@ MISS_REASONS: Final = (
     "expired",
     "below_page",
 )
+
+UNAUTHENTICATED_TENANT: Final = "unauthenticated"
+"""The tenant name recorded for requests refused before a key named a tenant (no key, a bad key). It is reserved (no
+real tenant may take it, `db.tenants.validate_tenant_name`), so the read side shows those requests as `(rejected)`."""
 
 
 TTFT_SOURCES: Final = ("gateway", "engine")
@@ -219,6 +223,16 @@ class RequestRecord:
     cached_tokens_host: int | None = field(default=None, metadata=stored("int", unit="tokens", null=NO_TIERS))
     cached_tokens_disk: int | None = field(default=None, metadata=stored("int", unit="tokens", null=NO_TIERS))
     cache_load_ms: float | None = field(default=None, metadata=stored("float", unit="ms", null=NO_TIERS))
+    # The provider's own prompt-cache diagnosis (`gateway.provider_diagnostics`): its reason as the provider names it
+    # (`tools_changed`, `cache_hit`, `no_divergence`...; text from the upstream, made storable) and the input tokens it
+    # says missed.
+    provider_miss_reason: str | None = field(
+        default=None,
+        metadata=stored("string", max_chars=48, client_text=True, null="the upstream returned no diagnosis"),
+    )
+    provider_missed_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null="the upstream returned no diagnosis or no count")
+    )
 
     @property
     def cache_hit(self) -> bool | None:

@@ -253,7 +253,12 @@ def _up(args: argparse.Namespace) -> int:
         print(OPEN_BANNER, file=sys.stderr, flush=True)
         ready = OPEN_BANNER
     else:
-        ready = "the gateway requires API keys: prefixscope keys create --tenant NAME"
+        from prefixscope.invocation import typed_command
+
+        ready = (
+            f"the gateway requires API keys: {typed_command()} keys create --tenant NAME "
+            "(a new key works on its first request)"
+        )
     return supervise(with_secrets(programs, os.environ), args.start_timeout, ready_message=ready)
 
 

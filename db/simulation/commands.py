@@ -297,5 +297,11 @@ def bench_simulate(args: argparse.Namespace) -> int:
             "token_hit_rate": round(result.token_hit_rate or 0.0, 4),
         }
     figures["lru_sweep"] = _lru_sweep_figures(trace, sweep_capacities, ttl_s)
-    print(json.dumps(figures, indent=2))
-    return 0
+    agree = bool(figures["lru_sweep"]["agree"])
+    figures["verdicts"] = {
+        "lru_one_pass_agrees_with_replay": {"value": agree, "target": "true", "pass": agree},
+    }
+    figures["pass"] = agree
+    from prefixscope.bench_report import emit
+
+    return emit(figures)

@@ -275,5 +275,6 @@ def run(config: RoutingBenchConfig) -> int:
             for _, process in engines:
                 _stop(process)
     results["pass"] = passed
-    print(json.dumps(results, indent=2))
-    return 0 if passed else 1
+    from prefixscope.bench_report import emit
+
+    return emit(results)

@@ -10,7 +10,9 @@ database), and the load generator, each its own process so the client does not t
    carry a miss explanation, a (sampled) normalization gain and a hash chain (the stub answers like the engine);
 4. with `--tracing`, step 1 again through a second gateway exporting a span per request (`gateway.bench.tracing`).
 
-Prints one JSON object, with a `verdict` against the stated `TARGETS`, then one PASS/FAIL line per target and overall.
+Prints one JSON document on standard output, with a `verdict` against the stated `TARGETS`; the PASS/FAIL lines go to
+standard error (`prefixscope.bench_report`), and the exit status is 1 when any target is missed. Only 2xx answers
+count as throughput; any 4xx or 5xx answer (or transport failure) fails `error_answers_max`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import httpx
 
 from gateway.bench.durability import measure_journal_append
 from gateway.bench.paired import verdict
+from prefixscope.bench_report import emit
 from prefixscope.progress import timed
 
 SYSTEM_PROMPT = (
@@ -64,6 +67,7 @@ TARGETS = {
     "added_p99_ms_max": 5.0,
     "requests_per_s_min": 1000.0,
     "records_lost_max": 0,
+    "error_answers_max": 0,  # 4xx/5xx answers or transport failures in either run
     # spill_first is the default only while its request-path cost (journal append) stays under this.
     "spill_first_added_p50_ms_max": 0.2,
 }
@@ -327,6 +331,7 @@ def run(config: BenchConfig) -> int:
             "requests_per_s": peak["rate_per_s"],
             "latency_ms": peak["latency_ms"],
             "statuses": peak["statuses"],
+            "error_answers": peak["error_answers"],
             "failed": peak["failed"],
             "gateway_cpu_us_per_request": _cpu_us_per_request(cpu_before_peak, cpu_after_peak, peak["completed"]),
             "records_written_per_s": round((after["written"] - before["written"]) / peak_elapsed, 1),
@@ -348,6 +353,7 @@ def run(config: BenchConfig) -> int:
         "added_p99_ms_max": added["p99"],
         "requests_per_s_min": peak["rate_per_s"],
         "records_lost_max": sent_to_gateway - stored,
+        "error_answers_max": peak["error_answers"] + peak["failed"] + paired["pairs_failed"],
         "spill_first_added_p50_ms_max": report["durability"]["spill_first_request_path"]["p50_us"] / 1000,
     }
     targets = dict(TARGETS)
@@ -358,8 +364,4 @@ def run(config: BenchConfig) -> int:
         measured["tracing_added_p50_ms_max"] = report["tracing"]["tracing_added_p50_ms"]
         targets.update(TRACING_TARGETS)
     report["verdict"] = verdict(measured, targets)
-    print(json.dumps(report, indent=2))
-    for name, result in report["verdict"]["targets"].items():
-        print(f"{'PASS' if result['pass'] else 'FAIL'} {name}: {result['measured']} (target {result['target']})")
-    print("PASS" if report["verdict"]["pass"] else "FAIL")
-    return 0 if stored == sent_to_gateway else 1
+    return emit(report)

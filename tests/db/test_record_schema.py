@@ -116,6 +116,8 @@ def _full_record(make_record: Callable[..., RequestRecord]) -> RequestRecord:
         cached_tokens_host=4,
         cached_tokens_disk=0,
         cache_load_ms=1.5,
+        provider_miss_reason="tools_changed",
+        provider_missed_tokens=1536,
     )
 
 
