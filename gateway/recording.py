@@ -320,15 +320,17 @@ class RequestTracker:
 class _Handoff:
     """A finished record on its way through the sinks that add to it (rule advice, then an uplift check) to the writer.
 
-    When a sink takes the record, the writer holds it at once (its task runs later on the event loop, so the record is
-    held before the sink can complete it); the last sink's task submits the completed version through that hold."""
+    When a sink takes the record, the writer holds it at once (the sink's task runs later on the event loop, so the
+    record is held before the sink can complete it); the last sink's task submits the completed version through that
+    hold. A sink that completes the record before it returns (the demo's) leaves nothing to hold."""
 
-    __slots__ = ("_recorder", "_uplift_job", "_held")
+    __slots__ = ("_recorder", "_uplift_job", "_held", "_submitted")
 
     def __init__(self, recorder: Recorder, uplift_job: Any) -> None:
         self._recorder = recorder
         self._uplift_job = uplift_job
         self._held: HeldRecordLike | None = None
+        self._submitted = False
 
     def start(self, context: Any, record: RequestRecord) -> None:
         advisor = self._recorder.advisor
@@ -345,8 +347,9 @@ class _Handoff:
         self._submit(record)
 
     def _hold(self, record: RequestRecord) -> None:
-        if self._held is None:  # held once, from the first sink to the writer
+        if self._held is None and not self._submitted:  # held once, from the first sink to the writer
             self._held = self._recorder.hold(record)
 
     def _submit(self, record: RequestRecord) -> None:
+        self._submitted = True
         self._recorder.record(record, self._held)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -109,10 +110,10 @@ class _DryRunUplift:
     def __init__(self, replay: Replay) -> None:
         self._replay = replay
 
-    def defer(self, record: RequestRecord, job: UpliftJob) -> bool:
+    def defer(self, record: RequestRecord, job: UpliftJob, submit: Callable[[RequestRecord], None]) -> bool:
         body = {**job.raw_body, "model": record.model}
         matched = self._replay.dry_run(job.match_url, job.endpoint, body, job.salt)
-        self._replay.sink.submit(replace(record, normalization_gain_tokens=uplift_gain(job, matched)))
+        submit(replace(record, normalization_gain_tokens=uplift_gain(job, matched)))
         return True
 
 
