@@ -26,7 +26,11 @@ class JournalingSink:
 
     def hold(self, record: RequestRecord) -> HeldRecord:
         self.calls.append(("hold", record.request_id, record))
-        return HeldRecord(record.request_id, self.submit, lambda: self.calls.append(("release", record.request_id, None)))
+
+        def release() -> None:
+            self.calls.append(("release", record.request_id, None))
+
+        return HeldRecord(record.request_id, self.submit, release)
 
     def counters(self) -> Any:
         return None
