@@ -218,12 +218,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def trace_export_from(otlp_endpoint: str | None, env):
-    """`--otlp-endpoint` wins; else the standard OTEL_* variables; None: no spans (or OTEL_SDK_DISABLED=true).
+    """`--otlp-endpoint` wins; else the standard OTEL_* variables; None: no spans (or the variables turn them off).
     Raises ValueError on malformed OTEL_EXPORTER_OTLP_HEADERS."""
-    from prefixscope.tracing import ENV_SDK_DISABLED, TraceExport, export_from_env, traces_url
+    from prefixscope.tracing import TraceExport, export_from_env, traces_url, tracing_disabled
     from local_engine.api.tracing import SERVICE_NAME
 
-    if env.get(ENV_SDK_DISABLED, "").strip().lower() == "true":
+    if tracing_disabled(env):
         return None
     from_env = export_from_env(env, SERVICE_NAME)
     if otlp_endpoint:

@@ -2,8 +2,8 @@
 tokens it says missed (OpenAI's `prompt_cache_diagnostics`, Anthropic's `diagnostics.cache_miss_reason`); NULL when
 the upstream returned none.
 
-Revision ID: 0012
-Revises: 0013
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-01
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0012"
-down_revision: str | None = "0013"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
