@@ -13,6 +13,12 @@ segment grows to `segment_bytes`, then a new one starts. Segments left by a proc
 next start (`leftover_lines`) and replayed through the spill file; storing is idempotent by request id, so records
 that had been stored already are skipped.
 
+A record held back by a sink (rule advice estimates, an uplift check) is not queued until the sink completes it, so it
+is outside that order: `append_held` writes it and pins its segment, which is kept (neither deleted nor started over)
+until `release` unpins it, once the completed version is appended in its turn. So a crash while a record is held
+loses nothing either. At the next start `recover_into` keeps only the last line of each request id: a record journaled
+both held and completed is replayed once, completed.
+
 Used from one event loop; only `sync` runs in a worker thread, on duplicated file descriptors.
 """
 
@@ -25,6 +31,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from db.spill import SpillFile, cut_torn_tail, write_all
 
 logger = logging.getLogger("prefixscope.db.journal")
@@ -36,8 +44,9 @@ SEGMENT_BYTES = 8 << 20
 class _Segment:
     path: Path
     fd: int
-    num_records: int = 0
+    num_records: int = 0  # queued records, resolved in order
     num_bytes: int = 0
+    pins: int = 0  # held records written here and not released yet: the segment stays while any is
 
 
 class Journal:
@@ -82,6 +91,27 @@ class Journal:
 
     def append(self, line: str) -> bool:
         """Write one record's JSON line; False (logged, counted) when the write failed and the record is not in it."""
+        segment = self._write(line)
+        if segment is None:
+            return False
+        segment.num_records += 1
+        return True
+
+    def append_held(self, line: str) -> _Segment | None:
+        """Write the line of a record a sink holds back; its segment stays until `release(segment)`. None (logged,
+        counted) when the write failed: then there is nothing to release."""
+        segment = self._write(line)
+        if segment is not None:
+            segment.pins += 1
+        return segment
+
+    def release(self, segment: _Segment) -> None:
+        """A held record written to `segment` is journaled in its completed version now (or has a home)."""
+        segment.pins -= 1
+        if segment.pins == 0:
+            self.resolved(0)
+
+    def _write(self, line: str) -> _Segment | None:
         segment = self._current()
         payload = (line + "\n").encode("utf-8")
         try:
@@ -99,13 +129,12 @@ class Journal:
                     except OSError:
                         pass
             logger.error("could not append a record to the journal %s: %s", self.base_path, exc)
-            return False
-        segment.num_records += 1
+            return None
         segment.num_bytes += len(payload)
         self._dirty.add(segment.fd)
         if not self._written.is_set():
             self._written.set()
-        return True
+        return segment
 
     def _current(self) -> _Segment | None:
         if self._segments and self._segments[-1].num_bytes < self.segment_bytes:
@@ -144,12 +173,13 @@ class Journal:
                 os.close(fd)
 
     def resolved(self, num_records: int) -> None:
-        """The oldest `num_records` journaled records have a home now; delete segments that hold only such."""
+        """The oldest `num_records` journaled records have a home now; delete segments that hold only such (a segment
+        holding a record still held by a sink stays, and so do the ones after it)."""
         self._resolved += num_records
-        while self._segments and self._segments[0].num_records <= self._resolved:
+        while self._segments and self._segments[0].num_records <= self._resolved and not self._segments[0].pins:
             segment = self._segments[0]
             if segment is self._segments[-1] and segment.num_bytes < self.segment_bytes:
-                if segment.num_records == self._resolved and segment.num_records:
+                if segment.num_records == self._resolved and segment.num_bytes:
                     os.ftruncate(segment.fd, 0)  # everything in it is home: start it over
                     segment.num_bytes = segment.num_records = self._resolved = 0
                 return
@@ -173,11 +203,18 @@ class Journal:
     def recover_into(self, spill: SpillFile) -> bool:
         """Move what a previous process left in the journal into the spill file, to be replayed (blocking I/O).
 
-        Returns whether everything was moved. A segment that cannot be moved now (a full disk) stays where it is,
-        whole, and so do the segments after it; call again later."""
-        for path in self.leftover_paths():
+        Of the lines with one request id only the last is moved (a record journaled while a sink held it, then
+        completed). Returns whether everything was moved. A segment that cannot be moved now (a full disk) stays
+        where it is, whole, and so do the segments after it; call again later."""
+        paths = self.leftover_paths()
+        try:
+            superseded = _superseded_lines(paths)
+        except OSError as exc:
+            logger.error("could not read the journal segments beside %s: %s", spill.path, exc)
+            return False
+        for path in paths:
             try:
-                lines = self.read_lines(path)
+                lines = [line for index, line in enumerate(self.read_lines(path)) if (path, index) not in superseded]
                 spill.append_lines(lines)
             except OSError as exc:
                 logger.error(
@@ -205,3 +242,28 @@ class Journal:
                     await asyncio.to_thread(self.sync_descriptors, fds)
                 except OSError:
                     logger.exception("could not fsync the journal %s", self.base_path)
+
+
+class _RequestId(msgspec.Struct):
+    request_id: str
+
+
+_ID_DECODER = msgspec.json.Decoder(_RequestId)
+
+
+def _superseded_lines(paths: list[Path]) -> set[tuple[Path, int]]:
+    """(segment, line index) of every line followed by a later line with the same request id, in `paths` order.
+    Lines that do not parse are kept (the replay sets them aside as rejected)."""
+    last: dict[str, tuple[Path, int]] = {}
+    superseded: set[tuple[Path, int]] = set()
+    for path in paths:
+        for index, line in enumerate(Journal.read_lines(path)):
+            try:
+                request_id = _ID_DECODER.decode(line).request_id
+            except msgspec.DecodeError:
+                continue
+            earlier = last.get(request_id)
+            if earlier is not None:
+                superseded.add(earlier)
+            last[request_id] = (path, index)
+    return superseded

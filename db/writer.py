@@ -8,7 +8,8 @@ replayed chunk by chunk and truncated. Storing is idempotent by request id, so a
 double counts a rollup. A record the database refuses (bad data) is set aside in the `.rejected` file next to the
 spill file. Every record ends up counted in exactly one of written, spilled (then replayed), rejected, dropped,
 journaled_pending (spill_first: the spill file failed, the record waits in the journal) or lost (the spill file
-failed and the record is in no journal), and `counters()` exposes those counts.
+failed and the record is in no journal), and `counters()` exposes those counts. A record a sink holds back to add to
+it (`hold`, `db.held_record`) is journaled at once and counted as `held` until its completed version is submitted.
 """
 
 from __future__ import annotations
@@ -19,35 +20,23 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import exc as sa_exc
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import create_async_engine_for
 from db.file_watch import DatabaseFileWatch
+from db.held_record import HeldRecord
 from db.journal import Journal
 from db.journal_pending import PendingJournal
 from db.records import RequestRecord
 from db.spill import SpillFile
-from db.store import REQUESTS, StoreResult, store_records
+from db.store import StoreResult, store_records
 from db.writer_config import WriterConfig, WriterCounters
+from db.writer_probe import DatabaseProbe
 from db.writer_spill import SpillPaths
 
-__all__ = ["RecordWriter", "WriterConfig", "WriterCounters"]
+__all__ = ["HeldRecord", "RecordWriter", "WriterConfig", "WriterCounters"]
 
 logger = logging.getLogger("prefixscope.db.writer")
-
-# Errors that say the database cannot take writes now, whatever the data: no connection, a missing file or schema,
-# a lock held past the busy timeout, a deadlock or cancelled statement, a write that timed out.
-_UNAVAILABLE_ERRORS = (
-    sa_exc.OperationalError,
-    sa_exc.InterfaceError,
-    sa_exc.DisconnectionError,
-    sa_exc.TimeoutError,
-    OSError,
-    TimeoutError,
-)
-
 
 @dataclass(frozen=True)
 class _Outcome:
@@ -55,7 +44,7 @@ class _Outcome:
     stored: int
 
 
-class RecordWriter(SpillPaths):
+class RecordWriter(SpillPaths, DatabaseProbe):
     """Batches request records into the database from a background task; see the module docstring.
 
     `submit` must be called from the event loop the writer was started on (it is not thread-safe).
@@ -78,6 +67,7 @@ class RecordWriter(SpillPaths):
         self._in_flight = 0
         self._accepted = self._written = self._spilled = self._replayed = 0
         self._dropped = self._rejected = self._lost = self._batches = 0
+        self._held = 0  # records held by a sink (journaled under spill_first), not submitted yet
         self._watch = DatabaseFileWatch.for_url(database_url)
         self._recreated = self._generation = self._written_in_file = self._replayed_in_file = 0
         self._journal = Journal(config.spill_path) if config.durability == "spill_first" else None
@@ -108,6 +98,19 @@ class RecordWriter(SpillPaths):
         self._accepted += 1
         return True
 
+    def hold(self, record: RequestRecord) -> HeldRecord:
+        """Take a finished record that a sink holds back: journaled now under spill_first (as `submit` would), queued
+        only when the sink calls `complete` on the returned handle with the completed version."""
+        line = None if self._journal is None or self._closed else self._journal.append_held(record.to_json())
+        self._held += 1
+
+        def release() -> None:
+            self._held -= 1
+            if line is not None and self._journal is not None:
+                self._journal.release(line)
+
+        return HeldRecord(record.request_id, self.submit, release)
+
     def counters(self) -> WriterCounters:
         """A snapshot of the counts."""
         return WriterCounters(
@@ -126,6 +129,7 @@ class RecordWriter(SpillPaths):
             journal_failures=0 if self._journal is None else self._journal.failed_appends,
             torn_tails_cut=self._spill.torn_tails_cut,
             journaled_pending=0 if self._pending is None else len(self._pending.records),
+            held=self._held,
         )
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -167,7 +171,8 @@ class RecordWriter(SpillPaths):
             await asyncio.gather(self._sync_task, return_exceptions=True)
         if self._journal is not None:
             # Every journaled record is stored, spilled or rejected now, unless some are pending (kept for next start).
-            pending = 0 if self._pending is None else len(self._pending.records)
+            # Records still held by a sink (never completed) stay in the journal too.
+            pending = self._held + (0 if self._pending is None else len(self._pending.records))
             if pending:
                 logger.error("%d records stay in the journal beside %s, replayed at the next start", pending,
                              self._spill.path)
@@ -311,30 +316,6 @@ class RecordWriter(SpillPaths):
             flags = None if flags is None else flags[outcome.processed :]
         if batch:
             await self._spill_records(batch, flags)
-
-    async def _probe(self) -> bool:
-        """Whether the database takes queries on the `requests` table right now."""
-        engine = self._engine
-        if engine is None:
-            return False
-
-        async def query() -> None:
-            async with engine.connect() as conn:
-                await conn.execute(select(REQUESTS.c.id).limit(0))
-
-        try:
-            await asyncio.wait_for(query(), timeout=self.config.write_timeout_s)
-        except Exception:  # noqa: BLE001 - any failure means "not now"
-            return False
-        return True
-
-    async def _is_unavailable(self, exc: BaseException) -> bool:
-        """Whether a failed write means "not now" (keep the records) rather than "not this data" (set them aside).
-
-        Some errors say so outright. Beyond those, drivers report a missing server, database or table with many
-        exception types, so the database is probed: if the probe fails too, it is unavailable.
-        """
-        return isinstance(exc, _UNAVAILABLE_ERRORS) or not await self._probe()
 
     async def _store_or_isolate(self, records: list[RequestRecord]) -> _Outcome:
         """Store records, stopping at the first sign that the database is unavailable.

@@ -75,3 +75,5 @@ class WriterCounters:
     torn_tails_cut: int = 0
     # spill_first: records that the database and the spill file could not take, kept in the journal (a level)
     journaled_pending: int = 0
+    # Records held back by a sink (rule advice, uplift check) right now: not accepted yet, journaled under spill_first
+    held: int = 0

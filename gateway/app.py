@@ -188,7 +188,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             and bool(getattr(storage, "migrated", True)),
             "records": {
                 name: int(getattr(counters, name, 0))
-                for name in (*RECORD_COUNTERS, "pending_spill", "journaled_pending", "accepted")
+                for name in (*RECORD_COUNTERS, "pending_spill", "journaled_pending", "held", "accepted")
             },
             "rule_advice": {
                 "sampled": advisor.sampled,

@@ -54,6 +54,12 @@ class _RecorderCollector(Collector):
         )
         journaled.add_metric([], float(getattr(counters, "journaled_pending", 0)))
         yield journaled
+        held = GaugeMetricFamily(
+            "prefixscope_gateway_records_held",
+            "Records held back by the rule advisor or an uplift check (journaled under spill_first), not yet queued.",
+        )
+        held.add_metric([], float(getattr(counters, "held", 0)))
+        yield held
 
 
 class GatewayMetrics:

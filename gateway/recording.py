@@ -5,7 +5,8 @@ A `RequestTracker` follows a request through the proxy in named stages (`Admitte
 and builds the record exactly once, whatever path the request took (success, upstream error, bad input, client
 disconnect), so every request is recorded. For an answered request the record carries the miss explanation and the
 prompt's hash chain; when the request was sampled for rule advice or a normalization uplift check, their background
-tasks submit the record once they have their answers.
+tasks submit the record once they have their answers. Meanwhile the writer holds it (`RecordSink.hold`: journaled
+under spill_first, like a record submitted at once), so a crash while a sink has it loses nothing answered.
 
 The recorder imports none of the features that feed it: the app composes it with its sinks (`MissExplainer`:
 `gateway.explain.Explainer`; `UpliftSink`: `gateway.explain.uplift.UpliftChecker`; `AdviceSink`:
@@ -52,10 +53,18 @@ TTFT_GATEWAY = "gateway"
 TTFT_ENGINE = "engine"
 
 
+class HeldRecordLike(Protocol):
+    """A record held back by a sink (`db.held_record.HeldRecord`)."""
+
+    def complete(self, record: RequestRecord) -> bool: ...
+
+
 class RecordSink(Protocol):
     """What the recorder hands records to: `db.writer.RecordWriter` in production."""
 
     def submit(self, record: RequestRecord) -> bool: ...
+
+    def hold(self, record: RequestRecord) -> HeldRecordLike: ...
 
     def counters(self) -> Any: ...
 
@@ -85,7 +94,7 @@ class MissExplainer(Protocol):
 class UpliftSink(Protocol):
     """Measures a sampled request's normalization gain, then submits its record (`UpliftChecker`)."""
 
-    def defer(self, record: RequestRecord, job: Any) -> bool: ...
+    def defer(self, record: RequestRecord, job: Any, submit: Callable[[RequestRecord], None]) -> bool: ...
 
 
 class AdviceSink(Protocol):
@@ -125,13 +134,26 @@ class Recorder:
         """The tenant's record key for `prefix_hash` (empty without a hasher)."""
         return b"" if self.hasher is None else self.hasher.key_for(tenant)
 
-    def record(self, record: RequestRecord) -> None:
+    def record(self, record: RequestRecord, held: HeldRecordLike | None = None) -> None:
+        """Count the record in the metrics and submit it (through `held` when the writer holds it for a sink)."""
         self._metrics.observe(record)
         try:
             # False means the writer's queue was full: the writer counts that record as dropped.
-            self._sink.submit(record)
+            if held is None:
+                self._sink.submit(record)
+            else:
+                held.complete(record)
         except Exception:  # the request path must not fail because recording did
             log.exception("the record writer failed to take request %s", record.request_id)
+
+    def hold(self, record: RequestRecord) -> HeldRecordLike | None:
+        """Have the writer hold a record that a sink just took (None, logged, if it could not: the sink submits the
+        record unheld then)."""
+        try:
+            return self._sink.hold(record)
+        except Exception:
+            log.exception("the record writer failed to hold request %s", record.request_id)
+            return None
 
     def counters(self) -> Any:
         return self._sink.counters()
@@ -326,14 +348,42 @@ class RequestTracker:
         )
         if self.span is not None:
             self.span.end(record)
-        recorder = self._recorder
+        _Handoff(self._recorder, None if explained is None else explained.uplift).start(self.explain, record)
 
-        def submit(record: RequestRecord) -> None:
-            job = None if explained is None else explained.uplift
-            if job is not None and recorder.uplift is not None and recorder.uplift.defer(record, job):
-                return  # the check's task submits the record
-            recorder.record(record)
 
-        if recorder.advisor is not None and recorder.advisor.observe(prepared.explain, record, submit):
-            return  # the rule advisor's task submits the record
-        submit(record)
+class _Handoff:
+    """A finished record on its way through the sinks that add to it (rule advice, then an uplift check) to the writer.
+
+    When a sink takes the record, the writer holds it at once (the sink's task runs later on the event loop, so the
+    record is held before the sink can complete it); the last sink's task submits the completed version through that
+    hold. A sink that completes the record before it returns (the demo's) leaves nothing to hold."""
+
+    __slots__ = ("_recorder", "_uplift_job", "_held", "_submitted")
+
+    def __init__(self, recorder: Recorder, uplift_job: Any) -> None:
+        self._recorder = recorder
+        self._uplift_job = uplift_job
+        self._held: HeldRecordLike | None = None
+        self._submitted = False
+
+    def start(self, context: Any, record: RequestRecord) -> None:
+        advisor = self._recorder.advisor
+        if advisor is not None and advisor.observe(context, record, self._after_advice):
+            self._hold(record)
+            return
+        self._after_advice(record)
+
+    def _after_advice(self, record: RequestRecord) -> None:
+        uplift = self._recorder.uplift
+        if self._uplift_job is not None and uplift is not None and uplift.defer(record, self._uplift_job, self._submit):
+            self._hold(record)
+            return
+        self._submit(record)
+
+    def _hold(self, record: RequestRecord) -> None:
+        if self._held is None and not self._submitted:  # held once, from the first sink to the writer
+            self._held = self._recorder.hold(record)
+
+    def _submit(self, record: RequestRecord) -> None:
+        self._submitted = True
+        self._recorder.record(record, self._held)

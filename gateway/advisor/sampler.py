@@ -5,7 +5,8 @@ history (a reference, nothing copied; a tenant with advice off keeps none). It i
 capacity (`gateway.advisor.capacity`: under its CPU budget, a share of one core over a sliding window, and fewer than
 `max_pending` estimates in flight), not by a fixed fraction, so a quiet tenant is advised after its first handful of
 requests and a busy gateway stays bounded. A sampled request's record is held while a background task estimates every
-candidate (`gateway.advisor.estimate`) and then submitted with the estimates attached, so the client never waits. At
+candidate (`gateway.advisor.estimate`) and then submitted with the estimates attached, so the client never waits
+(meanwhile the record writer holds it, journaled: see `db.held_record`). At
 most `concurrency` estimates run at once; a request that finds no room is not sampled (counted in `skipped`). Each
 estimate compares against at most `scan_limit` earlier requests and does its rewriting in a worker thread, so neither
 the history size nor the rules slow the event loop. With a fleet key, a sampled record also carries its prompt's keyed

@@ -8,7 +8,8 @@ database), and the load generator, each its own process so the client does not t
 2. a closed-loop run through the gateway: the highest sustained request rate of one gateway process;
 3. stop the gateway (its writer flushes) and check that every request sent has exactly one row, and how many rows
    carry a miss explanation, a (sampled) normalization gain and a hash chain (the stub answers like the engine);
-4. with `--tracing`, step 1 again through a second gateway exporting a span per request (`gateway.bench.tracing`).
+4. with `--tracing` (before step 3), pairs of one request through that gateway and one through a second gateway
+   exporting a span per request: what tracing adds (`gateway.bench.tracing`).
 
 Prints one JSON document on standard output, with a `verdict` against the stated `TARGETS`; the PASS/FAIL lines go to
 standard error (`prefixscope.bench_report`), and the exit status is 1 when any target is missed. Only 2xx answers
@@ -203,7 +204,9 @@ def _traced_run(
     from gateway.bench.tracing import measure_request_path, span_counts, telemetry_section
 
     config_file = workdir / "gateway-traced.toml"
-    config_file.write_text((workdir / "gateway.toml").read_text() + telemetry_section(stub_url))
+    config_file.write_text(
+        (workdir / "gateway.toml").read_text() + telemetry_section(stub_url, workdir / "traced_key_snapshot.json")
+    )
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     gateway = _start_gateway(config_file, port, stub_url, workdir / "traced.db", env)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,9 +31,10 @@ from prefixscope.tracing import TraceExport, Tracing, traces_url
 TRACING_TARGETS = {"tracing_added_p50_ms_max": 0.1}
 
 
-def telemetry_section(collector_url: str) -> str:
-    """The `[telemetry]` section of the traced gateway's config."""
-    return f'\n[telemetry]\notlp_endpoint = "{collector_url}"\n'
+def telemetry_section(collector_url: str, key_snapshot: Path) -> str:
+    """What the traced gateway's config adds: its `[telemetry]`, and a key snapshot of its own (two gateways writing
+    the default one at once would race)."""
+    return f'\n[auth]\nsnapshot_path = "{key_snapshot}"\n\n[telemetry]\notlp_endpoint = "{collector_url}"\n'
 
 
 def _record(request_id: str) -> RequestRecord:

@@ -72,9 +72,9 @@ def parse_telemetry_settings(values: dict[str, Any]) -> TelemetrySettings:
 def with_environment(settings: TelemetrySettings, env: Mapping[str, str]) -> TelemetrySettings:
     """`settings` with the standard OpenTelemetry environment variables applied (they win over the file).
     Raises `ConfigError` on malformed `OTEL_EXPORTER_OTLP_HEADERS`."""
-    from prefixscope.tracing import ENV_SDK_DISABLED, ENV_SERVICE_NAME, ENV_TRACES_EXPORTER, export_from_env
+    from prefixscope.tracing import ENV_SERVICE_NAME, export_from_env, tracing_disabled
 
-    if env.get(ENV_SDK_DISABLED, "").strip().lower() == "true" or env.get(ENV_TRACES_EXPORTER, "").strip() == "none":
+    if tracing_disabled(env):
         return replace(settings, otlp_endpoint=None)
     try:
         export = export_from_env(env, settings.service_name)

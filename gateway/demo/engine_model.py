@@ -3,11 +3,12 @@
 The demo history sends its requests "upstream" to these instead of to a server. A prompt is rendered as the chat
 template's fixed opening followed by each segment (`gateway.explain.segments`) behind a short header, and cut into
 tokens of `CHARS_PER_TOKEN` characters; the cache holds pages of `PAGE_TOKENS` tokens keyed by a chained hash of the
-namespace (model and salt) and every token before them, as a radix tree of pages would. Matching walks the chain
-until the first page not cached; least recently used pages are evicted past `capacity_pages`, and pages idle longer
-than `ttl_s` expire. With a host tier (`host_capacity_pages`), pages evicted from the device are demoted to it instead
-and loaded back when a prompt uses them again; only pages evicted from the host tier are dropped. Pages dropped either
-way are remembered (a bounded ghost index), so the next miss says `evicted` or `expired` as the local engine does.
+namespace (model and salt) and every token before them, as a radix tree of pages would. What is held is the shared
+prefix-cache model's answer (`db.cache_model`, the what-if simulator's too): matching walks the chain until the first
+page not cached; least recently used pages are evicted past `capacity_pages`, and pages idle longer than `ttl_s`
+expire. With a host tier (`host_capacity_pages`), pages evicted from the device are demoted to it instead and loaded
+back when a prompt uses them again; only pages evicted from the host tier are dropped. Pages dropped either way are
+remembered (a bounded ghost index), so the next miss says `evicted` or `expired` as the local engine does.
 Reports come out in the engine's own shapes (`x-prefix-cache-*` headers, `usage`, `prefix_cache.hash_chain`,
 `prefix_cache.tiers` and `load_ms`) for the gateway's adapters to read.
 """
@@ -17,10 +18,10 @@ from __future__ import annotations
 import hashlib
 import os
 from bisect import bisect_right
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from db.cache_model import DEVICE as _DEVICE, HOST as _HOST, PrefixCacheModel
 from gateway.explain.segments import MODEL, PromptSegments
 
 PAGE_TOKENS = 16
@@ -34,8 +35,6 @@ _INT63 = (1 << 63) - 1
 # V in fp16) copied host -> device in page-sized pieces at an effective ~8 GB/s, so 0.005 ms a token: about 1/18 of
 # the 0.09 ms a token the demo's prefill costs (`gateway.demo.replay`).
 HOST_LOAD_MS_PER_TOKEN = 0.005
-# The engine's tier names (`x-prefix-cache-tiers`, `prefix_cache.tiers`); the demo has no disk tier.
-_DEVICE, _HOST = "device", "host"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +121,11 @@ class Match:
 
 
 class SimulatedEngine:
-    """One engine's prefix cache: a radix tree of page-sized chunks (a prompt's last chunk may be shorter), matched
-    to the token. `capacity_pages` chunks at most on the device; `host_capacity_pages` more in a host tier that takes
-    the chunks the device evicts (0: no host tier, evicted chunks are dropped); `ttl_s` seconds of idleness (of the
-    caller's clock) before a chunk expires, in either tier. Not thread-safe."""
+    """One engine's prefix cache: page-sized chunks (a prompt's last chunk may be shorter) held in the shared
+    prefix-cache model (`db.cache_model`), matched to the token. `capacity_pages` chunks at most on the device;
+    `host_capacity_pages` more in a host tier that takes the chunks the device evicts (0: no host tier, evicted chunks
+    are dropped); `ttl_s` seconds of idleness (of the caller's clock) before a chunk expires, in either tier. Not
+    thread-safe."""
 
     _MAX_SIBLINGS = 64  # children of one node compared for a partial-page match
 
@@ -135,44 +135,22 @@ class SimulatedEngine:
         self.capacity_pages = capacity_pages
         self.host_capacity_pages = host_capacity_pages
         self.ttl_s = ttl_s
-        self._pages: OrderedDict[int, float] = OrderedDict()  # device: chunk id -> last use, least recent first
-        self._host: OrderedDict[int, float] = OrderedDict()  # host tier: chunk id -> last use, first demoted first
         self._children: dict[int, dict[str, int]] = {}  # parent id -> {chunk text: chunk id}
-        self._ghosts: OrderedDict[int, str] = OrderedDict()  # dropped chunk id -> "evicted" / "expired"
+        self._cache = PrefixCacheModel(
+            capacity_pages, ttl_s=ttl_s, host_capacity_blocks=host_capacity_pages,
+            ghost_capacity=4 * (capacity_pages + host_capacity_pages), on_drop=self._forget_children,
+        )
 
-    def _tier(self, page: int, now: float) -> str | None:
-        """The tier holding `page` at `now` (`device`, `host`), or None; an expired page is dropped on the way."""
-        for tier, pages in ((_DEVICE, self._pages), (_HOST, self._host)):
-            last_used = pages.get(page)
-            if last_used is None:
-                continue
-            if now - last_used > self.ttl_s:
-                del pages[page]
-                self._remember(page, "expired")
-                return None
-            return tier
-        return None
-
-    def _remember(self, page: int, kind: str) -> None:
-        self._ghosts[page] = kind
-        self._ghosts.move_to_end(page)
-        while len(self._ghosts) > 4 * (self.capacity_pages + self.host_capacity_pages):
-            self._ghosts.popitem(last=False)
-
-    def _drop(self, page: int) -> None:
-        self._remember(page, "evicted")
-        self._children.pop(page, None)
+    def _forget_children(self, chunk_id: int) -> None:
+        self._children.pop(chunk_id, None)
 
     def match(self, rendered: Rendered, now: float) -> Match:
-        """What the cache holds of `rendered` at `now`, without changing it (a dry-run match)."""
-        full = 0
-        spans: list[tuple[int, str]] = []  # (tokens, tier) of each matched chunk, in prompt order
-        for chunk_id in rendered.ids:
-            tier = self._tier(chunk_id, now)
-            if tier is None:
-                break
-            spans.append((PAGE_TOKENS, tier))
-            full += 1
+        """What the cache holds of `rendered` at `now`; only chunks idle past the TTL are dropped on the way."""
+        cache = self._cache
+        cache.expire(now)
+        tiers = cache.leading_tiers(rendered.ids)
+        full = len(tiers)
+        spans: list[tuple[int, str]] = [(PAGE_TOKENS, tier) for tier in tiers]  # each matched chunk, in prompt order
         matched = full * PAGE_TOKENS if full < len(rendered.ids) else rendered.prompt_tokens
         if full < len(rendered.ids):
             parent = rendered.ids[full - 1] if full else None
@@ -182,7 +160,7 @@ class SimulatedEngine:
             for count, (text, chunk_id) in enumerate(siblings.items()):
                 if count >= self._MAX_SIBLINGS:
                     break
-                if text[:1] != chunk[:1] or (tier := self._tier(chunk_id, now)) is None:
+                if text[:1] != chunk[:1] or (tier := cache.tier_of(chunk_id)) is None:
                     continue
                 common = len(os.path.commonprefix((text, chunk)))
                 if common > best:
@@ -194,8 +172,8 @@ class SimulatedEngine:
         matched = min(matched, max(0, prompt_tokens - 1))
         if full >= len(rendered.ids) or matched >= prompt_tokens - 1:
             kind = "hit"
-        elif rendered.ids[full] in self._ghosts:
-            kind = self._ghosts[rendered.ids[full]]
+        elif (removed := cache.removed_as(rendered.ids[full])) is not None:
+            kind = removed
         elif matched > TEMPLATE_TOKENS:
             kind = "partial"
         else:
@@ -215,26 +193,14 @@ class SimulatedEngine:
     def serve(self, rendered: Rendered, now: float) -> Match:
         """Match `rendered`, then cache all its chunks on the device as the prefill does (the host tier's chunks are
         loaded back; least recently used chunks past the device's capacity are demoted to the host tier, or dropped
-        without one; the host tier's first demoted chunks past its capacity are dropped)."""
+        without one; the host tier's least recently used chunks past its capacity are dropped)."""
         result = self.match(rendered, now)
-        pages, host = self._pages, self._host
+        self._cache.admit(rendered.ids, now)
         parent = None
         for chunk, chunk_id in zip(rendered.chunks, rendered.ids, strict=True):
-            host.pop(chunk_id, None)
-            pages[chunk_id] = now
-            pages.move_to_end(chunk_id)
-            self._ghosts.pop(chunk_id, None)
-            if parent is not None:
+            if parent is not None and self._cache.tier_of(parent) is not None:
                 self._children.setdefault(parent, {})[chunk] = chunk_id
             parent = chunk_id
-        while len(pages) > self.capacity_pages:
-            evicted, last_used = pages.popitem(last=False)
-            if self.host_capacity_pages:
-                host[evicted] = last_used
-            else:
-                self._drop(evicted)
-        while len(host) > self.host_capacity_pages:
-            self._drop(host.popitem(last=False)[0])
         return result
 
 

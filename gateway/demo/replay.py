@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from db.held_record import HeldRecord
 from db.records import RequestRecord
 from gateway.config import GatewayConfig
 from gateway.demo.engine_model import SimulatedEngine, local_engine_response, openai_response, render
@@ -91,6 +93,9 @@ class _Sink:
         self.records.append(record)
         return True
 
+    def hold(self, record: RequestRecord) -> HeldRecord:
+        return HeldRecord(record.request_id, self.submit)
+
     def counters(self) -> Any:
         return None
 
@@ -106,10 +111,10 @@ class _DryRunUplift:
     def __init__(self, replay: Replay) -> None:
         self._replay = replay
 
-    def defer(self, record: RequestRecord, job: UpliftJob) -> bool:
+    def defer(self, record: RequestRecord, job: UpliftJob, submit: Callable[[RequestRecord], None]) -> bool:
         body = {**job.raw_body, "model": record.model}
         matched = self._replay.dry_run(job.match_url, job.endpoint, body, job.salt)
-        self._replay.sink.submit(replace(record, normalization_gain_tokens=uplift_gain(job, matched)))
+        submit(replace(record, normalization_gain_tokens=uplift_gain(job, matched)))
         return True
 
 

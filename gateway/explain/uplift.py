@@ -12,8 +12,9 @@ normalized match ended before they part) the difference is at most 0, and when i
 Hence the clamp at 0: a negative difference never means that normalization cost tokens.
 
 The request's record waits for the answer (it is submitted by the task, with or without a gain), so the client never
-does. Concurrency is bounded; past `max_pending` waiting checks a request is not measured. `stop` waits for the
-checks in flight (bounded) and submits the records of any it has to cancel.
+does; meanwhile the record writer holds it (journaled, see `db.held_record`), so a crash loses nothing. Concurrency is
+bounded; past `max_pending` waiting checks a request is not measured. `stop` waits for the checks in flight (bounded)
+and submits the records of any it has to cancel.
 """
 
 from __future__ import annotations
@@ -91,18 +92,21 @@ class UpliftChecker:
     def pending(self) -> int:
         return len(self._tasks)
 
-    def defer(self, record: RequestRecord, job: UpliftJob) -> bool:
-        """Start a check that submits `record` (with its gain) when done; False when too many are waiting (the
-        caller then submits the record itself, as it does once the checker is stopping)."""
+    def defer(
+        self, record: RequestRecord, job: UpliftJob, submit: Callable[[RequestRecord], None] | None = None
+    ) -> bool:
+        """Start a check that submits `record` (with its gain) when done, through `submit` (default: the checker's);
+        False when too many are waiting (the caller then submits the record itself, as it does once the checker is
+        stopping)."""
         if self._stopping or len(self._tasks) >= self._max_pending:
             self.skipped += 1
             return False
-        task = asyncio.get_running_loop().create_task(self._check(record, job))
+        task = asyncio.get_running_loop().create_task(self._check(record, job, submit or self._submit))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def _check(self, record: RequestRecord, job: UpliftJob) -> None:
+    async def _check(self, record: RequestRecord, job: UpliftJob, submit: Callable[[RequestRecord], None]) -> None:
         gain = None
         try:
             async with self._semaphore:
@@ -116,7 +120,7 @@ class UpliftChecker:
             self.failed += 1
             log.debug("normalization uplift check failed", exc_info=True)
         finally:
-            self._submit(record if gain is None else replace(record, normalization_gain_tokens=gain))
+            submit(record if gain is None else replace(record, normalization_gain_tokens=gain))
 
     async def _dry_run(self, job: UpliftJob) -> int | None:
         """The matched tokens of the un-normalized request, or None when the engine did not say."""

@@ -1,8 +1,11 @@
 """Span attributes of one gateway request: the OpenTelemetry GenAI semantic conventions, then `prefixscope.*`.
 
-GenAI names come from `opentelemetry-semantic-conventions` (the `gen_ai_attributes` registry, semantic conventions
-1.37 and later: `gen_ai.provider.name` replaced `gen_ai.system`; cached prompt tokens are
-`gen_ai.usage.cache_read.input_tokens` and prompt tokens written to a cache `gen_ai.usage.cache_creation.input_tokens`).
+GenAI names come from `opentelemetry-semantic-conventions` (the `gen_ai_attributes` registry: `gen_ai.provider.name`
+replaced `gen_ai.system`; cached prompt tokens are `gen_ai.usage.cache_read.input_tokens`, and `input_tokens`
+includes them, as the conventions require). Prompt tokens written to a cache are `gen_ai.usage.cache_write.input_tokens`
+in the current GenAI conventions, which the Python package has no constant for yet; the name it still has,
+`gen_ai.usage.cache_creation.input_tokens` (deprecated by that rename, and what most backends read today), is sent
+too.
 Values: `gen_ai.operation.name` is `chat` (chat completions and Anthropic Messages) or `text_completion`;
 `gen_ai.provider.name` is the upstream's kind where the registry has a value for it (`openai`, `anthropic`), else
 the server's name (`vllm`, `sglang`, `prefixscope` for the local engine), as the conventions ask for providers they
@@ -46,6 +49,7 @@ INPUT_TOKENS = gen_ai.GEN_AI_USAGE_INPUT_TOKENS
 OUTPUT_TOKENS = gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS
 CACHE_READ_INPUT_TOKENS = gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS
 CACHE_CREATION_INPUT_TOKENS = gen_ai.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
+CACHE_WRITE_INPUT_TOKENS = "gen_ai.usage.cache_write.input_tokens"  # the current name; no constant in the package yet
 ERROR_TYPE = error_attributes.ERROR_TYPE
 HTTP_STATUS_CODE = http_attributes.HTTP_RESPONSE_STATUS_CODE
 PROMPT_TEXT = "prefixscope.prompt.text"
@@ -72,6 +76,7 @@ def record_attributes(record: RequestRecord, provider: str | None, response: Any
         INPUT_TOKENS: record.prompt_tokens,
         OUTPUT_TOKENS: record.completion_tokens,
         CACHE_READ_INPUT_TOKENS: record.cached_tokens,
+        CACHE_WRITE_INPUT_TOKENS: record.cache_write_tokens,
         CACHE_CREATION_INPUT_TOKENS: record.cache_write_tokens,
         HTTP_STATUS_CODE: record.status_code,
         ERROR_TYPE: record.error_type,

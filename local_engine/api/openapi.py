@@ -7,7 +7,7 @@ Field semantics follow OpenAI's API reference (Chat Completions and Completions)
 
 from __future__ import annotations
 
-from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
+from local_engine.hash_chain import MAX_BLOCK_SIZE
 from local_engine.cache.tiers import RETENTION_CLASSES
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
+from local_engine.hash_chain import MAX_BLOCK_SIZE
 from local_engine.cache.tiers import RETENTION_CLASSES
 from local_engine.prompt.chat_messages import ToolChoice, check_tools, first_argument, parse_tool_choice, takes_a_string
 from local_engine.prompt.chat_prompt import chat_prompt, text_prompt

@@ -6,7 +6,7 @@ import json
 import time
 import uuid
 
-from local_engine.cache.hash_chain import page_hash_chain
+from local_engine.hash_chain import page_hash_chain
 from local_engine.engine.types import Finished
 from local_engine.api.match_details import MatchDetails
 from local_engine.api.protocol import CHAT, ParsedRequest

@@ -108,13 +108,13 @@ def _measure(engine, workload, max_tokens: int, label: str) -> dict:
 def run_engine_benchmark(args: argparse.Namespace) -> int:
     from local_engine.bench.concurrent import concurrency_verdicts, run_concurrent_workload
     from local_engine.prompt.chat_prompt import chat_prompt_token_ids
-    from local_engine.cli import engine_config_from
+    from local_engine.config import EngineConfig
     from local_engine.engine.engine import Engine
     from local_engine.model.loader import load_model, resolve_device
-
+    from local_engine.options import config_from
     from prefixscope.progress import progress
 
-    config = engine_config_from(args)
+    config = config_from(EngineConfig, args)
     with progress(f"bench engine: loading {config.model}"):
         loaded = load_model(config.model, resolve_device(config.device))
     tokenizer = loaded.tokenizer

@@ -53,11 +53,12 @@ class Sample:
 
 def engine_config(model: str, device: str, *options: str):
     """An `EngineConfig` built from `prefixscope engine` options, so the bench runs exactly what the flags give."""
-    from local_engine.cli import add_engine_options, engine_config_from
+    from local_engine.config import EngineConfig
+    from local_engine.options import add_options, config_from
 
     parser = argparse.ArgumentParser()
-    add_engine_options(parser)
-    return engine_config_from(parser.parse_args(["--model", model, "--device", device, *options]))
+    add_options(parser, EngineConfig, passed_on=True)
+    return config_from(EngineConfig, parser.parse_args(["--model", model, "--device", device, *options]))
 
 
 def _question(index: int) -> str:

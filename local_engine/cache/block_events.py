@@ -11,7 +11,7 @@ ancestor) and, when it ends mid-block, the block that continues into each child.
 compared with what was announced; the difference is announced, additions before removals (a demotion announces the
 host copy before the device copy goes), consecutive blocks of one tier in one `BlockStored` as vLLM groups them.
 
-Block hashes are the engine's namespaced chained hashes (`local_engine.cache.hash_chain`); the namespace also rides
+Block hashes are the engine's namespaced chained hashes (`local_engine.hash_chain`); the namespace also rides
 in `extra_keys` of a chain's first block, as vLLM carries `cache_salt`. All methods run under the engine's tree lock;
 `announced_events` (a re-announcement after lost events, or a new subscriber's start) also takes this object's lock.
 """
@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from local_engine.cache.hash_chain import MAX_BLOCK_SIZE, page_hash_chain
+from local_engine.hash_chain import MAX_BLOCK_SIZE, page_hash_chain
 from local_engine.kv_events.wire import MEDIUMS, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block size

@@ -1,4 +1,4 @@
-"""NoPrefixCache: the RadixCache interface with nothing ever cached, the baseline for A/B runs."""
+"""NoPrefixCache: the prefix-cache interface with nothing ever cached, the baseline for A/B runs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ _NO_SLOTS = torch.empty(0, dtype=torch.int64)
 
 
 class NoPrefixCache:
+    """Implements `local_engine.cache.protocol.PrefixCache`: matches nothing, stores nothing, has no lower tiers."""
+
     page_size = 1
+    tiers = None
 
     def __init__(self, allocator: SlotAllocator) -> None:
         self.allocator = allocator

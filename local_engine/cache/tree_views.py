@@ -30,9 +30,8 @@ class CacheStats:
         return asdict(self)
 
 
-def cache_stats(cache) -> CacheStats:
-    """A RadixCache's device (L1) occupancy and removal totals."""
-    roots = cache.roots()
+def cache_stats(cache, roots: dict[str, RadixNode]) -> CacheStats:
+    """A RadixCache's device (L1) occupancy and removal totals; `roots` are its trees by namespace."""
     return CacheStats(
         capacity_tokens=cache.allocator.num_slots,
         free_tokens=cache.allocator.num_free,
@@ -126,7 +125,7 @@ def check_tree_integrity(
                 assert child.lock_ref >= 0, f"node {child.node_id}: negative lock count"
                 if not node.is_root:
                     assert node.lock_ref >= child.lock_ref, f"node {child.node_id}: locked more than its parent"
-                if child.slots is not None:  # the device pool's part; lower tiers are checked in tier_integrity
+                if child.slots is not None:  # the device pool's part; lower tiers are checked in tiers/integrity
                     if child.lock_ref:
                         protected += child.num_tokens
                     else:

@@ -21,9 +21,9 @@ from collections import deque
 import torch
 
 from local_engine.cache import KVPool, NoPrefixCache, RadixCache, RadixCacheConfig, SlotAllocator
-from local_engine.cache.tiers.cleaner import CLEAN_CHUNK_TOKENS, clean
 from local_engine.cache.block_events import BlockEvents
-from local_engine.cache.tiers.persistence import persist_to_disk, rebuild_from_disk
+from local_engine.cache.protocol import PrefixCache
+from local_engine.cache.tiers.cleaner import CLEAN_CHUNK_TOKENS
 from local_engine.cache.tiers import RETENTION_CLASSES, TierTokens
 from local_engine.config import DEFAULT_KV_CACHE_TOKENS, EngineConfig
 from local_engine.prompt.detokenizer import IncrementalDetokenizer
@@ -59,12 +59,12 @@ class Engine:
         if config.prefix_cache:
             cache_config = RadixCacheConfig(page_size=config.page_size, eviction=config.eviction, ttl_s=config.ttl_s)
             self.tiers = build_tier_store(config, self.pool, self.allocator, loaded.model, loaded.model_id)
-            self.cache: RadixCache | NoPrefixCache = RadixCache(cache_config, self.allocator, tiers=self.tiers)
-            self.cache.events = BlockEvents(config.kv_events.block_size)
-            self.kv_events = KvEventPublisher(config.kv_events, self.cache.events.announced_events)
-            self.cache.events.attach(self.kv_events.enqueue)
+            events = BlockEvents(config.kv_events.block_size)
+            self.cache: PrefixCache = RadixCache(cache_config, self.allocator, tiers=self.tiers, events=events)
+            self.kv_events = KvEventPublisher(config.kv_events, events.announced_events)
+            events.attach(self.kv_events.enqueue)
             if self.tiers.disk is not None:
-                rebuild_from_disk(self.cache)  # headers only: the KV stays on disk until a request needs it
+                self.cache.tiers.rebuild()  # headers only: the KV stays on disk until a request needs it
         else:
             self.cache = NoPrefixCache(self.allocator)
         self.runner = ModelRunner(loaded.model, self.pool, config.attention_backend)
@@ -115,7 +115,7 @@ class Engine:
             if self.tiers is None or self.tiers.disk is None:
                 return
             try:
-                written = persist_to_disk(self.cache)
+                written = self.cache.tiers.persist()
                 log.info("disk KV cache: wrote %d tokens to %s at stop", written, self.tiers.disk.directory)
             finally:
                 self.tiers.disk.close()
@@ -219,14 +219,14 @@ class Engine:
                         or self._drain_deadline is not None)
 
     def _clean_while_idle(self) -> bool:
-        """Write-back cleaning (tier_cleaner): give the device nodes next in line for eviction a host copy now, so
-        the request that later needs their room does not wait for the copy. True when something was copied."""
+        """Write-back cleaning (`cache.tiers.clean`): give the device nodes next in line for eviction a host copy
+        now, so the request that later needs their room does not wait for the copy. True when something was copied."""
         if self.tiers is None or self.tiers.write_through or self.tiers.host_pool is None:
             return False
         with self.tree_lock:
             # One piece per tick: the tree lock (which the HTTP side's cache views take too) is let go between pieces,
             # and the worker looks for requests after each (a bare deque read also stops it before starting one).
-            return clean(self.cache, max_tokens=CLEAN_CHUNK_TOKENS, should_stop=lambda: bool(self._incoming)) > 0
+            return self.cache.tiers.clean(max_tokens=CLEAN_CHUNK_TOKENS, should_stop=lambda: bool(self._incoming)) > 0
 
     def step(self) -> None:
         """One scheduling decision and one forward pass (the worker's loop body; tests may drive it directly)."""

@@ -13,13 +13,13 @@ import time
 
 import torch
 
-from local_engine.cache import MatchResult, NoPrefixCache, RadixCache, SlotAllocator
-from local_engine.cache.tiers.loading import load_back
+from local_engine.cache import MatchResult, NoPrefixCache, SlotAllocator
+from local_engine.cache.protocol import PrefixCache
 from local_engine.engine.sequence import Sequence
 
 
 class SequenceKV:
-    def __init__(self, cache: RadixCache | NoPrefixCache, allocator: SlotAllocator, tree_lock: threading.Lock):
+    def __init__(self, cache: PrefixCache, allocator: SlotAllocator, tree_lock: threading.Lock):
         self.cache = cache
         self.allocator = allocator
         self.tree_lock = tree_lock
@@ -49,7 +49,7 @@ class SequenceKV:
             else:
                 if num_device < match.matched_tokens:
                     # The locked path is loaded into the first slots; a cut match leaves the rest to prefill.
-                    match = load_back(self.cache, sequence.namespace, tokens, match, slots)
+                    match = self.cache.tiers.load_back(sequence.namespace, tokens, match, slots)
                 sequence.slot_table[:num_device] = match.slots[:num_device]
                 sequence.slot_table[num_device : len(tokens)] = slots
                 sequence.num_slots = len(tokens)

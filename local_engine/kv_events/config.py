@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from local_engine.cache.hash_chain import MAX_BLOCK_SIZE
+from local_engine.hash_chain import MAX_BLOCK_SIZE
+from local_engine.options import option
 
 DEFAULT_EVENT_BLOCK_SIZE = 16  # vLLM's default block size
 
@@ -14,13 +15,20 @@ class KvEventsConfig:
     """`endpoint`: where the PUB socket binds (`tcp://HOST:PORT`; None: no socket, the HTTP view only);
     `replay_endpoint`: where the ROUTER socket binds; `topic`: the first frame of every message."""
 
-    endpoint: str | None = None
-    replay_endpoint: str | None = None
-    topic: str = ""
+    endpoint: str | None = option(
+        None, "--kv-events-endpoint", metavar="tcp://HOST:PORT",
+        help="publish the cache's KV events on a ZeroMQ PUB socket bound here (they carry token ids: keep it private)",
+    )
+    replay_endpoint: str | None = option(
+        None, "--kv-events-replay-endpoint", metavar="tcp://HOST:PORT",
+        help="answer replay requests (from a sequence number) on a ZeroMQ ROUTER socket bound here",
+    )
+    topic: str = option("", "--kv-events-topic", help="the topic frame of every KV-event message")
     buffer_batches: int = 10_000
     max_queue_changes: int = 100_000
     hwm: int = 100_000
-    block_size: int = DEFAULT_EVENT_BLOCK_SIZE  # tokens per announced block
+    block_size: int = option(DEFAULT_EVENT_BLOCK_SIZE, "--kv-events-block-size", metavar="TOKENS",
+                             help="tokens per announced block")
 
     def __post_init__(self) -> None:
         for name in ("endpoint", "replay_endpoint"):

@@ -19,6 +19,7 @@ import uvicorn
 from stub_upstream import StubState as StubState  # re-exported for the tests
 from stub_upstream import StubUpstream as StubUpstream
 
+from db.held_record import HeldRecord
 from gateway.app import create_app
 from gateway.auth import KeySnapshot
 from gateway.config import GatewayConfig, TenantSettings, UpstreamConfig, WriterConfig
@@ -130,6 +131,9 @@ class FakeSink:
         self._counters.queued += 1
         self._counters.written += 1
         return True
+
+    def hold(self, record: Any) -> HeldRecord:
+        return HeldRecord(record.request_id, self.submit)
 
     def counters(self) -> FakeCounters:
         return self._counters

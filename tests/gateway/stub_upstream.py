@@ -23,6 +23,7 @@ class StubState:
     match_requests: list[dict[str, Any]] = field(default_factory=list)  # bodies sent to `/v1/cache/match`
     match_matched_tokens: int = 1  # what the dry-run match answers
     match_status: int = 200  # the dry-run match's status (an OpenAI-shaped error body when not 200)
+    match_waits: bool = False  # True: dry runs get no answer until it is False again (or the next test's state)
     release: threading.Event = field(default_factory=threading.Event)  # lets a held stream continue
     released_before_end: bool | None = None
     disconnected: threading.Event = field(default_factory=threading.Event)
@@ -82,7 +83,10 @@ class StubUpstream:
                 break
         body = json.loads(b"".join(chunks))
         if path.endswith("/cache/match"):
-            self.state.match_requests.append(body)
+            state = self.state
+            state.match_requests.append(body)
+            while state.match_waits and state is self.state:
+                await asyncio.sleep(0.02)
             if self.state.match_status != 200:
                 error = {"message": "stub match error", "type": "invalid_request_error", "param": None, "code": None}
                 await self._json(send, self.state.match_status, {"error": error})

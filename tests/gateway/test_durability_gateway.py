@@ -140,12 +140,14 @@ def test_database_down_at_start_serves_from_snapshot_and_journal_then_replays(
         proxy.close()
 
 
-def _start_gateway(tmp_path: Path, stub_url: str, port: int, durability: str, flush_interval_s: float):
+def _start_gateway(
+    tmp_path: Path, stub_url: str, port: int, durability: str, flush_interval_s: float, extra_toml: str = ""
+):
     config = tmp_path / f"gateway-{flush_interval_s}.toml"
     config.write_text(
         f'[gateway]\nsecret_file = "{tmp_path / "secret"}"\n\n'
         f'[recorder]\nspill_path = "{tmp_path / "spill" / "requests.jsonl"}"\ndurability = "{durability}"\n'
-        f"flush_interval_s = {flush_interval_s}\nbatch_size = 100000\n"
+        f"flush_interval_s = {flush_interval_s}\nbatch_size = 100000\n{extra_toml}"
     )
     process = subprocess.Popen(
         [sys.executable, "-m", "prefixscope", "gateway", "--open", "--config", str(config), "--port", str(port),
@@ -190,3 +192,71 @@ def test_sigkill_loses_nothing_with_spill_first(durability, kept, stub, stub_url
         stored = [row[0] for row in conn.execute("SELECT id FROM requests")]
     assert len(stored) == kept
     assert set(stored) <= set(ids)
+
+
+ADVICE_ON = "\n[tenant_defaults]\nadvice_sample_rate = 1.0\nuplift_sample_rate = 1.0\n"
+VOLATILE_CHAT = {
+    "model": "m",
+    "messages": [
+        {"role": "system", "content": "Current time: 2025-06-01T10:00:00Z\nYou are the assistant of a bicycle shop."},
+        {"role": "user", "content": "hi"},
+    ],
+}
+
+
+@pytest.fixture
+def unanswered_dry_runs(stub):
+    """The stub's dry-run matches wait (until the test ends)."""
+    stub.state.match_waits = True
+    yield stub
+    stub.state.match_waits = False
+
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_records_held_for_rule_advice_survive_the_gateway(stop, unanswered_dry_runs, stub_url, tmp_path):
+    """Advice is on and the dry runs it asks for never answer, so every answered request's record is held by the rule
+    advisor (two wait for their dry runs, the rest for a free estimate slot). SIGKILL: the held records are
+    in the journal and the next start stores every one, each counted once as replayed. SIGTERM: the gateway stops in
+    bounded time and stores them all itself, without their estimates."""
+    stub = unanswered_dry_runs
+    port = free_port()
+    process = _start_gateway(tmp_path, stub_url, port, "spill_first", flush_interval_s=0.05, extra_toml=ADVICE_ON)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        ids = []
+        for _ in range(12):
+            response = httpx.post(f"{url}/v1/chat/completions", json=VOLATILE_CHAT)
+            assert response.status_code == 200
+            ids.append(response.headers["x-request-id"])
+        health = httpx.get(f"{url}/health").json()
+        assert health["rule_advice"]["pending"] == 12
+        assert (health["records"]["held"], health["records"]["accepted"]) == (12, 0)
+        assert stub.state.match_requests, "the advisor is waiting for a dry run"
+        process.send_signal(stop)
+        assert process.wait(timeout=60) in (0, -stop)
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    with sqlite3.connect(tmp_path / "gateway.db") as conn:
+        before = [row[0] for row in conn.execute("SELECT id FROM requests")]
+    if stop == signal.SIGTERM:
+        assert sorted(before) == sorted(ids)  # submitted (without estimates) on the way out
+        assert list((tmp_path / "spill").glob("*.journal.*")) == []
+        return
+    assert before == []  # held only: nothing reached the database before the kill
+    process = _start_gateway(tmp_path, stub_url, port, "spill_first", flush_interval_s=0.05, extra_toml=ADVICE_ON)
+    try:
+        assert wait_until(lambda: httpx.get(f"{url}/health").json()["records"]["replayed"] == 12)
+        records = httpx.get(f"{url}/health").json()["records"]
+        metrics = httpx.get(f"{url}/metrics").text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) in (0, -signal.SIGTERM)
+    assert (records["replayed"], records["written"], records["lost"], records["rejected"], records["held"]) == (
+        12, 0, 0, 0, 0
+    )  # fmt: skip
+    assert "prefixscope_gateway_records_held 0.0" in metrics
+    with sqlite3.connect(tmp_path / "gateway.db") as conn:
+        stored = [row[0] for row in conn.execute("SELECT id FROM requests")]
+    assert sorted(stored) == sorted(ids)  # every answered request, once

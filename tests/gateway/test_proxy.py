@@ -140,7 +140,7 @@ def test_health_and_metrics(gateway, stub):
     assert health["status"] == "ok"
     assert set(health["records"]) == {
         "queued", "written", "spilled", "replayed", "dropped", "pending_spill", "accepted", "rejected", "lost",
-        "database_recreated", "journal_failures", "torn_tails_cut", "journaled_pending",
+        "database_recreated", "journal_failures", "torn_tails_cut", "journaled_pending", "held",
     }  # fmt: skip
     assert health["records"]["written"] == 2
     metrics = httpx.get(f"{gateway.url}/metrics")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx

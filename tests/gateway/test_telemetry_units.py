@@ -51,7 +51,10 @@ def test_span_attributes_follow_the_current_genai_names():
     assert attributes["prefixscope.divergence.char_offset"] == 31
     assert "gen_ai.system" not in attributes
     # Unknown values are left out, never sent as placeholders; no prompt text unless the record holds it.
-    assert "gen_ai.usage.cache_creation.input_tokens" not in attributes
+    assert "gen_ai.usage.cache_write.input_tokens" not in attributes  # not a Messages API request
+    messages = genai.record_attributes(_record(endpoint="messages", cache_write_tokens=64), "anthropic", facts)
+    assert messages["gen_ai.usage.cache_write.input_tokens"] == 64  # the current name
+    assert messages["gen_ai.usage.cache_creation.input_tokens"] == 64  # the name it renamed, which backends still read
     assert "error.type" not in attributes
     assert genai.PROMPT_TEXT not in attributes
     assert genai.record_attributes(_record(prompt_text="hello"), None, ResponseFacts())[genai.PROMPT_TEXT] == "hello"

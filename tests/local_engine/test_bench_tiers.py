@@ -43,8 +43,9 @@ def test_a_run_on_a_small_model_serves_each_tier_and_prints_one_json_document(ti
     code = main(["bench", "tiers", "--model", str(tmp_path / "tiny"), "--device", "cpu", "--prefix-tokens", "256",
                  "--repeats", "2"])
     out, err = capsys.readouterr()
-    assert code == 0
     report = json.loads(out)  # stdout holds the JSON document alone
+    # Timing targets on a tiny model say nothing; the exit status must follow the verdicts either way.
+    assert code == (0 if report["pass"] else 1)
     by_tier = report["by_tier"]
     assert by_tier["miss"]["tier_tokens_mean"]["device"] < 50  # only the template opening and the first words
     assert by_tier["device"]["tier_tokens_mean"]["device"] >= report["workload"]["prefix_tokens"]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from local_engine.cache.hash_chain import page_hash_chain
+from local_engine.hash_chain import page_hash_chain
 
 tokens = st.lists(st.integers(0, 3), max_size=40)
 

@@ -27,7 +27,7 @@ def tree_blocks(cache, size: int = SIZE) -> set[tuple[str, tuple[int, ...], str]
     """(namespace, tokens from the root to the block's end, medium) of every full block each tier holds, read from
     the tree itself: a block is held in a tier when every node it overlaps has a copy there."""
     held = set()
-    for namespace, root in cache.roots().items():
+    for namespace, root in cache.tiers.tree.roots().items():
         stack = [(child, [], []) for child in root.children.values()]
         while stack:
             node, path, masks = stack.pop()

@@ -232,7 +232,7 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         import shutil
 
-        self.cache.tiers.disk.close()
+        self.cache.tiers.store.disk.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def sequences(self):
@@ -249,7 +249,7 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
             slots = self.cache.allocator.alloc(len(tokens))
         if slots is None:
             return
-        fill_kv(self.cache.tiers.device_pool, slots, namespace, tokens)
+        fill_kv(self.cache.tiers.store.device_pool, slots, namespace, tokens)
         result = self.cache.insert(namespace, tokens, slots, retention=retention)
         self.cache.allocator.free(slots[: result.num_cached_tokens])
         self.cache.allocator.free(slots[result.num_stored_tokens :])
@@ -258,8 +258,6 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
     @rule(namespace=st.sampled_from(NAMESPACES), data=st.data(), keep=st.booleans(),
           retention=st.sampled_from(RETENTIONS))
     def admit_and_load_back(self, namespace: str, data, keep: bool, retention) -> None:
-        from local_engine.cache.tiers.loading import load_back
-
         from .tier_fixtures import assert_kv
 
         tokens = list(data.draw(self.sequences()))
@@ -277,12 +275,12 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
             self.cache.unlock(match.node)
             return
         if num_device < match.matched_tokens:
-            served = load_back(self.cache, namespace, tokens, match, slots)
+            served = self.cache.tiers.load_back(namespace, tokens, match, slots)
             assert served.matched_tokens <= match.matched_tokens
             assert served.tier_tokens.total == served.matched_tokens
             match = served
         assert match.slots.numel() == match.matched_tokens
-        assert_kv(self.cache.tiers.device_pool, match.slots, namespace, tokens)
+        assert_kv(self.cache.tiers.store.device_pool, match.slots, namespace, tokens)
         own = slots[match.matched_tokens - num_device :]
         if keep:
             self.held.append((match.node, own))
@@ -299,23 +297,20 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
 
     @rule(tier=st.sampled_from([0, 1, 2]), num_tokens=st.integers(1, 30))
     def evict_from_tier(self, tier: int, num_tokens: int) -> None:
-        from local_engine.cache.tiers.eviction import make_room
-
-        evictable_before = self.cache.evictable[tier]
-        free_before = self.cache.tiers.free_tokens(tier)
-        make_room(self.cache, tier, num_tokens)
-        freed = self.cache.tiers.free_tokens(tier) - free_before
-        assert freed >= min(num_tokens, evictable_before) or self.cache.evictable[tier] == 0
+        evictable_before = self.cache.tiers.tree.evictable[tier]
+        free_before = self.cache.tiers.store.free_tokens(tier)
+        self.cache.tiers.make_room(tier, num_tokens)
+        freed = self.cache.tiers.store.free_tokens(tier) - free_before
+        assert freed >= min(num_tokens, evictable_before) or self.cache.tiers.tree.evictable[tier] == 0
 
     @rule(max_tokens=st.integers(1, 20), chunk_tokens=st.integers(1, 4), pieces=st.integers(0, 4))
     def clean_while_idle(self, max_tokens: int, chunk_tokens: int, pieces: int) -> None:
         """The write-back cleaner, paused after `pieces` pieces (a request arrived) or by its token bound."""
-        from local_engine.cache.tiers.cleaner import clean
-
         left = iter(range(pieces, -1, -1))
-        demoted_before = self.cache.tiers.counters[0].demoted_tokens_total
-        clean(self.cache, max_tokens=max_tokens, should_stop=lambda: next(left, 0) == 0, chunk_tokens=chunk_tokens)
-        assert self.cache.tiers.counters[0].demoted_tokens_total == demoted_before  # nothing left the device
+        demoted_before = self.cache.tiers.store.counters[0].demoted_tokens_total
+        self.cache.tiers.clean(max_tokens=max_tokens, should_stop=lambda: next(left, 0) == 0,
+                               chunk_tokens=chunk_tokens)
+        assert self.cache.tiers.store.counters[0].demoted_tokens_total == demoted_before  # nothing left the device
 
     @rule(seconds=st.sampled_from([10.0, 400.0, 4000.0]))
     def advance_clock_and_expire(self, seconds: float) -> None:
@@ -338,17 +333,15 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
-        from local_engine.cache.tiers.persistence import persist_to_disk, rebuild_from_disk
-
         for node, own in self.held:
             self.cache.unlock(node)
             self.cache.allocator.free(own)
         self.held.clear()
-        persist_to_disk(self.cache)
+        self.cache.tiers.persist()
         self.cache.check_integrity()
-        self.cache.tiers.disk.close()
+        self.cache.tiers.store.disk.close()
         self.cache = self._new_cache()
-        rebuild_from_disk(self.cache)
+        self.cache.tiers.rebuild()
 
     @invariant()
     def integrity(self) -> None:

@@ -10,7 +10,6 @@ import pytest
 from local_engine.cache import MissKind
 from local_engine.cache.tiers.disk_index import DiskCacheLocked, DiskTier
 from local_engine.cache.tiers.disk_store import KVLayout
-from local_engine.cache.tiers.persistence import persist_to_disk, rebuild_from_disk
 from local_engine.cache.tiers import TierTokens
 
 from .tier_fixtures import LAYOUT, FakeClock, admit, assert_kv, release, store, tiered_cache
@@ -28,7 +27,7 @@ def test_eviction_demotes_to_host_and_a_match_loads_it_back_unchanged():
     assert cache.match("ns", A + [1], dry_run=True).tier_tokens == TierTokens(device=0, host=30, disk=0)
     match, own = admit(cache, "ns", A + [1])
     assert match.matched_tokens == 30 and match.tier_tokens == TierTokens(0, 30, 0)
-    assert_kv(cache.tiers.device_pool, match.slots, "ns", A)
+    assert_kv(cache.tiers.store.device_pool, match.slots, "ns", A)
     cache.check_integrity(num_slots_outside_tree=own.numel())
     release(cache, match, own)
     stats = cache.tier_stats()
@@ -46,7 +45,7 @@ def test_without_a_host_tier_the_device_demotes_straight_to_disk(tmp_path):
     assert cache.match("ns", A + [1], dry_run=True).tier_tokens == TierTokens(0, 0, 30)
     match, own = admit(cache, "ns", A + [1])
     assert match.tier_tokens == TierTokens(0, 0, 30)
-    assert_kv(cache.tiers.device_pool, match.slots, "ns", A)
+    assert_kv(cache.tiers.store.device_pool, match.slots, "ns", A)
     release(cache, match, own)
     cache.check_integrity()
     assert stat.S_IMODE(os.stat(tmp_path / "kv").st_mode) == 0o700
@@ -78,7 +77,7 @@ def test_paths_keep_the_tier_order_and_a_match_spans_tiers(tmp_path):
     assert tiers.total == 60
     match, own = admit(cache, "ns", A + B + [1])
     assert match.matched_tokens == 60 and match.tier_tokens == tiers
-    assert_kv(cache.tiers.device_pool, match.slots, "ns", A + B)
+    assert_kv(cache.tiers.store.device_pool, match.slots, "ns", A + B)
     release(cache, match, own)
     cache.check_integrity()
 
@@ -151,7 +150,7 @@ def test_a_corrupt_disk_file_is_never_served_and_cuts_the_match(tmp_path):
     lower.write_bytes(bytes(data))
     match, own = admit(cache, "ns", A + B + [1])
     assert match.matched_tokens == 30 and match.tier_tokens == TierTokens(0, 0, 30)
-    assert_kv(cache.tiers.device_pool, match.slots, "ns", A)
+    assert_kv(cache.tiers.store.device_pool, match.slots, "ns", A)
     cache.check_integrity(num_slots_outside_tree=own.numel())
     release(cache, match, own)
     assert not lower.exists()
@@ -166,19 +165,19 @@ def test_a_restart_rebuilds_disk_nodes_from_headers_and_serves_them(tmp_path):
     store(cache, "ns", A, retention="persistent")
     store(cache, "ns", A + B)
     store(cache, "other", C)
-    persist_to_disk(cache)
+    cache.tiers.persist()
     assert cache.tier_stats()["disk"]["cached_tokens"] == 90  # everything, whichever tier it was in
-    cache.tiers.disk.close()
+    cache.tiers.store.disk.close()
     again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
-    assert rebuild_from_disk(again) == 3
+    assert again.tiers.rebuild() == 3
     again.check_integrity()
     assert again.match("ns", A + B + [1], dry_run=True).tier_tokens == TierTokens(0, 0, 60)
     match, own = admit(again, "ns", A + [7])  # splits nothing: A is its own file
-    assert_kv(again.tiers.device_pool, match.slots, "ns", A)
+    assert_kv(again.tiers.store.device_pool, match.slots, "ns", A)
     release(again, match, own)
     match, own = admit(again, "ns", A + B[:10] + [7])  # ends inside B's file: a split extent
     assert match.matched_tokens == 40
-    assert_kv(again.tiers.device_pool, match.slots, "ns", A + B[:10])
+    assert_kv(again.tiers.store.device_pool, match.slots, "ns", A + B[:10])
     release(again, match, own)
     again.check_integrity()
     assert again.match("other", C + [1], dry_run=True).matched_tokens == 30
@@ -189,8 +188,8 @@ def test_rebuild_skips_corrupt_truncated_and_foreign_files(tmp_path):
     store(cache, "ns", A)
     store(cache, "ns", B)
     store(cache, "ns", C)
-    persist_to_disk(cache)
-    cache.tiers.disk.close()
+    cache.tiers.persist()
+    cache.tiers.store.disk.close()
     paths = sorted(tmp_path.glob("*.kv"))
     assert len(paths) == 3
     paths[0].write_bytes(paths[0].read_bytes()[:-5])  # truncated
@@ -199,13 +198,13 @@ def test_rebuild_skips_corrupt_truncated_and_foreign_files(tmp_path):
     paths[1].write_bytes(bytes(raw))
     (tmp_path / "junk.kv").write_bytes(b"hello")
     again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
-    assert rebuild_from_disk(again) == 1
+    assert again.tiers.rebuild() == 1
     assert again.tier_stats()["disk"]["corrupt_files_total"] == 3
     again.check_integrity()
-    again.tiers.disk.close()
+    again.tiers.store.disk.close()
     foreign = KVLayout("another-model", LAYOUT.dtype, 1, 2, 1, 2)
     third = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300, layout=foreign)
-    assert rebuild_from_disk(third) == 0
+    assert third.tiers.rebuild() == 0
     assert third.tier_stats()["disk"]["corrupt_files_total"] == 4
 
 
@@ -234,13 +233,13 @@ def test_after_a_restart_idle_time_counts_from_the_file_mtime(tmp_path):
     cache = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
     store(cache, "ns", A, retention="5m")
     store(cache, "ns", B, retention="persistent")
-    persist_to_disk(cache)
-    cache.tiers.disk.close()
+    cache.tiers.persist()
+    cache.tiers.store.disk.close()
     long_ago = os.path.getmtime(next(tmp_path.glob("*.kv"))) - 600
     for path in tmp_path.glob("*.kv"):
         os.utime(path, (long_ago, long_ago))
     again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
-    assert rebuild_from_disk(again) == 2
+    assert again.tiers.rebuild() == 2
     expired = again.match("ns", A + [1])
     assert expired.matched_tokens == 0 and expired.miss_kind is MissKind.EXPIRED
     assert again.match("ns", B + [1], dry_run=True).matched_tokens == 30
@@ -266,35 +265,35 @@ def test_a_file_whose_header_names_other_tokens_is_never_served(tmp_path):
     # one path under another, and serve it for a prompt it was never computed for.
     cache = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
     store(cache, "ns", A)
-    persist_to_disk(cache)
-    cache.tiers.disk.close()
+    cache.tiers.persist()
+    cache.tiers.store.disk.close()
     [path] = tmp_path.glob("*.kv")
     _rewrite_header(path, lambda header: header["token_ids"].__setitem__(5, 999))
     again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
-    assert rebuild_from_disk(again) == 0
+    assert again.tiers.rebuild() == 0
     assert again.tier_stats()["disk"]["corrupt_files_total"] == 1
     tampered = A[:5] + [999] + A[6:]
     assert again.match("ns", tampered + [1], dry_run=True).matched_tokens == 0
     again.check_integrity()
-    again.tiers.disk.close()
+    again.tiers.store.disk.close()
     _rewrite_header(path, lambda header: header.update(namespace="elsewhere"))
     third = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
-    assert rebuild_from_disk(third) == 0
+    assert third.tiers.rebuild() == 0
     assert third.match("elsewhere", A + [1], dry_run=True).matched_tokens == 0
 
 
 def test_a_header_that_spells_its_numbers_as_strings_does_not_stop_the_rebuild(tmp_path):
     cache = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
     store(cache, "ns", A)
-    persist_to_disk(cache)
-    cache.tiers.disk.close()
+    cache.tiers.persist()
+    cache.tiers.store.disk.close()
     [path] = tmp_path.glob("*.kv")
     _rewrite_header(path, lambda header: header.update(edge_start=str(header["edge_start"]),
                                                        num_tokens=str(header["num_tokens"])))
     again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
-    assert rebuild_from_disk(again) == 1
+    assert again.tiers.rebuild() == 1
     match, own = admit(again, "ns", A + [7])
-    assert_kv(again.tiers.device_pool, match.slots, "ns", A)
+    assert_kv(again.tiers.store.device_pool, match.slots, "ns", A)
     release(again, match, own)
     again.check_integrity()
 
@@ -308,11 +307,11 @@ def test_an_existing_directory_keeps_its_mode_and_other_programs_files(tmp_path)
     (shared / ".tmp-editor-swap").write_text("someone else's")
     (shared / ".tmp-abc123.kv").write_bytes(b"a torn write of ours")
     cache = tiered_cache(device_tokens=64, disk_dir=shared, disk_tokens=300)
-    rebuild_from_disk(cache)
+    cache.tiers.rebuild()
     assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
     assert (shared / ".tmp-editor-swap").read_text() == "someone else's"
     assert not (shared / ".tmp-abc123.kv").exists()
-    cache.tiers.disk.close()
+    cache.tiers.store.disk.close()
 
 
 @pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
@@ -326,12 +325,12 @@ def test_a_longer_class_given_after_the_disk_write_survives_a_restart(tmp_path, 
         store(cache, "ns", C)  # A is demoted to disk (with its 5m class), then loaded back by the match below
     match, own = admit(cache, "ns", A + [1], retention="persistent")
     release(cache, match, own)
-    persist_to_disk(cache)
-    cache.tiers.disk.close()
+    cache.tiers.persist()
+    cache.tiers.store.disk.close()
     long_ago = os.path.getmtime(next(tmp_path.glob("*.kv"))) - 7200
     for path in tmp_path.glob("*.kv"):
         os.utime(path, (long_ago, long_ago))
     again = tiered_cache(device_tokens=64, disk_dir=tmp_path, disk_tokens=300)
-    rebuild_from_disk(again)
+    again.tiers.rebuild()
     assert again.match("ns", A + [1]).matched_tokens == 30
     again.check_integrity()

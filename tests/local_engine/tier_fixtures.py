@@ -76,7 +76,7 @@ def store(cache: RadixCache, namespace: str, tokens: list[int], retention: str |
         cache.evict(len(tokens) - cache.allocator.num_free)
         slots = cache.allocator.alloc(len(tokens))
     assert slots is not None, "no room to store"
-    fill_kv(cache.tiers.device_pool, slots, namespace, tokens)
+    fill_kv(cache.tiers.store.device_pool, slots, namespace, tokens)
     result = cache.insert(namespace, tokens, slots, retention=retention)
     cache.allocator.free(slots[: result.num_cached_tokens])
     cache.allocator.free(slots[result.num_stored_tokens :])
@@ -85,7 +85,6 @@ def store(cache: RadixCache, namespace: str, tokens: list[int], retention: str |
 
 def admit(cache: RadixCache, namespace: str, tokens: list[int], retention: str | None = None):
     """Match, lock and load back as admission does; returns (served match, the request's own slots)."""
-    from local_engine.cache.tiers.loading import load_back
 
     match = cache.match(namespace, tokens, retention=retention)
     cache.lock(match.node)
@@ -96,7 +95,7 @@ def admit(cache: RadixCache, namespace: str, tokens: list[int], retention: str |
         slots = cache.allocator.alloc(len(tokens) - num_device)
     assert slots is not None, "no room to admit"
     if num_device < match.matched_tokens:
-        match = load_back(cache, namespace, tokens, match, slots)
+        match = cache.tiers.load_back(namespace, tokens, match, slots)
     own = slots[match.matched_tokens - num_device :]
     return match, own
 

@@ -4,7 +4,7 @@ Under write_back a device node's only copy is its device one, so evicting it mea
 copy used to be paid inside the time to first token of whichever request needed the room. The cleaner does the copy
 ahead of time (the page cache's writeback of dirty pages): an unlocked device node without a lower copy, least
 likely to be kept first (the eviction order), gets a spare host copy. When eviction later takes its device copy, the
-node already has a copy below, so its device slots are just given back (`tier_eviction.release_copy`), and that is
+node already has a copy below, so its device slots are just given back (`eviction.release_copy`), and that is
 when `demoted_tokens_total` counts it: a cleaned node that is never evicted was never moved out.
 
 Room in the host tier: free slots first; else only copies that eviction would take out before this node's own (an
@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from local_engine.cache.tiers import eviction as tier_eviction
+from local_engine.cache.tiers import eviction
 from local_engine.cache.radix_node import RadixNode
 from local_engine.cache.tiers.store import DEVICE, HOST
 
@@ -48,66 +48,66 @@ class PendingCopy:
         return node.parent is not None and node.slots is self.device_slots and node.host_slots is None
 
 
-def dirty_nodes(cache) -> list[RadixNode]:
+def dirty_nodes(movement) -> list[RadixNode]:
     """Unlocked nodes whose only copy is on the device, in eviction order (first to go first)."""
-    found, stack = [], list(cache.roots().values())
+    found, stack = [], list(movement.tree.roots().values())
     while stack:
         node = stack.pop()
         stack.extend(node.children.values())
         if (not node.is_root and node.lock_ref == 0 and node.slots is not None and node.host_slots is None
                 and node.disk is None):
             found.append(node)
-    found.sort(key=lambda node: (cache.eviction_key(node), node.node_id))
+    found.sort(key=lambda node: (movement.tree.eviction_key(node), node.node_id))
     return found
 
 
-def clean(cache, max_tokens: int = DEFAULT_CLEAN_TOKENS, should_stop: Callable[[], bool] = lambda: False,
+def clean(movement, max_tokens: int = DEFAULT_CLEAN_TOKENS, should_stop: Callable[[], bool] = lambda: False,
           chunk_tokens: int = CLEAN_CHUNK_TOKENS) -> int:
     """Copy dirty device nodes down to the host tier, in pieces, up to about `max_tokens` tokens or until
     `should_stop()`; returns the tokens copied (0 when there is nothing to clean, no host tier, or write_through,
     which copies down at insert already)."""
-    tiers = cache.tiers
+    tiers = movement.store
     if not tiers.enabled(HOST) or tiers.write_through:
         return 0
     copied = 0
     while copied < max_tokens and not should_stop():
-        pending = _current(cache)
+        pending = _current(movement)
         if pending is None:
             break
-        copied += _copy_piece(cache, pending, chunk_tokens)
+        copied += _copy_piece(movement, pending, chunk_tokens)
     return copied
 
 
-def finish_pending(cache, node: RadixNode) -> None:
+def finish_pending(movement, node: RadixNode) -> None:
     """Eviction is about to take `node`'s device copy: if the cleaner was copying it, copy the rest now (cheaper
     than starting over), so the node has its host copy."""
-    pending = cache.tiers.pending_clean
+    pending = movement.store.pending_clean
     if pending is None or pending.node is not node:
         return
     if not pending.still_valid:
-        abandon_pending(cache)
+        abandon_pending(movement)
         return
-    _copy_piece(cache, pending, node.num_tokens)
+    _copy_piece(movement, pending, node.num_tokens)
 
 
-def abandon_pending(cache) -> None:
+def abandon_pending(movement) -> None:
     """Give back the host slots of a copy under way (it is stale, or the host tier needs the room)."""
-    pending = cache.tiers.pending_clean
+    pending = movement.store.pending_clean
     if pending is not None:
-        cache.tiers.host_allocator.free(pending.host_slots)
-        cache.tiers.pending_clean = None
+        movement.store.host_allocator.free(pending.host_slots)
+        movement.store.pending_clean = None
 
 
-def _current(cache) -> PendingCopy | None:
+def _current(movement) -> PendingCopy | None:
     """The copy to work on: the paused one if still valid, else a new one for the first dirty node with room."""
-    tiers = cache.tiers
+    tiers = movement.store
     pending = tiers.pending_clean
     if pending is not None:
         if pending.still_valid:
             return pending
-        abandon_pending(cache)
-    for node in dirty_nodes(cache):
-        if _room_for(cache, node):
+        abandon_pending(movement)
+    for node in dirty_nodes(movement):
+        if _room_for(movement, node):
             slots = tiers.host_allocator.alloc(node.num_tokens)
             if slots is None:
                 continue
@@ -116,36 +116,36 @@ def _current(cache) -> PendingCopy | None:
     return None
 
 
-def _copy_piece(cache, pending: PendingCopy, max_tokens: int) -> int:
+def _copy_piece(movement, pending: PendingCopy, max_tokens: int) -> int:
     """Copy up to `max_tokens` more tokens of `pending`; attach the host copy to the node once complete."""
-    tiers, node = cache.tiers, pending.node
+    tiers, node = movement.store, pending.node
     start = pending.copied_tokens
     end = min(node.num_tokens, start + max_tokens)
     tiers.copy_device_to_host(pending.device_slots[start:end], pending.host_slots[start:end])
     pending.copied_tokens = end
     if end == node.num_tokens:
-        cache.account(node, -1)
+        movement.tree.account(node, -1)
         node.host_slots = pending.host_slots
-        cache.account(node, 1)
+        movement.tree.account(node, 1)
         tiers.pending_clean = None
         tiers.cleaned_tokens_total += node.num_tokens
     return end - start
 
 
-def _room_for(cache, node: RadixNode) -> bool:
+def _room_for(movement, node: RadixNode) -> bool:
     """Free host room for `node`, pushing out only host copies that go before it in eviction order."""
-    tiers = cache.tiers
+    tiers = movement.store
     short = node.num_tokens - tiers.free_tokens(HOST)
     if short <= 0:
         return True
-    key = cache.eviction_key(node)
-    older = sum(candidate.num_tokens for candidate in tier_eviction.candidates(cache, HOST)
-                if cache.eviction_key(candidate) < key)
+    key = movement.tree.eviction_key(node)
+    older = sum(candidate.num_tokens for candidate in eviction.candidates(movement, HOST)
+                if movement.tree.eviction_key(candidate) < key)
     if older < short:
         return False
-    cache.lock(node)  # never the node's own ancestors' host copies: they are held while room is made
+    movement.tree.lock(node)  # never the node's own ancestors' host copies: they are held while room is made
     try:
-        tier_eviction.make_room(cache, HOST, short)
+        eviction.make_room(movement, HOST, short)
     finally:
-        cache.unlock(node)
+        movement.tree.unlock(node)
     return tiers.free_tokens(HOST) >= node.num_tokens

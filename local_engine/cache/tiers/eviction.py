@@ -34,8 +34,8 @@ def is_candidate(node: RadixNode, tier: int) -> bool:
     )
 
 
-def candidates(cache, tier: int) -> list[RadixNode]:
-    found, stack = [], list(cache.roots().values())
+def candidates(movement, tier: int) -> list[RadixNode]:
+    found, stack = [], list(movement.tree.roots().values())
     while stack:
         node = stack.pop()
         stack.extend(node.children.values())
@@ -44,12 +44,12 @@ def candidates(cache, tier: int) -> list[RadixNode]:
     return found
 
 
-def make_room(cache, tier: int, num_tokens: int) -> list[EvictedPrefix]:
+def make_room(movement, tier: int, num_tokens: int) -> list[EvictedPrefix]:
     """Take copies out of `tier` until `num_tokens` of its space came free (fewer only when nothing else can go).
     Returns the prefixes that left the tree on the way."""
     if num_tokens <= 0:
         return []
-    heap = [(cache.eviction_key(node), node.node_id, node) for node in candidates(cache, tier)]
+    heap = [(movement.tree.eviction_key(node), node.node_id, node) for node in candidates(movement, tier)]
     heapq.heapify(heap)
     removed: list[EvictedPrefix] = []
     freed = 0
@@ -59,28 +59,28 @@ def make_room(cache, tier: int, num_tokens: int) -> list[EvictedPrefix]:
             continue
         parent = node.parent
         freed += node.num_tokens
-        removed.extend(release_copy(cache, node, tier))
+        removed.extend(release_copy(movement, node, tier))
         if not parent.is_root and is_candidate(parent, tier):
-            heapq.heappush(heap, (cache.eviction_key(parent), parent.node_id, parent))
+            heapq.heappush(heap, (movement.tree.eviction_key(parent), parent.node_id, parent))
     return removed
 
 
-def release_copy(cache, node: RadixNode, tier: int) -> list[EvictedPrefix]:
+def release_copy(movement, node: RadixNode, tier: int) -> list[EvictedPrefix]:
     """Take `node`'s copy out of `tier` (see the module docstring); returns what left the tree.
 
     The node's new fastest tier must stay no slower than its children's (`limit`): a remaining copy counts only if it
     is within that limit, and a demotion only goes as far as it."""
-    tiers = cache.tiers
+    tiers = movement.store
     if tier == DEVICE and tiers.pending_clean is not None:
         from local_engine.cache.tiers.cleaner import finish_pending  # the cleaner builds on this module
 
-        finish_pending(cache, node)  # the idle cleaner had started its host copy: copy only the rest
+        finish_pending(movement, node)  # the idle cleaner had started its host copy: copy only the rest
     limit = min((child.tier_index for child in node.children.values()), default=DISK)
     remaining = [t for t in range(3) if t != tier and node.copy_in(t) is not None]
     if remaining and min(remaining) <= limit:
-        cache.account(node, -1)
+        movement.tree.account(node, -1)
         tiers.free_copy(node, tier)
-        cache.account(node, 1)
+        movement.tree.account(node, 1)
         counter = tiers.counters[tier]
         if max(remaining) > tier:
             counter.demoted_tokens_total += node.num_tokens
@@ -91,70 +91,70 @@ def release_copy(cache, node: RadixNode, tier: int) -> list[EvictedPrefix]:
     for target in tiers.lower_tiers(tier):
         if target > limit:
             break
-        if demote(cache, node, tier, target, removed):
+        if demote(movement, node, tier, target, removed):
             return removed
-    return removed + cache.drop_subtree(node)
+    return removed + movement.tree.drop_subtree(node)
 
 
-def demote(cache, node: RadixNode, source: int, target: int, removed: list[EvictedPrefix]) -> bool:
+def demote(movement, node: RadixNode, source: int, target: int, removed: list[EvictedPrefix]) -> bool:
     """Move `node`'s only copy from `source` to the slower `target`, making room there first; False when `target`
     cannot take it."""
-    tiers = cache.tiers
-    if not reserve(cache, target, node.num_tokens, removed):
+    tiers = movement.store
+    if not reserve(movement, target, node.num_tokens, removed):
         return False
-    cache.account(node, -1)
-    moved = tiers.copy_to(node, source, target, cache.namespace_of(node))
+    movement.tree.account(node, -1)
+    moved = tiers.copy_to(node, source, target, movement.tree.namespace_of(node))
     if moved:
         tiers.free_copy(node, source)
         tiers.counters[source].demoted_tokens_total += node.num_tokens
-    cache.account(node, 1)
+    movement.tree.account(node, 1)
     return moved
 
 
-def reserve(cache, tier: int, num_tokens: int, removed: list[EvictedPrefix]) -> bool:
+def reserve(movement, tier: int, num_tokens: int, removed: list[EvictedPrefix]) -> bool:
     """Make `num_tokens` of `tier`'s space free if possible."""
-    short = num_tokens - cache.tiers.free_tokens(tier)
-    if short > 0 and tier == HOST and cache.tiers.pending_clean is not None:
+    short = num_tokens - movement.store.free_tokens(tier)
+    if short > 0 and tier == HOST and movement.store.pending_clean is not None:
         from local_engine.cache.tiers.cleaner import abandon_pending
 
-        abandon_pending(cache)  # a demotion needs the room more than a copy ahead of time
-        short = num_tokens - cache.tiers.free_tokens(tier)
+        abandon_pending(movement)  # a demotion needs the room more than a copy ahead of time
+        short = num_tokens - movement.store.free_tokens(tier)
     if short > 0:
-        removed.extend(make_room(cache, tier, short))
-    return cache.tiers.free_tokens(tier) >= num_tokens
+        removed.extend(make_room(movement, tier, short))
+    return movement.store.free_tokens(tier) >= num_tokens
 
 
-def copy_down(cache, node: RadixNode, namespace: str) -> list[EvictedPrefix]:
+def copy_down(movement, node: RadixNode, namespace: str) -> list[EvictedPrefix]:
     """write_through: give a newly stored device node copies in every enabled lower tier that can make room."""
-    tiers = cache.tiers
+    tiers = movement.store
     removed: list[EvictedPrefix] = []
     kv = None
     for target in (HOST, DISK):
         if not tiers.enabled(target) or node.copy_in(target) is not None:
             continue
         # Lock the node while room is made: it must not be the copy that goes.
-        cache.lock(node)
+        movement.tree.lock(node)
         try:
-            if not reserve(cache, target, node.num_tokens, removed):
+            if not reserve(movement, target, node.num_tokens, removed):
                 continue
         finally:
-            cache.unlock(node)
-        cache.account(node, -1)
+            movement.tree.unlock(node)
+        movement.tree.account(node, -1)
         if target == HOST:
             tiers.copy_to(node, DEVICE, HOST, namespace)  # pool to pool
         else:
             if kv is None:
                 kv = tiers.read(node, DEVICE)
             tiers.put(node, target, kv[0], kv[1], namespace)
-        cache.account(node, 1)
+        movement.tree.account(node, 1)
     return removed
 
 
-def tier_stats(cache) -> dict[str, dict]:
-    tiers = cache.tiers
+def tier_stats(movement) -> dict[str, dict]:
+    tiers = movement.store
     stats = {}
     for tier, name in enumerate(TIER_NAMES):
-        evictable, protected = cache.evictable[tier], cache.protected[tier]
+        evictable, protected = movement.tree.evictable[tier], movement.tree.protected[tier]
         stats[name] = {
             "enabled": tiers.enabled(tier),
             "capacity_tokens": tiers.capacity_tokens(tier),

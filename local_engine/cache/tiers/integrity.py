@@ -15,21 +15,21 @@ import torch
 from local_engine.cache.tiers.store import DISK, HOST
 
 
-def check_tier_integrity(cache, num_slots_outside_tree: int) -> None:
-    tiers = cache.tiers
+def check_tier_integrity(movement, num_slots_outside_tree: int) -> None:
+    tiers = movement.store
     evictable, protected = [0, 0, 0], [0, 0, 0]
     host_pieces = [tiers.host_allocator.free_slot_ids()] if tiers.host_allocator else []
     pending = tiers.pending_clean  # a host copy the idle cleaner has under way holds its host slots outside the tree
     if pending is not None:
         host_pieces.append(pending.host_slots)
     file_refs: Counter = Counter()
-    for root in cache.roots().values():
+    for root in movement.tree.roots().values():
         stack = [root]
         while stack:
             node = stack.pop()
             for child in node.children.values():
                 stack.append(child)
-                _check_node(cache, node, child)
+                _check_node(movement, node, child)
                 counts = protected if child.lock_ref else evictable
                 for tier in range(3):
                     if child.copy_in(tier) is not None:
@@ -39,9 +39,10 @@ def check_tier_integrity(cache, num_slots_outside_tree: int) -> None:
                 if child.disk is not None:
                     file_refs[child.disk.file.name] += 1
     for tier in range(3):
-        assert evictable[tier] == cache.evictable[tier], f"tier {tier}: evictable count {cache.evictable[tier]} but " \
+        counted_evictable, counted_protected = movement.tree.evictable[tier], movement.tree.protected[tier]
+        assert evictable[tier] == counted_evictable, f"tier {tier}: evictable count {counted_evictable} but " \
             f"the tree holds {evictable[tier]}"
-        assert protected[tier] == cache.protected[tier], f"tier {tier}: protected count {cache.protected[tier]} but " \
+        assert protected[tier] == counted_protected, f"tier {tier}: protected count {counted_protected} but " \
             f"the tree holds {protected[tier]}"
     if tiers.host_allocator is not None:
         slots = torch.cat(host_pieces)
@@ -70,7 +71,7 @@ def check_tier_integrity(cache, num_slots_outside_tree: int) -> None:
     assert num_slots_outside_tree >= 0
 
 
-def _check_node(cache, parent, node) -> None:
+def _check_node(movement, parent, node) -> None:
     tier = node.tier_index
     assert tier <= DISK, f"node {node.node_id}: holds no copy of its KV"
     if not parent.is_root:

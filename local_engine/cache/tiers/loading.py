@@ -26,14 +26,14 @@ from local_engine.cache.types import MatchResult
 log = logging.getLogger(__name__)
 
 
-def load_back(cache, namespace: str, token_ids: list[int], match: MatchResult, slots: torch.Tensor) -> MatchResult:
+def load_back(movement, namespace: str, token_ids: list[int], match: MatchResult, slots: torch.Tensor) -> MatchResult:
     """Load the lower-tier part of `match` (locked by the caller) into device `slots` (int64
     `[match.matched_tokens - match.tier_tokens.device]`, allocated by the caller).
 
     Returns the match as served: `slots` now cover `matched_tokens` (the device part, then `slots[:n]`), `node` is
     what the caller holds locked (moved up when a corrupt file cut the match), `tier_tokens` counts what was served
     from each tier, `load_ms` the time spent loading. The unused tail of `slots` stays the caller's."""
-    tiers = cache.tiers
+    tiers = movement.store
     path = _path(match.node)
     lower = [node for node in path if node.slots is None]
     offset, served = 0, [match.tier_tokens.device, 0, 0]
@@ -53,17 +53,17 @@ def load_back(cache, namespace: str, token_ids: list[int], match: MatchResult, s
             log.warning("disk KV cache: not serving a corrupt file (%s); the prompt is recomputed from there", error)
             parent = node.parent
             locked = None if parent.is_root else parent
-            cache.lock(locked)
-            cache.unlock(match.node)
-            drop_file_users(cache, node)
+            movement.tree.lock(locked)
+            movement.tree.unlock(match.node)
+            drop_file_users(movement, node)
             cut = True
             break
         if tiers.device_pool.k.device.type == "cuda":
             torch.cuda.synchronize(tiers.device_pool.k.device)  # the load's time is the copy's, not its launch's
         spent_ms[tier] += (time.perf_counter() - started) * 1000
-        cache.account(node, -1)
+        movement.tree.account(node, -1)
         node.slots = piece.clone()
-        cache.account(node, 1)
+        movement.tree.account(node, 1)
         served[tier] += node.num_tokens
         offset += node.num_tokens
     for tier in (1, 2):
@@ -75,8 +75,8 @@ def load_back(cache, namespace: str, token_ids: list[int], match: MatchResult, s
     matched = served[DEVICE] + offset
     miss_kind = match.miss_kind
     if cut:
-        limit = cache.max_matchable_tokens(len(token_ids))
-        miss_kind = cache.miss_kind(namespace, token_ids, matched, limit)
+        limit = movement.tree.max_matchable_tokens(len(token_ids))
+        miss_kind = movement.tree.miss_kind(namespace, token_ids, matched, limit)
     return dataclasses.replace(
         match,
         slots=torch.cat([match.slots, slots[:offset]]),
@@ -88,12 +88,12 @@ def load_back(cache, namespace: str, token_ids: list[int], match: MatchResult, s
     )
 
 
-def drop_file_users(cache, failed: RadixNode) -> None:
+def drop_file_users(movement, failed: RadixNode) -> None:
     """`failed`'s disk file is corrupt: take it out of every node that references it (dropping a node, with its
     subtree, when that was its only copy) and delete it."""
     file = failed.disk.file
-    namespace = cache.namespace_of(failed)
-    users, stack = [], [cache.roots()[namespace]]
+    namespace = movement.tree.namespace_of(failed)
+    users, stack = [], [movement.tree.roots()[namespace]]
     while stack:
         node = stack.pop()
         stack.extend(node.children.values())
@@ -103,13 +103,13 @@ def drop_file_users(cache, failed: RadixNode) -> None:
         if node.parent is None:  # already dropped with an ancestor
             continue
         if node.slots is not None or node.host_slots is not None:
-            cache.account(node, -1)
-            cache.tiers.free_copy(node, DISK)
-            cache.account(node, 1)
-            cache.tiers.counters[DISK].dropped_tokens_total += node.num_tokens
+            movement.tree.account(node, -1)
+            movement.store.free_copy(node, DISK)
+            movement.tree.account(node, 1)
+            movement.store.counters[DISK].dropped_tokens_total += node.num_tokens
         else:
-            cache.drop_subtree(node)
-    cache.tiers.disk.delete(file)
+            movement.tree.drop_subtree(node)
+    movement.store.disk.delete(file)
 
 
 def _path(node: RadixNode | None) -> list[RadixNode]:

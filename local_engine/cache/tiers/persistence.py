@@ -24,18 +24,18 @@ from local_engine.cache.tiers.store import DISK
 log = logging.getLogger(__name__)
 
 
-def rebuild_from_disk(cache) -> int:
+def rebuild_from_disk(movement) -> int:
     """Index the disk tier's directory into the tree; returns the number of nodes rebuilt."""
-    disk = cache.tiers.disk
-    wall_now, now = time.time(), cache.now_s()
-    page_size = cache.page_size
+    disk = movement.store.disk
+    wall_now, now = time.time(), movement.tree.now_s()
+    page_size = movement.tree.page_size
     rebuilt = 0
     for indexed in sorted(disk.scan(), key=lambda f: len(f.token_ids)):
         if indexed.edge_start % page_size or len(indexed.token_ids) % page_size:
             disk.corrupt_files_total += 1
             log.warning("disk KV cache: skipping %s: not page-aligned", indexed.file.name)
             continue
-        parent = _node_ending_at(cache, indexed)
+        parent = _node_ending_at(movement, indexed)
         tokens = indexed.token_ids
         if parent is None or child_key(tokens, indexed.edge_start, page_size) in parent.children:
             disk.delete(indexed.file)  # unreachable, or the same tokens are already served by another file
@@ -45,53 +45,53 @@ def rebuild_from_disk(cache) -> int:
         node.disk = disk.adopt(indexed.file)
         node.ttl_s, node.persistent = indexed.ttl_s, indexed.persistent
         if indexed.ttl_s is not None:
-            cache.enable_expiry()
+            movement.tree.enable_expiry()
         parent.children[child_key(tokens, indexed.edge_start, page_size)] = node
-        cache.account(node, 1)
+        movement.tree.account(node, 1)
         rebuilt += 1
     over = disk.used_tokens - disk.capacity_tokens
     if over > 0:  # restarted with a smaller --disk-cache-gib
-        make_room(cache, DISK, over)
+        make_room(movement, DISK, over)
     return rebuilt
 
 
-def _node_ending_at(cache, indexed: IndexedFile) -> RadixNode | None:
+def _node_ending_at(movement, indexed: IndexedFile) -> RadixNode | None:
     """The node whose path is exactly `token_ids[:edge_start]` (the root for 0), splitting an edge if it ends
     inside one; None when the tree does not hold that path."""
-    node = cache.root_for(indexed.namespace)
+    node = movement.tree.root_for(indexed.namespace)
     tokens, end, position = indexed.token_ids, indexed.edge_start, 0
     while position < end:
-        child = node.children.get(child_key(tokens, position, cache.page_size))
+        child = node.children.get(child_key(tokens, position, movement.tree.page_size))
         if child is None:
             return None
-        same = common_prefix_tokens(child.key, tokens, position, end, cache.page_size)
+        same = common_prefix_tokens(child.key, tokens, position, end, movement.tree.page_size)
         if same == 0:
             return None
         if same < child.num_tokens:
-            child = cache.split(child, same)
+            child = movement.tree.split(child, same)
         position += same
         node = child
     return node
 
 
-def persist_to_disk(cache) -> int:
+def persist_to_disk(movement) -> int:
     """Write every cached node not yet on disk to disk, parents before children, while the disk tier has room
     (never evicting for it); returns the tokens written. Files of nodes already on disk get the node's last use as
     their mtime, so idle time survives the restart."""
-    disk = cache.tiers.disk
-    wall_offset = time.time() - cache.now_s()
+    disk = movement.store.disk
+    wall_offset = time.time() - movement.tree.now_s()
     written = 0
-    for namespace, root in cache.roots().items():
+    for namespace, root in movement.tree.roots().items():
         queue = deque(root.children.values())
         while queue:
             node = queue.popleft()
             if node.disk is None:
                 if disk.free_tokens < node.num_tokens:
                     continue  # its subtree would be unreachable without it
-                k, v = cache.tiers.read(node, node.tier_index)
-                cache.account(node, -1)
-                stored = cache.tiers.put(node, DISK, k, v, namespace)
-                cache.account(node, 1)
+                k, v = movement.store.read(node, node.tier_index)
+                movement.tree.account(node, -1)
+                stored = movement.store.put(node, DISK, k, v, namespace)
+                movement.tree.account(node, 1)
                 if not stored:
                     continue
                 written += node.num_tokens

@@ -1,6 +1,6 @@
 """Where a node's KV bytes live below the tree: the device pool (L1), the host pool (L2) and the disk tier (L3).
 
-TierStore moves bytes and hands out space; it never decides what to move (RadixCache and tier_eviction do). Copies
+TierStore moves bytes and hands out space; it never decides what to move (TierMovement's policies do). Copies
 are read as `[num_layers, n, num_kv_heads, head_dim]` tensors and written into the target tier's own storage, so a
 move between any two tiers is `put(target, read(source))`. On CUDA the host pool is pinned, so copies to and from
 the device are plain DMA transfers.
@@ -53,7 +53,7 @@ class TierStore:
     write_policy: str = "write_back"
     counters: tuple[TierCounters, ...] = field(default_factory=lambda: (TierCounters(), TierCounters(), TierCounters()))
     cleaned_tokens_total: int = 0  # device tokens the idle cleaner gave a host copy ahead of their eviction
-    pending_clean: object | None = None  # tier_cleaner.PendingCopy: a host copy under way, its slots held here
+    pending_clean: object | None = None  # cleaner.PendingCopy: a host copy under way, its slots held here
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
