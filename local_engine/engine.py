@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -32,7 +33,11 @@ from local_engine.kv_tiers import build_tier_store, tiers_summary
 from local_engine.errors import CapacityExceeded, EngineError, EngineStopped, InvalidRequest
 from local_engine.model_loader import LoadedModel
 from local_engine.model_runner import ModelRunner, ScheduledChunk
+from local_engine.batch_sampling import SampledToken, sample_rows
+from local_engine.logits_processors import LogitsAdjuster
+from local_engine.prompt_logprobs import add_prompt_logprobs, prompt_logprobs_event
 from local_engine.sampling import Sampler
+from local_engine.structured_output import GrammarMasks
 from local_engine.scheduler import Scheduler, SchedulerConfig, StepPlan
 from local_engine.sequence import Sequence
 from local_engine.sequence_kv import SequenceKV
@@ -65,7 +70,8 @@ class Engine:
         self.counters = EngineCounters()
         self._token_texts: TokenTexts | None = None  # built at the first forced call whose name is constrained
         self.tree_lock = threading.Lock()
-        self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock)
+        self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock, self.pool)
+        self.grammar_masks = GrammarMasks(loaded.tokenizer, loaded.eos_token_ids)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.kv)
         self.num_steps = 0
         self._wakeup = threading.Condition()
@@ -144,15 +150,16 @@ class Engine:
         self.check_fits_window(len(request.prompt_token_ids), request.sampling.max_tokens)
         if len(request.prompt_token_ids) > self.allocator.num_slots:
             raise _too_big(len(request.prompt_token_ids), self.allocator.num_slots)
-        handle = RequestHandle(asyncio.get_running_loop())
-        sequence = Sequence(
-            request=request,
-            handle=handle,
-            detokenizer=IncrementalDetokenizer(
-                self.loaded.tokenizer, request.sampling.stop, request.sampling.closing_json
-            ),
-            sampler=Sampler(request.sampling, self._tool_name_constraint(request.sampling.tool_names)),
-        )
+        params = request.sampling
+        handle = RequestHandle(asyncio.get_running_loop(), num_sequences=params.num_sequences)
+        matcher = None
+        if params.grammar is not None:
+            # Building a matcher may take a while (the tokenizer's index the first time): off the event loop.
+            matcher = await asyncio.to_thread(self.grammar_masks.matcher, params.grammar)
+        sequences = [self._new_sequence(request, handle, index, matcher.deep_copy() if index and matcher else matcher)
+                     for index in range(params.num_sequences)]
+        sequence = sequences[0]
+        sequence.forks = sequences[1:]  # forked from its KV once its prompt is computed
         with self._wakeup:
             if self._stopping or self._drain_deadline is not None:
                 raise EngineStopped("the engine is shutting down")
@@ -245,6 +252,20 @@ class Engine:
                 sequence.handle._resolve_report(report)
         self.counters.preemptions += len(plan.preempted)
 
+    def _new_sequence(self, request: GenerationRequest, handle: RequestHandle, index: int, matcher) -> Sequence:
+        params = request.sampling.for_sequence(index)
+        adjuster = None
+        if LogitsAdjuster.needed(params):
+            adjuster = LogitsAdjuster(params, request.prompt_token_ids, self.loaded.eos_token_ids,
+                                      self.loaded.vocab_size)
+        return Sequence(
+            request=request,
+            handle=handle,
+            detokenizer=IncrementalDetokenizer(self.loaded.tokenizer, params.stop, params.closing_json),
+            sampler=Sampler(params, self._tool_name_constraint(params.tool_names), adjuster, matcher),
+            index=index,
+        )
+
     def _tool_name_constraint(self, names: tuple[str, ...]) -> ToolNameConstraint | None:
         if not names:
             return None
@@ -258,46 +279,88 @@ class Engine:
             start = sequence.num_computed_tokens
             end = start + num_tokens
             chunks.append(ScheduledChunk(sequence.token_ids[start:end], sequence.slot_table[:end],
-                                         end == len(sequence.token_ids)))
+                                         end == len(sequence.token_ids),
+                                         all_logits=sequence.computes_whole_prompt and start < len(sequence.prompt)))
         started = time.perf_counter()
-        logits = self.runner.forward(chunks)
-        sampling = [(sequence, chunk) for (sequence, _), chunk in zip(plan.chunks, chunks) if chunk.needs_logits]
-        greedy = logits.argmax(dim=-1).tolist() if logits.shape[0] else []
+        step = self.runner.run(chunks)
+        sampling = [sequence for (sequence, _), chunk in zip(plan.chunks, chunks) if chunk.needs_logits]
         elapsed = time.perf_counter() - started
         num_prefill = sum(n for s, n in plan.chunks if n > 1 or s.num_computed_tokens < len(s.prompt))
         self.counters.count_prefill(num_prefill, elapsed * num_prefill / plan.num_tokens)
+        for index, chunk_logits in step.chunk_logits.items():
+            sequence, _ = plan.chunks[index]
+            add_prompt_logprobs(sequence, sequence.num_computed_tokens, chunk_logits)
         for sequence, num_tokens in plan.chunks:
             sequence.num_computed_tokens += num_tokens
-        for row, (sequence, _) in enumerate(sampling):
+        rows, groups = [], []
+        for row, sequence in enumerate(sampling):
             if sequence.needs_store:
                 self.kv.store(sequence)  # the prompt (or, after preemption, everything so far) is computed
                 sequence.needs_store = False
-            token = greedy[row] if sequence.sampler.is_greedy else sequence.sampler.next_token(logits[row])
-            self._accept_token(sequence, token)
+            if sequence.prompt_logprobs is not None:
+                sequence.handle._emit(prompt_logprobs_event(sequence))
+                sequence.prompt_logprobs = None
+            if sequence.request.sampling.max_tokens == 0:  # `echo` of the prompt alone
+                self._finish(sequence, "length")
+                continue
+            rows.append(row)
+            groups.append([sequence] + self._fork_all(sequence))
+        if not rows:
+            return
+        logits = step.logits if len(rows) == len(sampling) else step.logits[rows]
+        drawn = sample_rows(logits, [[s.sampler for s in group] for group in groups], self.grammar_masks)
+        for group, tokens in zip(groups, drawn):
+            for sequence, token in zip(group, tokens):
+                self._accept_token(sequence, token)
 
-    def _accept_token(self, sequence: Sequence, token_id: int) -> None:
+    def _fork_all(self, parent: Sequence) -> list[Sequence]:
+        """At `parent`'s first token: its held sequences (`n`, `best_of`) start from its computed prompt, sharing
+        its KV; each draws its own first token from the same logits. A sequence the pool cannot take now waits at
+        the queue's head and is recomputed from the cache, as after a preemption."""
+        if not parent.forks or parent.num_generated:
+            return []
+        forked, parent.forks = parent.forks, []
+        running = []
+        for child in forked:
+            child.mark_admitted()
+            child.matched_tokens = parent.matched_tokens
+            child.admitted_s = parent.admitted_s
+            child.needs_store = False
+            if self.kv.fork(parent, child):
+                self.scheduler.running.append(child)
+                running.append(child)
+            else:
+                child.num_preemptions = 1  # already counted and reported with its parent
+                self.scheduler.waiting.appendleft(child)
+        return running
+
+    def _accept_token(self, sequence: Sequence, sampled: SampledToken) -> None:
+        token_id = sampled.token_id
         now = time.perf_counter()
         if sequence.num_generated == 0:
             sequence.first_token_s = now
             sequence.prefill_s = now - sequence.admitted_s
         sequence.token_ids.append(token_id)
+        if not math.isnan(sampled.logprob):
+            sequence.cumulative_logprob += sampled.logprob
         params = sequence.request.sampling
         if token_id in self.loaded.eos_token_ids and not params.ignore_eos:
             self._emit_text(sequence, sequence.detokenizer.flush())
             self._finish(sequence, "stop")
             return
+        logprobs = (sampled.entry,) if sampled.entry is not None else ()
         text = sequence.detokenizer.feed(token_id)
         if sequence.detokenizer.stopped:
-            self._emit_text(sequence, text)
+            self._emit_text(sequence, text, logprobs)
             self._finish(sequence, "stop")
         elif sequence.num_generated >= params.max_tokens:
-            self._emit_text(sequence, text + sequence.detokenizer.flush())
+            self._emit_text(sequence, text + sequence.detokenizer.flush(), logprobs)
             self._finish(sequence, "length")
         else:
-            sequence.handle._emit(TokenDelta(text, (token_id,)))
+            sequence.handle._emit(TokenDelta(text, (token_id,), sequence.index, logprobs))
 
-    def _emit_text(self, sequence: Sequence, text: str) -> None:
-        sequence.handle._emit(TokenDelta(text, (sequence.last_token,)))
+    def _emit_text(self, sequence: Sequence, text: str, logprobs: tuple = ()) -> None:
+        sequence.handle._emit(TokenDelta(text, (sequence.last_token,), sequence.index, logprobs))
 
     def _finish(self, sequence: Sequence, reason: str) -> None:
         if sequence.admission_id < 0 and reason == "cancelled":
@@ -322,8 +385,14 @@ class Engine:
                 sequence.matched_tokens,
                 timings,
                 sequence.detokenizer.matched_stop,
+                index=sequence.index,
+                cumulative_logprob=sequence.cumulative_logprob,
             )
         )
+        # Sequences still held (the request ended before its first token): they end the same way, with nothing.
+        for held in sequence.forks:
+            held.handle._emit(Finished(reason, len(held.prompt), 0, sequence.matched_tokens, timings, index=held.index))
+        sequence.forks = []
 
     def _fail(self, sequence: Sequence, error: EngineError) -> None:
         if sequence.locked_node is not None or sequence.num_slots:
@@ -331,6 +400,7 @@ class Engine:
         self.scheduler.remove(sequence)
         self.counters.failed_requests += 1
         sequence.handle._fail(error)
+        sequence.handle.cancel()  # the request's other sequences (`n`) stop at the next step
 
     def _fail_all(self, error: EngineError, extra: list[Sequence] = ()) -> None:
         for sequence in list(self.scheduler.running) + list(self.scheduler.waiting) + list(extra):
