@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-# The gateway's normalization rules (`gateway.tenant_settings`; the db package does not import the gateway).
+# The gateway's normalization rules (`gateway.config.tenant`; the db package does not import the gateway).
 SEMANTIC_RULES: Final = ("newlines", "tool_schema_key_order", "tool_order", "tool_call_arguments_key_order")
 HOIST_PLACEMENTS: Final = ("after_system", "end")
 CANDIDATE_MAX = 64
@@ -71,7 +71,7 @@ class CandidateInfo:
     def toml_lines(self, tenant: str) -> list[str]:
         """The `prefixscope.toml` lines that switch this candidate on for `tenant` (merge the `rules` entries into an
         existing `rules = {...}` of that table)."""
-        lines = [f"[tenants.{_toml_key(tenant)}]"]
+        lines = [f"[tenants.{toml_key(tenant)}]"]
         if self.rules:
             rules = ", ".join(f"{name} = {'true' if on else 'false'}" for name, on in self.rules.items())
             lines.append(f"rules = {{ {rules} }}")
@@ -85,7 +85,8 @@ class CandidateInfo:
 MERGE_HINT: Final = "merge into the tenant's table and rules if the file has them: TOML rejects a second copy"
 
 
-def _toml_key(name: str) -> str:
+def toml_key(name: str) -> str:
+    """`name` as a TOML key: bare when it can be, else quoted."""
     bare = name.replace("-", "").replace("_", "")
     if name and bare.isascii() and bare.isalnum():
         return name

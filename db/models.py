@@ -172,6 +172,26 @@ class RequestChainRow(Base):
     __table_args__ = (Index("ix_request_chains_tenant_created_at", "tenant", "created_at"),)
 
 
+class PromptSignatureRow(Base):
+    """The prompt signature of one sampled request (see `db.signatures.PromptSignature`), deleted with its
+    request; read by the fleet patterns."""
+
+    __tablename__ = "prompt_signatures"
+
+    request_id: Mapped[str] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX))
+    block_chars: Mapped[int] = mapped_column(Integer)
+    text_chars: Mapped[int] = mapped_column(Integer)
+    tool_chars: Mapped[int] = mapped_column(Integer)
+    prompt_chars: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    # Packed little-endian int64, 8 bytes per hash.
+    head: Mapped[bytes] = mapped_column(LargeBinary)
+    tail: Mapped[bytes] = mapped_column(LargeBinary)
+    tools: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class HourlyRollup(Base):
     """Sums over the requests of one UTC hour for one (tenant, model, upstream).
 

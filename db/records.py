@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from db.advice import AdviceOutcome
 from db.chains import RequestChain
+from db.signatures import PromptSignature
 from db.timeutil import as_utc
 
 ENDPOINTS: Final = ("chat.completions", "completions", "messages")
@@ -68,10 +69,11 @@ def _field_names() -> tuple[str, ...]:
     return tuple(f.name for f in fields(RequestRecord))
 
 
-# Routing policies over a replica set, and where a cache-aware prediction came from: `precise` the engine's published
-# cache events, `approximate` what the gateway itself sent to that replica, `none` no index knew the replica.
+# Routing policies over a replica set, and where a cache-aware prediction came from: `events` the replica's KV events
+# (vLLM's format, over ZeroMQ), `approximate` what the gateway itself sent to that replica, `none` no index knew the
+# replica; `precise` (rows before the KV events) the engine's former HTTP event feed.
 ROUTING_POLICIES: Final = ("cache_aware", "round_robin", "least_loaded")
-ROUTING_INDEX_SOURCES: Final = ("precise", "approximate", "none")
+ROUTING_INDEX_SOURCES: Final = ("events", "approximate", "none", "precise")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,8 @@ class RequestRecord:
     chain: RequestChain | None = None
     # Sampled by the rule advisor: per candidate rule, the tokens this request would have hit (`db.advice`).
     advice: tuple[AdviceOutcome, ...] = ()
+    # Sampled by the rule advisor: keyed block hashes of the prompt, for the fleet patterns (`db.patterns`).
+    signature: PromptSignature | None = None
     # Where `ttft_ms` comes from: `gateway` (first streamed content byte, measured by the gateway) or `engine` (the
     # engine's own queue + prefill time, for non-streamed responses); None when there is no TTFT.
     ttft_source: str | None = None
@@ -165,6 +169,7 @@ class RequestRecord:
         data["applied_rules"] = list(self.applied_rules)
         data["chain"] = None if self.chain is None else self.chain.to_dict()
         data["advice"] = [outcome.to_dict() for outcome in self.advice]
+        data["signature"] = None if self.signature is None else self.signature.to_dict()
         # ASCII output survives any string (lone surrogates included); default=str keeps a value of an unexpected
         # type in readable form rather than failing the spill.
         return json.dumps(data, separators=(",", ":"), default=str)
@@ -182,4 +187,6 @@ class RequestRecord:
         chain = kwargs.get("chain")
         kwargs["chain"] = None if chain is None else RequestChain.from_dict(chain)
         kwargs["advice"] = tuple(AdviceOutcome.from_dict(item) for item in kwargs.get("advice") or ())
+        signature = kwargs.get("signature")
+        kwargs["signature"] = None if signature is None else PromptSignature.from_dict(signature)
         return cls(**kwargs)

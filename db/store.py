@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, select
 
 from db.advice_store import store_advice
+from db.signature_store import SIGNATURES, store_signatures
 from db.chains import RequestChain, unpack_hash_ids
 from db.dialect import greatest, upsert_insert
 from db.models import MISS_REASON_MAX, SEGMENT_MAX, NamespaceTenant, RequestChainRow, RequestRecordRow, table_of
@@ -174,6 +175,7 @@ def store_records(conn: Connection, records: Sequence[RequestRecord]) -> StoreRe
     if fresh:
         apply_rollups(conn, RollupAccumulator().add_all(fresh))
         store_advice(conn, fresh)
+        store_signatures(conn, fresh)
         _record_namespaces(conn, fresh)
     return StoreResult(inserted=len(fresh), duplicates=len(records) - len(fresh))
 
@@ -207,6 +209,7 @@ def prune_requests(conn: Connection, before: datetime) -> int:
     """
     # Explicitly rather than by the foreign key's cascade, which SQLite applies only with foreign keys switched on.
     conn.execute(delete(CHAINS).where(CHAINS.c.created_at < as_utc(before)))
+    conn.execute(delete(SIGNATURES).where(SIGNATURES.c.created_at < as_utc(before)))
     result = conn.execute(delete(REQUESTS).where(REQUESTS.c.created_at < as_utc(before)))
     return int(result.rowcount or 0)
 

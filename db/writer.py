@@ -61,7 +61,10 @@ class RecordWriter(SpillPaths):
     `submit` must be called from the event loop the writer was started on (it is not thread-safe).
     """
 
-    def __init__(self, config: WriterConfig, engine: AsyncEngine | None = None) -> None:
+    def __init__(
+        self, database_url: str, config: WriterConfig = WriterConfig(), engine: AsyncEngine | None = None
+    ) -> None:
+        self.database_url = database_url
         self.config = config
         self._queue: asyncio.Queue[RequestRecord] = asyncio.Queue(maxsize=config.queue_size)
         self._engine = engine
@@ -75,7 +78,7 @@ class RecordWriter(SpillPaths):
         self._in_flight = 0
         self._accepted = self._written = self._spilled = self._replayed = 0
         self._dropped = self._rejected = self._lost = self._batches = 0
-        self._watch = DatabaseFileWatch.for_url(config.database_url)
+        self._watch = DatabaseFileWatch.for_url(database_url)
         self._recreated = self._generation = self._written_in_file = self._replayed_in_file = 0
         self._journal = Journal(config.spill_path) if config.durability == "spill_first" else None
         self._journaled: deque[bool] = deque()
@@ -137,7 +140,7 @@ class RecordWriter(SpillPaths):
         if self._task is not None:
             return
         if self._engine is None:
-            self._engine = create_async_engine_for(self.config.database_url)
+            self._engine = create_async_engine_for(self.database_url)
         if self._journal is not None:
             self._journal_leftovers = not await asyncio.to_thread(self._journal.recover_into, self._spill)
             self._sync_task = asyncio.create_task(
@@ -279,7 +282,7 @@ class RecordWriter(SpillPaths):
             )
         await self._engine.dispose()
         await asyncio.to_thread(self._watch.remove_stale_companions)
-        await upgrade_async(self.config.database_url)
+        await upgrade_async(self.database_url)
         self._watch.reset()
         self._generation += 1
 

@@ -21,8 +21,8 @@ from gateway.anthropic.handler import CountTokens, MessagesProxy
 from gateway.auth import KeySnapshot, KeyStore
 from gateway.config import GatewayConfig
 from gateway.edge_errors import exception_handlers
-from gateway.explain.explainer import Explainer
 from gateway.engine_context import EngineContextPoller
+from gateway.explain.explainer import Explainer
 from gateway.explain.uplift import UpliftChecker
 from gateway.http_client import make_http_client
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -85,7 +85,8 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         metrics.keys_loaded.set(len(snapshot.entries))
 
     keys.on_change = on_keys
-    recorder = Recorder(storage.sink, metrics, hasher=RecordHasher(secret))
+    hasher = RecordHasher(secret)
+    recorder = Recorder(storage.sink, metrics, hasher=hasher)
     runtime = Runtime(
         config=config,
         client=httpx.AsyncClient(),  # replaced by the pooled client when the app starts
@@ -96,8 +97,10 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         metrics=metrics,
     )
     metrics.replicas.watch(lambda: runtime.router.replica_sets.values())
-    explainer = recorder.explainer = Explainer(UpliftChecker(lambda: runtime.client, recorder.record))
-    advisor = recorder.advisor = AdviceSampler(lambda: runtime.client)
+    uplift = UpliftChecker(lambda: runtime.client, recorder.record)
+    explainer = Explainer(uplift)
+    advisor = AdviceSampler(lambda: runtime.client, fleet_key=hasher.fleet_key())
+    recorder.compose(explainer=explainer, uplift=uplift, advisor=advisor)
     engine_context = EngineContextPoller(lambda: runtime.client, storage, config.upstreams)
 
     @asynccontextmanager
@@ -175,6 +178,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 "failed": advisor.failed,
                 "skipped": advisor.skipped,
                 "pending": advisor.pending,
+                "cpu_s": round(advisor.capacity.cpu_s_total, 3),
             },
         }
         return Response(content=body, status_code=200 if refused is None else 503)

@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from db.records import ROUTING_POLICIES
+from db.writer_config import DURABILITY_MODES, WriterConfig
+
 DEFAULT_CONFIG_FILE = Path("prefixscope.toml")
 ENV_DATABASE_URL = "PREFIXSCOPE_DATABASE_URL"
 # The local engine's API key for the default upstream (`prefixscope up` sets it to the secret it shares with it).
@@ -40,7 +43,7 @@ def register(commands: Any, bench_commands: Any) -> None:
     gateway.add_argument(
         "--routing",
         default=None,
-        choices=("cache_aware", "round_robin", "least_loaded"),
+        choices=ROUTING_POLICIES,
         help="routing policy over the default upstream's replicas (default: cache_aware for several)",
     )
     gateway.add_argument(
@@ -68,8 +71,8 @@ def register(commands: Any, bench_commands: Any) -> None:
     bench.add_argument("--stream", action="store_true", help="use streamed requests")
     bench.add_argument(
         "--durability",
-        default="spill_first",
-        choices=("spill_first", "queue_first"),
+        default=WriterConfig.durability,
+        choices=DURABILITY_MODES,
         help="the gateway's recording durability mode ([recorder] durability)",
     )
     bench.add_argument(
@@ -82,15 +85,18 @@ def register(commands: Any, bench_commands: Any) -> None:
 
     routing = bench_commands.add_parser(
         "routing",
-        help="cache-aware routing against round robin over 2 and 3 engine replicas",
-        description="Start engine replicas with pools of about half the working set and replay the same requests "
-        "under cache_aware and round_robin routing; print hit rate, TTFT and load per replica with a verdict.",
+        help="cache-aware routing over KV events vs the approximate index vs round robin, over engine replicas",
+        description="Start engine replicas (publishing KV events) with pools of about half the working set and "
+        "replay the same requests routed cache-aware over their KV events, cache-aware over the gateway's approximate "
+        "index, and round robin; print hit rate, TTFT, load per replica and the router's decision time with 100k "
+        "indexed blocks, with a verdict (exit 1 on FAIL).",
     )
     routing.add_argument("--model", default="smollm2", help="engine model: smollm2 or a local model directory")
-    routing.add_argument("--replicas", default="2,3", help="replica counts to run, comma-separated")
+    routing.add_argument("--replicas", default="3", help="replica counts to run, comma-separated")
     routing.add_argument("--prompts", type=int, default=4, help="K distinct system prompts")
-    routing.add_argument("--prompt-tokens", type=int, default=1500, help="approximate tokens per system prompt")
-    routing.add_argument("--rounds", type=int, default=20, help="requests per system prompt")
+    routing.add_argument("--prompt-tokens", type=int, default=800, help="approximate tokens per system prompt")
+    routing.add_argument("--rounds", type=int, default=12, help="requests per system prompt")
+    routing.add_argument("--indexed-blocks", type=int, default=100_000, help="blocks indexed for the decision time")
     routing.set_defaults(handler=run_routing_bench)
 
 
@@ -184,5 +190,6 @@ def run_routing_bench(args: argparse.Namespace) -> int:
             num_prompts=args.prompts,
             prompt_tokens=args.prompt_tokens,
             rounds=args.rounds,
+            indexed_blocks=args.indexed_blocks,
         )
     )

@@ -18,8 +18,8 @@ from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
 from gateway.explain.chains import body_without_hash_chain
 from gateway.recording import Outcome, RequestTracker
 from gateway.retention import retention_header
-from gateway.routing import Route
 from gateway.sse import SSERelay
+from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
 

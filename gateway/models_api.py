@@ -6,8 +6,8 @@ import asyncio
 from typing import Any
 
 from gateway.errors import UpstreamUnavailable
-from gateway.routing import Route
 from gateway.runtime import Runtime
+from gateway.upstreams.route import Route
 
 
 async def _fetch(runtime: Runtime, route: Route) -> list[dict[str, Any]]:

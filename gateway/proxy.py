@@ -31,8 +31,8 @@ from gateway.forwarding import forward_plain, forward_stream
 from gateway.parsing import parse_request
 from gateway.recording import Outcome, RequestTracker
 from gateway.replicas.dispatch import forward_routed
-from gateway.routing import Route
 from gateway.runtime import Runtime
+from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,9 @@ from db.chains import RequestChain
 
 KEY_VERSION = 1
 _CONTEXT = b"prefixscope/record-hash/v1\x00"
+# The fleet key keys the advisor's prompt signatures (`gateway.advisor.signature`): one key for every tenant, so the
+# fleet patterns can find the same block across tenants.
+_FLEET_CONTEXT = b"prefixscope/fleet-patterns/v1"
 _MAX_CACHED_TENANTS = 100_000
 
 
@@ -42,6 +45,10 @@ class RecordHasher:
             if len(self._keys) < _MAX_CACHED_TENANTS:
                 self._keys[tenant] = key
         return key
+
+    def fleet_key(self) -> bytes:
+        """The 32-byte fleet key: HMAC-SHA256(server secret, "prefixscope/fleet-patterns/v1")."""
+        return hmac.new(self._secret, _FLEET_CONTEXT, hashlib.sha256).digest()
 
     def chain(self, tenant: str, chain: RequestChain | None) -> RequestChain | None:
         """`chain` with every hash keyed for `tenant` (None stays None)."""

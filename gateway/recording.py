@@ -3,27 +3,28 @@
 A `RequestTracker` follows a request through the proxy, collecting what is known as it becomes known; `finish`
 builds the record exactly once, whatever path the request took (success, upstream error, bad input, client
 disconnect), so every request is recorded. For an answered request the record carries the miss explanation and the
-prompt's hash chain (`gateway.explain`); when the request was sampled for rule advice (`gateway.advisor`) or a
-normalization uplift check, their background tasks submit the record once they have their answers.
+prompt's hash chain; when the request was sampled for rule advice or a normalization uplift check, their background
+tasks submit the record once they have their answers.
+
+The recorder imports none of the features that feed it: the app composes it with its sinks (`MissExplainer`:
+`gateway.explain.Explainer`; `UpliftSink`: `gateway.explain.uplift.UpliftChecker`; `AdviceSink`:
+`gateway.advisor.sampler.AdviceSampler`), each declared here by the calls the recorder makes.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from db.chains import RequestChain
 from db.records import RequestRecord
-from gateway.record_keys import KEY_VERSION, RecordHasher
-from gateway.explain.explainer import ExplainContext, Explained, Explainer
-from gateway.explain.reasons import EngineReport
 from gateway.metrics import GatewayMetrics
+from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.upstreams.base import CacheReport, UsageReport
-
-if TYPE_CHECKING:
-    from gateway.advisor.sampler import AdviceSampler
 
 log = logging.getLogger(__name__)
 
@@ -49,22 +50,72 @@ class RecordSink(Protocol):
     def counters(self) -> Any: ...
 
 
+class ExplainContextLike(Protocol):
+    """What the recorder reads or tells about a request's explain context (`gateway.explain.ExplainContext`)."""
+
+    route: Any  # the route the request took: a replica set's placement replaces it
+
+
+class ExplainedAnswer(Protocol):
+    """A miss explanation (`gateway.explain.explainer.Explained`)."""
+
+    @property
+    def chain(self) -> RequestChain | None: ...
+
+    @property
+    def uplift(self) -> Any: ...  # the uplift check to run, when the request was sampled for one
+
+    def record_fields(self, report: CacheReport) -> Mapping[str, Any]: ...
+
+
+class MissExplainer(Protocol):
+    """Explains why an answered request was not served further from cache (`gateway.explain.Explainer`)."""
+
+    def prepare_soon(self, context: Any) -> None: ...
+
+    def explain(
+        self, context: Any, *, recorded_status: int, engine: CacheReport, applied_rules: tuple[str, ...]
+    ) -> ExplainedAnswer: ...
+
+
+class UpliftSink(Protocol):
+    """Measures a sampled request's normalization gain, then submits its record (`UpliftChecker`)."""
+
+    def defer(self, record: RequestRecord, job: Any) -> bool: ...
+
+
+class AdviceSink(Protocol):
+    """Estimates what a tenant's disabled rules would gain, then submits the record (`AdviceSampler`)."""
+
+    def observe(self, context: Any, record: RequestRecord, submit: Callable[[RequestRecord], None]) -> bool: ...
+
+
 class Recorder:
-    """Submits finished records to the writer (never blocking) and counts them in the metrics; holds the explainer
-    that adds miss explanations to them (None: records go unexplained)."""
+    """Submits finished records to the writer (never blocking) and counts them in the metrics; holds the sinks that
+    add to a record before it is submitted (each None: that part is left out)."""
 
     def __init__(
         self,
         sink: RecordSink,
         metrics: GatewayMetrics,
-        explainer: Explainer | None = None,
         hasher: RecordHasher | None = None,
     ) -> None:
         self._sink = sink
         self._metrics = metrics
-        self.explainer = explainer
-        self.advisor: AdviceSampler | None = None  # estimates what rules a tenant has not enabled would gain
         self.hasher = hasher  # keys the stored prompt hashes (None: plain hashes, for tests of other parts only)
+        self.explainer: MissExplainer | None = None
+        self.uplift: UpliftSink | None = None
+        self.advisor: AdviceSink | None = None
+
+    def compose(
+        self,
+        *,
+        explainer: MissExplainer | None = None,
+        uplift: UpliftSink | None = None,
+        advisor: AdviceSink | None = None,
+    ) -> None:
+        """Attach the sinks (composed by the app after the recorder: they submit the records they hold back)."""
+        self.explainer, self.uplift, self.advisor = explainer, uplift, advisor
 
     def hash_key(self, tenant: str) -> bytes:
         """The tenant's record key for `prefix_hash` (empty without a hasher)."""
@@ -136,7 +187,7 @@ class RequestTracker:
         # response (it saw `[DONE]`) is still recorded with the real outcome.
         self.outcome: Outcome | None = None
         self.finished = False
-        self.explain: ExplainContext | None = None
+        self.explain: ExplainContextLike | None = None  # what the explainer knows of the request
         self.namespace_label: str | None = None  # the engine's label of the tenant's cache namespace
         # Messages API only: prompt tokens written to the cache.
         self.cache_write_tokens: int | None = None
@@ -176,26 +227,22 @@ class RequestTracker:
         cached_tokens = usage.cached_tokens if usage.cached_tokens is not None else report.matched_tokens
         # The body's split (or the usage chunk's) wins over the header's; the load time is only ever in the body.
         tiers = usage.tiers if usage.tiers is not None else report.tiers
-        explained = Explained()
         explainer = self._recorder.explainer
+        explained: ExplainedAnswer | None = None
         if explainer is not None and self.explain is not None:
-            engine = EngineReport(
-                report.miss_kind,
-                report.matched_tokens if report.matched_tokens is not None else cached_tokens,
-                report.prompt_tokens if report.prompt_tokens is not None else prompt_tokens,
-                report.template_tokens,
-                report.divergence_segment,
-                report.divergence_char_offset,
+            engine = replace(
+                report,
+                matched_tokens=report.matched_tokens if report.matched_tokens is not None else cached_tokens,
+                prompt_tokens=report.prompt_tokens if report.prompt_tokens is not None else prompt_tokens,
             )
             explained = explainer.explain(
                 self.explain, recorded_status=status_code, engine=engine, applied_rules=self.applied_rules
             )
-        explanation = explained.explanation
         ttft_ms, ttft_source = self.ttft_ms, TTFT_GATEWAY if self.ttft_ms is not None else None
         if ttft_ms is None and not self.stream and report.ttft_ms is not None and status_code < 400:
             ttft_ms, ttft_source = report.ttft_ms, TTFT_ENGINE  # the engine's own queue + prefill time
-        engine_located = explanation is not None and explanation.source == "engine" and explanation.segment is not None
         hasher = self._recorder.hasher
+        chain = None if explained is None else explained.chain
         record = RequestRecord(
             request_id=self.request_id,
             created_at=self.created_at,
@@ -217,16 +264,9 @@ class RequestTracker:
             miss_kind=report.miss_kind,
             prefix_hash=self.prefix_hash,
             prompt_text=self.prompt_text,
-            miss_reason=None if explanation is None else explanation.reason,
-            divergence_segment=None if explanation is None else explanation.segment,
-            divergence_char_offset=None if explanation is None else explanation.char_offset,
-            recomputed_tokens=None if explanation is None else explanation.recomputed_tokens,
-            divergence_source=None if explanation is None or explanation.segment is None else explanation.source,
-            diverged_at_token=report.matched_tokens if engine_located else None,
             template_tokens=report.template_tokens,
             namespace_label=self.namespace_label,
-            normalization_gain_tokens=explained.normalization_gain_tokens,
-            chain=explained.chain if hasher is None else hasher.chain(self.tenant, explained.chain),
+            chain=chain if hasher is None else hasher.chain(self.tenant, chain),
             hash_key_version=None if hasher is None else KEY_VERSION,
             cache_write_tokens=self.cache_write_tokens,
             retention_class=self.retention_class,
@@ -238,12 +278,13 @@ class RequestTracker:
             routing_policy=self.routing_policy,
             predicted_match_tokens=self.predicted_match_tokens,
             routing_index_source=self.routing_index_source,
+            **({} if explained is None else explained.record_fields(report)),
         )
         recorder = self._recorder
 
         def submit(record: RequestRecord) -> None:
-            uplift = explained.uplift
-            if uplift is not None and explainer is not None and explainer.uplift.defer(record, uplift):
+            job = None if explained is None else explained.uplift
+            if job is not None and recorder.uplift is not None and recorder.uplift.defer(record, job):
                 return  # the check's task submits the record
             recorder.record(record)
 

@@ -16,8 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from db.writer_config import WriterConfig
 from gateway.auth import KeySnapshot
-from gateway.config import RecorderConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class StorageConfig:
     database_url: str
-    recorder: RecorderConfig
+    recorder: WriterConfig
     run_migrations: bool = True
     key_snapshot_path: Path | None = None  # where the last good key table is kept (hashes only)
 
@@ -35,22 +35,11 @@ class DatabaseStorage:
 
     def __init__(self, config: StorageConfig) -> None:
         from db.engine import create_async_engine_for
-        from db.writer import RecordWriter, WriterConfig
+        from db.writer import RecordWriter
 
         self.config = config
         self._engine = create_async_engine_for(config.database_url)
-        self.sink = RecordWriter(
-            WriterConfig(
-                database_url=config.database_url,
-                queue_size=config.recorder.queue_size,
-                batch_size=config.recorder.batch_size,
-                flush_interval_s=config.recorder.flush_interval_s,
-                spill_path=Path(config.recorder.spill_path),
-                replay_interval_s=config.recorder.replay_interval_s,
-                durability=config.recorder.durability,
-                journal_fsync_interval_s=config.recorder.journal_fsync_interval_s,
-            )
-        )
+        self.sink = RecordWriter(config.database_url, config.recorder)
         self._migration_task: asyncio.Task[None] | None = None
         self._generation = 0
         self.migrated = not config.run_migrations

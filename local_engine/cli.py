@@ -53,6 +53,19 @@ def _add_tier_options(parser: argparse.ArgumentParser) -> None:
         "--cache-write-policy", default="write_back", choices=["write_back", "write_through"],
         help="write_back: KV goes down a tier when evicted; write_through: copies go down at insert time",
     )
+    events = parser.add_argument_group("KV events (vLLM's and SGLang's ZeroMQ format; docs/fleets.md)")
+    events.add_argument(
+        "--kv-events-endpoint", default=None, metavar="tcp://HOST:PORT",
+        help="publish the cache's KV events on a ZeroMQ PUB socket bound here (they carry token ids: keep it private)",
+    )
+    events.add_argument(
+        "--kv-events-replay-endpoint", default=None, metavar="tcp://HOST:PORT",
+        help="answer replay requests (from a sequence number) on a ZeroMQ ROUTER socket bound here",
+    )
+    events.add_argument("--kv-events-topic", default="", help="the topic frame of every KV-event message")
+    events.add_argument(
+        "--kv-events-block-size", type=int, default=16, metavar="TOKENS", help="tokens per announced block",
+    )
 
 
 def _non_negative_int(text: str) -> int:
@@ -101,6 +114,7 @@ add_engine_options = _add_engine_options
 
 def engine_config_from(args: argparse.Namespace):
     from local_engine.config import EngineConfig
+    from local_engine.kv_events.config import KvEventsConfig
 
     return EngineConfig(
         model=args.model,
@@ -120,6 +134,10 @@ def engine_config_from(args: argparse.Namespace):
         disk_cache_dir=args.disk_cache_dir,
         disk_cache_gib=args.disk_cache_gib,
         cache_write_policy=args.cache_write_policy,
+        kv_events=KvEventsConfig(
+            endpoint=args.kv_events_endpoint, replay_endpoint=args.kv_events_replay_endpoint,
+            topic=args.kv_events_topic, block_size=args.kv_events_block_size,
+        ),
     )
 
 
@@ -128,12 +146,12 @@ def _serve(args: argparse.Namespace) -> int:
     import sys
 
     from local_engine.config import ServerConfig
-    from local_engine.engine import Engine
-    from local_engine.model_loader import load_model, resolve_device
-    from local_engine.access import ENV_API_KEY, check_bind
-    from local_engine.attention_backends import resolve_attention_backend
-    from local_engine.server import create_app
-    from local_engine.shutdown import serve
+    from local_engine.engine.engine import Engine
+    from local_engine.model.loader import load_model, resolve_device
+    from local_engine.api.access import ENV_API_KEY, check_bind
+    from local_engine.model.attention_backends import resolve_attention_backend
+    from local_engine.api.server import create_app
+    from local_engine.engine.shutdown import serve
 
     if getattr(args, "engine_parser", None) is not None:
         check_engine_options(args.engine_parser, args)
@@ -142,8 +160,8 @@ def _serve(args: argparse.Namespace) -> int:
     if refusal:
         print(f"prefixscope engine: {refusal}", file=sys.stderr)
         return 2
-    from local_engine.cache.disk_index import DiskCacheLocked
-    from local_engine.kv_tiers import TierUnavailable, reserve_disk_directory
+    from local_engine.cache.tiers.disk_index import DiskCacheLocked
+    from local_engine.engine.kv_tiers import TierUnavailable, reserve_disk_directory
 
     try:
         config = engine_config_from(args)
@@ -177,7 +195,15 @@ def _serve(args: argparse.Namespace) -> int:
         f"listening on http://{args.host}:{args.port}",
         flush=True,
     )
-    engine.start()
+    try:
+        engine.start()
+    except OSError as error:  # a KV events address that is taken or cannot be bound
+        print(f"prefixscope engine: cannot publish KV events: {error}", file=sys.stderr)
+        engine.stop()
+        return 2
+    if engine.kv_events is not None and engine.kv_events.bound_endpoint:
+        print(f"prefixscope engine: KV events on {engine.kv_events.bound_endpoint}"
+              f" (replay {engine.kv_events.bound_replay_endpoint or 'off'})", flush=True)
     try:
         serve(create_app(engine, server_config), engine, args.host, args.port, args.log_level, config.shutdown_grace_s)
     finally:
@@ -186,7 +212,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from local_engine.bench import run_engine_benchmark
+    from local_engine.bench.engine import run_engine_benchmark
 
     return run_engine_benchmark(args)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from local_engine.kv_events.config import KvEventsConfig
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -19,7 +21,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # tokens per step: decode tokens plus prefill chunks
     shutdown_grace_s: float = 10.0  # on SIGTERM, in-flight requests may finish this long before being cancelled
     max_waiting_requests: int = 256  # beyond this new requests get a 503
-    attention_backend: str = "auto"  # auto | torch | flashinfer (local_engine.attention_backends)
+    attention_backend: str = "auto"  # auto | torch | flashinfer (local_engine.model.attention_backends)
     # Lower KV tiers (off by default): L2 host pool in tokens or GiB (0 = off), L3 disk directory with its capacity
     # (10 GiB when a directory is given), and when copies go down (write_back: on eviction; write_through: at insert).
     host_cache_tokens: int | None = None
@@ -27,6 +29,7 @@ class EngineConfig:
     disk_cache_dir: str | None = None
     disk_cache_gib: float | None = None
     cache_write_policy: str = "write_back"
+    kv_events: KvEventsConfig = KvEventsConfig()  # the KV-event stream (local_engine.kv_events)
 
     def __post_init__(self) -> None:
         self._check_tiers()
@@ -72,6 +75,6 @@ DEFAULT_DISK_CACHE_GIB = 10.0
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8001
-    admin_token: str | None = None  # required by the cache views (local_engine.access); flushing needs it
+    admin_token: str | None = None  # required by the cache views (local_engine.api.access); flushing needs it
     api_key: str | None = None  # required on every endpoint but /health when set
     max_body_bytes: int = 8 * 1024 * 1024

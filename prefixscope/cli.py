@@ -16,7 +16,7 @@ from collections.abc import Sequence
 # dependencies are missing does not break the others' commands.
 _PROGRAM_CLIS = (
     "local_engine.cli",
-    "local_engine.bench_tiers",
+    "local_engine.bench.tiers",
     "gateway.cli",
     "gateway.advisor.cli",
     "gateway.demo.cli",

@@ -69,8 +69,14 @@ def _engine_options(args: argparse.Namespace) -> list[str]:
 
 def _replica_options(options: list[str], replica: int, num_replicas: int) -> list[str]:
     """`options` for one replica: with several, each gets its own subdirectory of `--disk-cache-dir`
-    (`replica-1`, `replica-2`, ...), since an engine locks its disk directory for itself."""
-    if num_replicas == 1 or "--disk-cache-dir" not in options:
+    (`replica-1`, `replica-2`, ...), since an engine locks its disk directory for itself, and publishes its KV events
+    on loopback ports of its own choosing (the gateway finds them in the engine's `GET /v1/cache`)."""
+    if num_replicas == 1:
+        return options
+    if "--kv-events-endpoint" not in options:
+        options = [*options, "--kv-events-endpoint", "tcp://127.0.0.1:*", "--kv-events-replay-endpoint",
+                   "tcp://127.0.0.1:*"]
+    if "--disk-cache-dir" not in options:
         return options
     at = options.index("--disk-cache-dir") + 1
     return options[:at] + [os.path.join(options[at], f"replica-{replica + 1}")] + options[at + 1 :]

@@ -16,6 +16,9 @@ def test_up_with_replicas_starts_one_engine_per_replica_behind_the_gateway():
         argv = programs[name]
         assert argv[argv.index("--port") + 1] == str(9101 + number)
         assert argv[argv.index("--kv-cache-tokens") + 1] == "4096"
+        # each publishes its KV events on loopback ports it picks; the gateway reads them from its /v1/cache
+        assert argv[argv.index("--kv-events-endpoint") + 1] == "tcp://127.0.0.1:*"
+        assert argv[argv.index("--kv-events-replay-endpoint") + 1] == "tcp://127.0.0.1:*"
     gateway = programs["gateway"]
     upstreams = [gateway[i + 1] for i, value in enumerate(gateway) if value == "--upstream"]
     assert upstreams == ["http://127.0.0.1:9101", "http://127.0.0.1:9102", "http://127.0.0.1:9103"]

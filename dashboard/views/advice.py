@@ -1,11 +1,12 @@
 """Rule advice: per tenant, what each rule or setting it has not enabled would gain, estimated by the gateway's rule
-advisor on a sample of its requests, with the prefixscope.toml lines that enable it."""
+advisor on a sample of its requests, with the prefixscope.toml lines that enable it; then the retention class each
+prefix should buy and the fleet-wide prompt patterns (`dashboard.retention_panel`)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data, data_advice, ui
+from dashboard import data, data_advice, retention_panel, ui
 from db.advice import DEFAULT_MIN_SAMPLES, MERGE_HINT
 from db.queries.advice import CandidateAdvice
 
@@ -30,9 +31,9 @@ found = ui.read_database(
     data_advice.rule_advice, settings.database_url, filters.since, filters.until, filters.tenant, min_samples
 )
 if not found:
-    ui.stop_with_info(
-        "No rule advice in this range. The advisor samples a share of each tenant's requests "
-        "(`advice_sample_rate` in prefixscope.toml); pick a longer range or another tenant."
+    st.info(
+        "No rule advice in this range. The advisor samples every request of a tenant while it has capacity "
+        "(`advice_sample_rate` above 0 in prefixscope.toml); pick a longer range or another tenant."
     )
 
 
@@ -97,7 +98,8 @@ for tenant in found:
     if tenant.needs_more_samples:
         st.info(
             f"Not enough sampled requests yet to advise: {tenant.most_samples} of the {min_samples} an estimate "
-            "needs. The advisor samples a share of the tenant's requests (`advice_sample_rate`)."
+            f"needs, so {tenant.samples_needed} more requests. The advisor samples every request of a tenant with "
+            "`advice_sample_rate` above 0 while it has capacity."
         )
     elif not recommended:
         st.info("Nothing to recommend: no rule this tenant has not enabled would raise its hit rate.")
@@ -110,3 +112,6 @@ for tenant in found:
             st.warning("This rule moves content: it changes what the model reads.", icon=":material/warning:")
         st.code("\n".join(c.toml_lines), language="toml")
         st.caption(f"To enable it, add these lines to prefixscope.toml ({MERGE_HINT}).")
+
+retention_panel.show_retention(settings.database_url, filters.since, filters.until, filters.tenant)
+retention_panel.show_patterns(settings.database_url, filters.since, filters.until, filters.tenant)

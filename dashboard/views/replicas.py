@@ -64,7 +64,8 @@ if not result.accuracy:
 else:
     st.caption(
         "Cache-aware routing predicts each request's cached tokens on the replica it picks, from the engine's cache "
-        "events (precise) or from what the gateway sent there (approximate); the engine then reports what matched."
+        "events (events; precise in older rows) or from what the gateway sent there (approximate); the engine then "
+        "reports what matched."
     )
     st.dataframe(
         [

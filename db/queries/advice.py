@@ -97,6 +97,11 @@ class TenantAdvice:
     def most_samples(self) -> int:
         return max((c.samples for c in self.candidates), default=0)
 
+    @property
+    def samples_needed(self) -> int:
+        """How many more sampled requests the best-sampled candidate needs before its estimate is shown."""
+        return max(0, self.min_samples - self.most_samples)
+
 
 def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator else None

@@ -23,7 +23,7 @@ class ReplicaBucket:
 @dataclass(frozen=True)
 class RouterAccuracy:
     replica: str
-    index_source: str  # precise | approximate | none
+    index_source: str  # events | approximate | none (| precise, rows from before the KV events)
     requests: int
     predicted_tokens: int
     actual_cached_tokens: int

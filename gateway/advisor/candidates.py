@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 
-from gateway.tenant_settings import HOIST_PLACEMENTS, SEMANTIC_RULES, TenantSettings
+from gateway.config.tenant import HOIST_PLACEMENTS, SEMANTIC_RULES, TenantSettings
 
 
 def settings_fingerprint(settings: TenantSettings) -> str:

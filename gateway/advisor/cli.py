@@ -16,10 +16,12 @@ def register(commands: Any, bench_commands: Any) -> None:
     """Add the advisor's subcommands to the `prefixscope` parser."""
     advise = commands.add_parser(
         "advise",
-        help="what each rule a tenant has not enabled would gain",
+        help="what each rule a tenant has not enabled would gain, which retention class pays, fleet patterns",
         description="Per tenant and candidate rule: sampled requests, today's token hit rate, the estimated hit rate "
         "with the rule on, tokens and prefill time it would save per day, what it changes, and the prefixscope.toml "
-        "lines that enable it. Estimates come from the gateway's rule advisor (advice_sample_rate).",
+        "lines that enable it. Estimates come from the gateway's rule advisor (advice_sample_rate). Then, per tenant "
+        "and its largest prefixes, today's retention class, the class with the best net saving, the saving per day, "
+        "the share of writes never read again and the gaps between uses; and the fleet-wide prompt patterns.",
     )
     advise.add_argument("--since", default="1d", help="start: a duration before now (1d, 12h) or ISO time")
     advise.add_argument("--tenant", default=None, help="only this tenant")
@@ -29,7 +31,14 @@ def register(commands: Any, bench_commands: Any) -> None:
         default=DEFAULT_MIN_SAMPLES,
         help=f"hide estimates resting on fewer sampled requests (default {DEFAULT_MIN_SAMPLES})",
     )
-    advise.add_argument("--json", action="store_true", help="print JSON")
+    advise.add_argument("--json", action="store_true", help="print JSON: {rules, retention, patterns}")
+    advise.add_argument(
+        "--config",
+        default=None,
+        help="prefixscope.toml with the upstreams' kinds and [advice.cache_prices] (default: ./prefixscope.toml if "
+        "present; else every upstream is priced as a local engine)",
+    )
+    advise.add_argument("--top", type=int, default=5, help="prefixes per tenant and patterns shown (default 5)")
     advise.add_argument(
         "--database-url", default=None, help="database URL (default: $PREFIXSCOPE_DATABASE_URL, else SQLite)"
     )

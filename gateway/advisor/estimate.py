@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from gateway.advisor.history import CURRENT, Entry, Rendering, segment_keys, sha
 from gateway.explain.chains import CHARS_PER_TOKEN, approximate_chain, canonical_prompt_text
 from gateway.explain.uplift import UpliftJob, dry_run_payload
 from gateway.normalize.pipeline import Pipeline
-from gateway.routing import Route
+from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +132,18 @@ class Estimator:
         self._chains: dict[bytes, list[int]] = {}
         self._current: tuple[int, int] | None = None
         self._chars = len(canonical_prompt_text(job.endpoint, job.body)) or 1
+        self.cpu_s = 0.0  # CPU seconds of the worker-thread parts, for the advisor's budget
 
     def plan(self) -> tuple[Rendering, _Best | None, list[_Plan]]:
         """The CPU part (rewriting and segment matching), run in a worker thread: the request as sent with its best
         earlier match, and each candidate's plan."""
+        started = time.thread_time()
+        try:
+            return self._plan()
+        finally:
+            self.cpu_s += time.thread_time() - started
+
+    def _plan(self) -> tuple[Rendering, _Best | None, list[_Plan]]:
         job = self._job
         earlier = scan_set(job.earlier, job.endpoint, job.scan_limit)
         actual = Rendering(job.body, segment_keys(job.endpoint, job.body))
@@ -178,6 +187,13 @@ class Estimator:
         return await asyncio.to_thread(self._approximate, target, best)
 
     def _approximate(self, target: Rendering, best: _Best | None) -> tuple[int, int]:
+        started = time.thread_time()
+        try:
+            return self._approximate_in_thread(target, best)
+        finally:
+            self.cpu_s += time.thread_time() - started
+
+    def _approximate_in_thread(self, target: Rendering, best: _Best | None) -> tuple[int, int]:
         job = self._job
         tokens_per_char = job.prompt_tokens / self._chars
         text = canonical_prompt_text(job.endpoint, target.request)

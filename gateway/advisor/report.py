@@ -80,8 +80,8 @@ def format_text(found: list[TenantAdvice], tenant: str | None = None, since: str
                 "lists the tenants; advice needs advice_sample_rate above 0 and sampled requests)"
             )
         return (
-            "no rule advice in this range (the gateway samples a share of each tenant's requests, advice_sample_rate, "
-            "0.1 by default: send traffic through it or pick a longer --since)"
+            "no rule advice in this range (the gateway samples every request of a tenant with advice_sample_rate "
+            "above 0 while the advisor has capacity: send traffic through it or pick a longer --since)"
         )
     blocks = []
     for tenant in found:
@@ -100,7 +100,8 @@ def format_text(found: list[TenantAdvice], tenant: str | None = None, since: str
         if tenant.needs_more_samples:
             lines.append(
                 f"  not enough sampled requests yet to advise: {tenant.most_samples} of the {tenant.min_samples} "
-                "an estimate needs"
+                f"an estimate needs; {tenant.samples_needed} more requests (each is sampled while the advisor has "
+                "capacity)"
             )
         elif not tenant.recommendations:
             lines.append("  nothing to recommend: no rule that is off would raise the hit rate")
@@ -129,15 +130,33 @@ def to_json(found: list[TenantAdvice]) -> list[dict[str, Any]]:
     return result
 
 
+def _prices(config: str | None) -> Any:
+    from pathlib import Path
+
+    from db.retention.prices import UpstreamPrices
+
+    path = Path(config) if config is not None else Path("prefixscope.toml")
+    if config is not None and not path.exists():
+        raise ValueError(f"--config {config}: no such file")
+    return UpstreamPrices.from_file(path)
+
+
 def advise_command(args: argparse.Namespace) -> int:
+    """Raises ValueError (bad options, prices), `db.errors.DatabaseError` or SQLAlchemyError (the caller prints)."""
     from db.config import database_url_from_env
     from db.engine import create_sync_engine_for
     from db.queries.advice import advice
+    from db.queries.patterns import fleet_patterns
+    from db.queries.retention import retention_advice
     from db.readiness import require_schema
     from db.timeutil import parse_moment, utc_now
+    from gateway.advisor.retention_report import format_patterns, format_retention, patterns_json, retention_json
 
     if args.min_samples < 1:
         raise ValueError("--min-samples must be at least 1")
+    if args.top < 1:
+        raise ValueError("--top must be at least 1")
+    prices = _prices(args.config)
     since = parse_moment(args.since, utc_now())
     url = database_url_from_env(args.database_url)
     require_schema(url, explicit=args.database_url is not None)  # reading never creates a database
@@ -145,7 +164,21 @@ def advise_command(args: argparse.Namespace) -> int:
     try:
         with engine.connect() as conn:
             found = advice(conn, since, tenant=args.tenant, min_samples=args.min_samples)
+            retention = retention_advice(conn, since, prices.for_upstream, tenant=args.tenant, top=args.top)
+            patterns = fleet_patterns(conn, since, tenant=args.tenant, top=args.top)
     finally:
         engine.dispose()
-    print(json.dumps(to_json(found), indent=2) if args.json else format_text(found, args.tenant, args.since))
+    if args.json:
+        document = {
+            "rules": to_json(found),
+            "retention": retention_json(retention),
+            "patterns": patterns_json(patterns),
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(format_text(found, args.tenant, args.since))
+        print()
+        print(format_retention(retention))
+        print()
+        print(format_patterns(patterns))
     return 0

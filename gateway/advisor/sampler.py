@@ -1,31 +1,39 @@
-"""The advisor's background sampler, bounded as the normalization uplift checker is.
+"""The advisor's background sampler: every request while the advisor has capacity, none past it.
 
-Every answered request of a tenant whose `advice_sample_rate` is above 0 joins its tenant's history (a reference,
-nothing copied; a tenant with advice off keeps none). A share of them (`advice_sample_rate` per tenant) is sampled: its
-record is held while a background task estimates every candidate (`gateway.advisor.estimate`) and then submitted with
-the estimates attached, so the client never waits. At most `concurrency` estimates run at once and at most `max_pending`
-wait; past that a request is not sampled. Each estimate compares against at most `scan_limit` earlier requests and does
-its rewriting in a worker thread, so neither the history size nor the rules slow the event loop. `stop` waits (bounded)
-for the estimates in flight and submits the records of any it has to cancel, without advice.
+Every answered request of a tenant whose `advice_sample_rate` is above 0 (0 turns advice off) joins its tenant's
+history (a reference, nothing copied; a tenant with advice off keeps none). It is sampled whenever the advisor has
+capacity (`gateway.advisor.capacity`: under its CPU budget, a share of one core over a sliding window, and fewer than
+`max_pending` estimates in flight), not by a fixed fraction, so a quiet tenant is advised after its first handful of
+requests and a busy gateway stays bounded. A sampled request's record is held while a background task estimates every
+candidate (`gateway.advisor.estimate`) and then submitted with the estimates attached, so the client never waits. At
+most `concurrency` estimates run at once; a request that finds no room is not sampled (counted in `skipped`). Each
+estimate compares against at most `scan_limit` earlier requests and does its rewriting in a worker thread, so neither
+the history size nor the rules slow the event loop. With a fleet key, a sampled record also carries its prompt's keyed
+signature (`gateway.advisor.signature`) for the fleet patterns. `stop` waits (bounded) for the estimates in flight and
+submits the records of any it has to cancel, without advice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
 import httpx
 
+from db.advice import AdviceOutcome
+from db.signatures import PromptSignature
 from db.records import RequestRecord
+from gateway.advisor.capacity import DEFAULT_CPU_BUDGET, DEFAULT_WINDOW_S, AdvisorCapacity
 from gateway.advisor.candidates import candidates_for, settings_fingerprint
 from gateway.advisor.estimate import DEFAULT_SCAN_LIMIT, AdviceJob, Estimator
 from gateway.advisor.history import DEFAULT_HISTORY_SIZE, AdviceHistories, Entry
+from gateway.advisor.signature import prompt_signature
+from gateway.config.tenant import TenantSettings
 from gateway.explain.explainer import ExplainContext
 from gateway.normalize.pipeline import Pipeline, build_pipeline
-from gateway.tenant_settings import TenantSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +52,15 @@ class AdviceSampler:
         history_size: int = DEFAULT_HISTORY_SIZE,
         scan_limit: int = DEFAULT_SCAN_LIMIT,
         timeout_s: float = 10.0,
-        rng: random.Random | None = None,
+        cpu_budget: float = DEFAULT_CPU_BUDGET,
+        window_s: float = DEFAULT_WINDOW_S,
+        fleet_key: bytes = b"",
     ) -> None:
         self._client = client
+        self._fleet_key = fleet_key  # keys the prompt signatures of the fleet patterns (empty: none are taken)
         self._semaphore = asyncio.Semaphore(concurrency)
-        self._max_pending = max_pending
+        self.capacity = AdvisorCapacity(cpu_budget, window_s, max_pending)
         self._timeout = httpx.Timeout(timeout_s)
-        self._random = rng or random.Random()
         self.histories = AdviceHistories(history_size)
         self._scan_limit = scan_limit
         self._pipelines: dict[TenantSettings, Pipeline] = {}
@@ -84,15 +94,14 @@ class AdviceSampler:
         if rate <= 0:
             return False  # advice is off for this tenant: keep none of its requests in memory
         history = self.histories.for_tenant(context.tenant)
-        sampled = self._random.random() < rate
-        earlier = history.snapshot() if sampled else ()  # the requests before this one
+        earlier = history.snapshot()  # the requests before this one (a tuple of references)
         history.add(Entry(context.endpoint, context.raw_body, context.body))
-        if not sampled or record.prompt_tokens is None or record.cached_tokens is None:
+        if record.prompt_tokens is None or record.cached_tokens is None:
             return False
         candidates = candidates_for(settings)
         if not candidates:
             return False
-        if self._stopping or len(self._tasks) >= self._max_pending:
+        if self._stopping or not self.capacity.has_room(len(self._tasks)):
             self.skipped += 1
             return False
         job = AdviceJob(
@@ -127,16 +136,24 @@ class AdviceSampler:
         return found
 
     async def _run(self, job: AdviceJob, record: RequestRecord, submit: Submit) -> None:
-        outcomes = ()
+        outcomes: tuple[AdviceOutcome, ...] = ()
+        signature = None
         try:
             async with self._semaphore:
-                outcomes = await Estimator(job, self._client(), self._timeout).outcomes()
+                estimator = Estimator(job, self._client(), self._timeout)
+                outcomes = await estimator.outcomes()
+                self.capacity.charge(estimator.cpu_s)
+                if self._fleet_key:
+                    signature, cpu_s = await asyncio.to_thread(_signed, job, self._fleet_key, record.prompt_tokens)
+                    self.capacity.charge(cpu_s)
             self.sampled += 1
         except Exception:  # an estimate must never lose the record
             self.failed += 1
             log.debug("rule advice estimate failed", exc_info=True)
         finally:
-            submit(replace(record, advice=outcomes) if outcomes else record)
+            if outcomes or signature is not None:
+                record = replace(record, advice=outcomes, signature=signature)
+            submit(record)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Wait (bounded) for the estimates in flight; cancel the rest (their records are still submitted)."""
@@ -148,3 +165,10 @@ class AdviceSampler:
             task.cancel()
         if still_running:
             await asyncio.gather(*still_running, return_exceptions=True)
+
+
+def _signed(job: AdviceJob, key: bytes, prompt_tokens: int | None) -> tuple[PromptSignature, float]:
+    """The request's prompt signature and the CPU seconds it took (run in a worker thread)."""
+    started = time.thread_time()
+    signature = prompt_signature(job.endpoint, job.body, key, prompt_tokens)
+    return signature, time.thread_time() - started

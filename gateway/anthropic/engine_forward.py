@@ -30,8 +30,8 @@ from gateway.forwarding import map_transport_error, upstream_error_type
 from gateway.parsing import CHAT
 from gateway.recording import Outcome, RequestTracker
 from gateway.retention import retention_header
-from gateway.routing import Route
 from gateway.upstreams.base import UsageReport
+from gateway.upstreams.route import Route
 from gateway.upstreams.tiers import first_tokens
 
 log = logging.getLogger(__name__)

@@ -41,9 +41,9 @@ from gateway.forwarding import map_transport_error
 from gateway.parsing import CHAT
 from gateway.proxy import CompletionProxy
 from gateway.recording import Outcome, RequestTracker
-from gateway.routing import Route
 from gateway.runtime import Runtime
 from gateway.upstreams.base import CLIENT_SALT_FIELDS
+from gateway.upstreams.route import Route
 
 _ENCODER = msgspec.json.Encoder()
 _AUTHORIZATION = b"authorization"

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.config.tenant import TenantSettings
 from gateway.normalize.rules import ToolSchemaKeyOrder, normalize_newlines, sort_keys_recursive
-from gateway.tenant_settings import TenantSettings
 
 _TOOL_SCHEMA_KEY_ORDER = ToolSchemaKeyOrder()
 

@@ -22,9 +22,9 @@ from gateway.asgi_io import Send, send_response
 from gateway.config import UpstreamConfig
 from gateway.forwarding import map_transport_error
 from gateway.recording import Outcome, RequestTracker
-from gateway.routing import Route
 from gateway.upstreams.base import UsageReport
 from gateway.upstreams.kinds import HEADER_MATCHED, HEADER_PROMPT, anthropic_usage
+from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import msgspec
 from gateway.anthropic.accounting import CachePoint, common_prefix
 from gateway.anthropic.request import Breakpoint
 from gateway.anthropic.translate import ChatStyle, cut_chat_body
-from gateway.routing import Route
+from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
 

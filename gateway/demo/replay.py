@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from db.records import RequestRecord
+from gateway.config import GatewayConfig
 from gateway.demo.engine_model import SimulatedEngine, local_engine_response, openai_response, render
 from gateway.demo.traffic import TENANTS, TenantProfile, Traffic
-from gateway.config import GatewayConfig
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.explain.explainer import ExplainContext, Explainer
 from gateway.explain.segments import chat_segments, completion_segments
@@ -123,7 +123,8 @@ class Replay:
         self.explainer = Explainer(uplift, rng=random.Random(f"uplift/{seed}"))
         self.secret = secret = demo_secret(seed)
         metrics: Any = _NoMetrics()
-        self.recorder = Recorder(self.sink, metrics, self.explainer, RecordHasher(secret))
+        self.recorder = Recorder(self.sink, metrics, RecordHasher(secret))
+        self.recorder.compose(explainer=self.explainer, uplift=uplift)
         self.salts = SaltDeriver(secret)
         self.pipelines: dict[str, Pipeline] = {profile.name: build_pipeline(profile.settings) for profile in TENANTS}
         self.engines = {

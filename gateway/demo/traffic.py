@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from gateway.tenant_settings import SEMANTIC_RULES, TenantSettings
+from gateway.config.tenant import SEMANTIC_RULES, TenantSettings
 
 _WORDS: Final = (
     "account order refund invoice shipping policy customer ticket priority escalate warranty replacement billing "

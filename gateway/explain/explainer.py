@@ -17,16 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from db.chains import RequestChain
+from gateway.config.tenant import TenantSettings
 from gateway.explain.chains import approximate_chain, canonical_prompt_text, engine_chain
 from gateway.explain.compare import compare
 from gateway.explain.history import HistoryIndex, Nearest
 from gateway.explain.located import engine_locates, explain_located
-from gateway.explain.reasons import EngineReport, Explanation, classify
+from gateway.explain.reasons import Explanation, classify
 from gateway.explain.segments import PromptSegments, chat_segments, completion_segments
 from gateway.explain.uplift import UpliftChecker, UpliftJob
 from gateway.parsing import CHAT
-from gateway.routing import Route
-from gateway.tenant_settings import TenantSettings
+from gateway.upstreams.base import CacheReport
+from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,23 @@ class Explained:
     normalization_gain_tokens: int | None = None
     uplift: UpliftJob | None = None
 
+    def record_fields(self, report: CacheReport) -> dict[str, Any]:
+        """The `RequestRecord` fields this fills, the hash chain aside (the recorder keys it); `report` is the
+        engine's own report (`diverged_at_token` is its matched tokens when it located the divergence)."""
+        explanation = self.explanation
+        if explanation is None:
+            return {"normalization_gain_tokens": self.normalization_gain_tokens}
+        located = explanation.segment is not None
+        return {
+            "miss_reason": explanation.reason,
+            "divergence_segment": explanation.segment,
+            "divergence_char_offset": explanation.char_offset,
+            "recomputed_tokens": explanation.recomputed_tokens,
+            "divergence_source": explanation.source if located else None,
+            "diverged_at_token": report.matched_tokens if located and explanation.source == "engine" else None,
+            "normalization_gain_tokens": self.normalization_gain_tokens,
+        }
+
 
 class Explainer:
     """Holds every tenant's request history and the uplift checker."""
@@ -117,7 +135,7 @@ class Explainer:
         context: ExplainContext,
         *,
         recorded_status: int,
-        engine: EngineReport,
+        engine: CacheReport,
         applied_rules: tuple[str, ...],
     ) -> Explained:
         """Classify an answered request and remember it; nothing for a request the upstream did not answer."""
@@ -131,7 +149,7 @@ class Explainer:
             return Explained()
 
     def _explain(
-        self, context: ExplainContext, recorded_status: int, engine: EngineReport, applied_rules: tuple[str, ...]
+        self, context: ExplainContext, recorded_status: int, engine: CacheReport, applied_rules: tuple[str, ...]
     ) -> Explained:
         self.prepare(context)
         explanation = None
@@ -161,7 +179,7 @@ class Explainer:
         return Explained(explanation, self._chain(context, engine), gain, job)
 
     @staticmethod
-    def _chain(context: ExplainContext, engine: EngineReport) -> RequestChain | None:
+    def _chain(context: ExplainContext, engine: CacheReport) -> RequestChain | None:
         if context.route.adapter.returns_hash_chain:
             return engine_chain(context.prefix_cache)  # present when the gateway (or the client) asked for it
         if not context.settings.hash_chain:

@@ -1,6 +1,6 @@
 """Explaining a request from where the engine says its match ended; the tenant's history only says why.
 
-An engine that reports the divergence (`EngineReport.divergence_segment` / `divergence_char_offset`, and the count of
+An engine that reports the divergence (`CacheReport.divergence_segment` / `divergence_char_offset`, and the count of
 leading tokens its template always produces) has located the first uncached token exactly. The recorded segment and
 offset are the engine's. The reason comes from the earlier requests that shared everything before that segment:
 
@@ -37,12 +37,12 @@ from gateway.explain.reasons import (
     SYSTEM_CHANGED,
     TOOLS_CHANGED,
     VOLATILE_VALUE,
-    EngineReport,
     Explanation,
     classify,
     engine_hit,
 )
 from gateway.explain.segments import SYSTEM, TOOLS, PromptSegments, first_difference, shape_digest, unordered_digest
+from gateway.upstreams.base import CacheReport
 
 ENGINE = "engine"
 HISTORY = "history"
@@ -50,12 +50,12 @@ HISTORY = "history"
 MAX_CANDIDATES = 64
 
 
-def engine_locates(engine: EngineReport) -> bool:
+def engine_locates(engine: CacheReport) -> bool:
     """Whether the engine reported its template opening, i.e. it locates divergences itself."""
     return engine.template_tokens is not None
 
 
-def _uncached(engine: EngineReport) -> int | None:
+def _uncached(engine: CacheReport) -> int | None:
     if engine.matched_tokens is None or engine.prompt_tokens is None:
         return None
     return max(0, engine.prompt_tokens - engine.matched_tokens)
@@ -132,7 +132,7 @@ def _why(
 
 
 def explain_located(
-    engine: EngineReport, current: PromptSegments, nearest: Nearest | None, history: TenantHistory
+    engine: CacheReport, current: PromptSegments, nearest: Nearest | None, history: TenantHistory
 ) -> Explanation:
     """The explanation of a request whose engine reported where its match ended (see the module docstring)."""
     uncached = _uncached(engine)

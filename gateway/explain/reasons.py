@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.explain.segments import MODEL, SYSTEM, TOOLS
+from gateway.upstreams.base import CacheReport
 
 HIT = "hit"
 MODEL_CHANGED = "model_changed"
@@ -61,20 +62,6 @@ DIVERGED = "diverged"  # a segment differs
 
 
 @dataclass(frozen=True, slots=True)
-class EngineReport:
-    """What the upstream said: the engine's miss kind (None when it does not report one) and token counts."""
-
-    miss_kind: str | None = None
-    matched_tokens: int | None = None
-    prompt_tokens: int | None = None
-    # Leading tokens of the template's fixed opening; a match within them reused nothing of the request.
-    template_tokens: int | None = None
-    # Where the engine's match ended in the request (segment name and character offset), when it says.
-    divergence_segment: str | None = None
-    divergence_char_offset: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Divergence:
     """How a prompt differs from the nearest earlier request (see `gateway.explain.compare`).
 
@@ -107,20 +94,20 @@ class Explanation:
     source: str = "history"
 
 
-def _uncached(engine: EngineReport) -> int | None:
+def _uncached(engine: CacheReport) -> int | None:
     if engine.matched_tokens is None or engine.prompt_tokens is None:
         return None
     return max(0, engine.prompt_tokens - engine.matched_tokens)
 
 
-def engine_hit(engine: EngineReport) -> bool:
+def engine_hit(engine: CacheReport) -> bool:
     if engine.miss_kind is not None:
         return engine.miss_kind == HIT
     uncached = _uncached(engine)
     return uncached is not None and uncached <= 1
 
 
-def classify(engine: EngineReport, divergence: Divergence) -> Explanation:
+def classify(engine: CacheReport, divergence: Divergence) -> Explanation:
     """The reason for one answered request (see the module docstring for the rules)."""
     uncached = _uncached(engine)
     if engine_hit(engine):

@@ -14,42 +14,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gateway.config.tenant import HOIST_PLACEMENTS
+from gateway.config.volatile_patterns import DEFAULT_VOLATILE_PATTERNS, compile_patterns
 from gateway.normalize.base import Request, RuleResult, unchanged
-
-_MONTH = (
-    r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?"
-    r"|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)"
-)
-_WEEKDAY = r"(?:Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)(?:day|nesday|urday|sday)?"
-
-# Tried left to right at each position, so longer forms come before the shorter forms they contain.
-DEFAULT_VOLATILE_PATTERNS: tuple[str, ...] = (
-    # ISO 8601 timestamps: 2025-06-01T10:32:07.123Z, 2025-06-01 10:32+02:00
-    r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?",
-    # UUIDs
-    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",
-    # Dates: 2025-06-01, 06/01/2025, Monday, June 1, 2025, 1 June 2025
-    r"\b\d{4}-\d{2}-\d{2}\b",
-    r"\b\d{1,2}/\d{1,2}/\d{2,4}\b",
-    rf"\b(?:{_WEEKDAY},? )?{_MONTH}\.? \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}\b",
-    rf"\b(?:{_WEEKDAY},? )?\d{{1,2}}(?:st|nd|rd|th)? {_MONTH}\.?,? \d{{4}}\b",
-    # Times: 10:32, 10:32:07, 10:32 PM
-    r"\b\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s?[AaPp][Mm]\b)?",
-    # Long hexadecimal ids (hashes, trace ids) and long numeric ids (epoch seconds, order numbers)
-    r"\b[0-9a-fA-F]{16,}\b",
-    r"\b\d{8,}\b",
-)
 
 NOTE_HEADER = "Current values for the placeholders in the system prompt:"
 _PLACEHOLDER_RE = re.compile(r"(\[volatile#\d+\])")
 _MAX_ROUNDS = 8
-
-
-def compile_patterns(patterns: tuple[str, ...]) -> re.Pattern[str]:
-    """One alternation over all patterns, so a text is scanned once."""
-    if not patterns:
-        raise ValueError("hoist_volatile needs at least one pattern")
-    return re.compile("|".join(f"(?:{p})" for p in patterns))
 
 
 class HoistVolatile:
@@ -58,7 +29,7 @@ class HoistVolatile:
     name = "hoist_volatile"
 
     def __init__(self, patterns: tuple[str, ...] = DEFAULT_VOLATILE_PATTERNS, placement: str = "after_system"):
-        if placement not in ("after_system", "end"):
+        if placement not in HOIST_PLACEMENTS:
             raise ValueError(f"unknown placement {placement!r}")
         self._pattern = compile_patterns(patterns)
         self._placement = placement

@@ -4,28 +4,47 @@ another. Upstreams without replicas are forwarded as they are."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from gateway.recording import Outcome, RequestTracker
-from gateway.routing import Route, Router
+from gateway.replicas.replica_set import Placement, ReplicaSet
+from gateway.upstreams.base import UsageReport
+from gateway.upstreams.route import Route
 
 MAX_ATTEMPTS = 2
+Outcome = TypeVar("Outcome")
 
 
 class _Started(Protocol):
     started: bool
 
 
+class HasReplicaSets(Protocol):
+    """The replica sets by upstream name (`gateway.routing.Router`)."""
+
+    @property
+    def replica_sets(self) -> Mapping[str, ReplicaSet]: ...
+
+
+class PlacedRequest(Protocol):
+    """What dispatch reads and tells about one request (`gateway.recording.RequestTracker`)."""
+
+    model: str
+    usage: UsageReport | None
+    failovers: int
+
+    def placed(self, placement: Placement) -> None: ...
+
+
 async def forward_routed(
-    router: Router,
+    router: HasReplicaSets,
     client: Any,
     route: Route,
     endpoint: str,
     body: dict[str, Any],
     namespace: str,
-    tracker: RequestTracker,
+    tracker: PlacedRequest,
     send: _Started,
     forward: Callable[[Route], Awaitable[Outcome]],
 ) -> Outcome:

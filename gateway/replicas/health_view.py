@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.routing import Router
+from gateway.replicas.dispatch import HasReplicaSets
 
 
-def replica_health(router: Router, upstream: str) -> dict[str, Any]:
+def replica_health(router: HasReplicaSets, upstream: str) -> dict[str, Any]:
     """`{"routing": policy, "replicas": [...]}` for a replica set, `{}` for a plain upstream."""
     replica_set = router.replica_sets.get(upstream)
     if replica_set is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.replicas.settings import RouterSettings
+from gateway.config.router import RouterSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +21,7 @@ class Candidate:
 
     position: int
     load: int
-    matched_blocks: int = 0
+    matched_blocks: float = 0.0  # blocks of 16 tokens, weighted by the tier holding them
     matched_tokens: int = 0
     indexed_blocks: int = 0
 

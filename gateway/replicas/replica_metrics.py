@@ -66,7 +66,7 @@ class _ReplicaStateCollector(Collector):
         )
         synced = GaugeMetricFamily(
             "prefixscope_gateway_replica_events_synced",
-            "1 while the router follows the replica's cache events (its precise index is current).",
+            "1 while the router follows the replica's KV events (its events index is current).",
             labels=labels,
         )
         blocks = GaugeMetricFamily(
@@ -77,10 +77,12 @@ class _ReplicaStateCollector(Collector):
             "prefixscope_gateway_replica_taken_out", "Times the replica was taken out of rotation.", labels=labels
         )
         resyncs = CounterMetricFamily(
-            "prefixscope_gateway_replica_event_resyncs", "Index rebuilds from the replica's snapshot.", labels=labels
+            "prefixscope_gateway_replica_event_replays", "KV-event replays completed (start, gaps, restarts).",
+            labels=labels,
         )
         gaps = CounterMetricFamily(
-            "prefixscope_gateway_replica_event_gaps", "Event gaps (or engine restarts) detected.", labels=labels
+            "prefixscope_gateway_replica_event_gaps", "KV-event sequence gaps and engine restarts detected.",
+            labels=labels,
         )
         failovers = CounterMetricFamily(
             "prefixscope_gateway_failovers", "Requests retried on another replica.", labels=["upstream"]
@@ -92,9 +94,10 @@ class _ReplicaStateCollector(Collector):
                 load.add_metric(key, float(replica.load))
                 healthy.add_metric(key, 1.0 if replica.healthy else 0.0)
                 synced.add_metric(key, 1.0 if replica.events_synced else 0.0)
-                blocks.add_metric([*key, "precise"], float(replica.precise.num_blocks()))
+                blocks.add_metric([*key, "events"], float(replica.index.num_blocks()))
                 blocks.add_metric([*key, "approximate"], float(replica.approximate.num_blocks()))
                 taken_out.add_metric(key, float(replica.taken_out))
-                resyncs.add_metric(key, float(replica.resyncs))
-                gaps.add_metric(key, float(replica.gaps))
+                subscriber = replica.subscriber
+                resyncs.add_metric(key, float(subscriber.replays if subscriber else 0))
+                gaps.add_metric(key, float(subscriber.gaps + subscriber.restarts if subscriber else 0))
         yield from (load, healthy, synced, blocks, taken_out, resyncs, gaps, failovers)

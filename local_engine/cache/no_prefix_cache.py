@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from local_engine.cache.slot_allocator import SlotAllocator
-from local_engine.cache.tier_store import TierCounters
+from local_engine.cache.tiers.store import TierCounters
 from local_engine.cache.tree_views import CacheStats
 from local_engine.cache.types import EvictedPrefix, InsertResult, MatchResult, MissKind
 

@@ -16,18 +16,18 @@ from typing import Callable
 
 import torch
 
-from local_engine.cache import tier_eviction
-from local_engine.cache.events import CacheEventLog
+from local_engine.cache.tiers import eviction as tier_eviction
 from local_engine.cache.eviction import eviction_policy
 from local_engine.cache.ghost_index import GhostIndex, prefix_hash
 from local_engine.cache.radix_node import RadixNode, child_key, common_prefix_tokens
 from local_engine.cache.retention import Lifetime, extend, is_expired, lifetime_of
 from local_engine.cache.slot_allocator import SlotAllocator
-from local_engine.cache.tier_integrity import check_tier_integrity
-from local_engine.cache.tier_store import DEVICE, TierStore
+from local_engine.cache.tiers.integrity import check_tier_integrity
+from local_engine.cache.tiers.store import DEVICE, TierStore
 from local_engine.cache.tiers import TierTokens
 from local_engine.cache.tree_views import CacheStats, cache_stats, check_tree_integrity, tree_snapshot
 from local_engine.cache.types import EvictedPrefix, InsertResult, MatchResult, MissKind
+from local_engine.cache.block_events import BlockEvents
 
 _NO_SLOTS = torch.empty(0, dtype=torch.int64)
 
@@ -68,7 +68,7 @@ class RadixCache:
         self.evicted_tokens_total = 0
         self.expired_tokens_total = 0
         self._may_expire = config.ttl_s is not None  # set once any node gets a TTL from a retention class
-        self.events = CacheEventLog()  # what was stored and removed, as block hashes, for cache-aware routers
+        self.events = BlockEvents()  # what each tier holds, as KV-event blocks, for cache-aware routers
 
     @property
     def evictable_tokens(self) -> int:
@@ -87,6 +87,8 @@ class RadixCache:
         for tier in range(3):
             if node.copy_in(tier) is not None:
                 counts[tier] += sign * node.num_tokens
+        if sign > 0:
+            self.events.accounted(self, node)
 
     def enable_expiry(self) -> None:
         """A node with a TTL exists (rebuilt from disk, say): `expire` has work to do."""
@@ -218,7 +220,6 @@ class RadixCache:
                 leaf.ttl_s, leaf.persistent = lifetime.ttl_s, lifetime.persistent
                 node.children[child_key(token_ids, position, self.page_size)] = leaf
                 self.account(leaf, 1)
-                self.events.stored(namespace, token_ids[:stored], position)
                 if self.tiers.write_through:
                     tier_eviction.copy_down(self, leaf, namespace)
                 num_cached = position if cached is None else cached

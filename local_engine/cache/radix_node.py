@@ -24,7 +24,7 @@ class RadixNode:
 
     __slots__ = (
         "node_id", "parent", "key", "slots", "children", "lock_ref", "last_access_s", "created_s", "hit_count",
-        "host_slots", "disk", "ttl_s", "persistent",
+        "host_slots", "disk", "ttl_s", "persistent", "kv_tiers",
     )
 
     def __init__(self, parent: RadixNode | None, key: list[int], slots: torch.Tensor, now_s: float) -> None:
@@ -41,6 +41,7 @@ class RadixNode:
         self.disk = None  # DiskExtent | None
         self.ttl_s: float | None = None
         self.persistent = False
+        self.kv_tiers = -1  # the tiers last announced for this node (`local_engine.kv_events.block_events`)
 
     @property
     def num_tokens(self) -> int:

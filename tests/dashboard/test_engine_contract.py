@@ -47,8 +47,8 @@ def _tiny_engine(kv_cache_tokens: int):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from local_engine.config import EngineConfig
-    from local_engine.engine import Engine
-    from local_engine.model_loader import smollm2_directory, wrap_model
+    from local_engine.engine.engine import Engine
+    from local_engine.model.loader import smollm2_directory, wrap_model
 
     tokenizer = AutoTokenizer.from_pretrained(
         smollm2_directory(), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", local_files_only=True
@@ -68,8 +68,8 @@ def test_real_engine_cache_answer_has_the_tiers_the_page_reads() -> None:
     Fails until the engine reports tiers (the tiers-core change); it is not skipped, so the contract is checked."""
     import asyncio
 
-    from local_engine.engine_types import GenerationRequest
-    from local_engine.sampling import SamplingParams
+    from local_engine.engine.types import GenerationRequest
+    from local_engine.engine.sampling import SamplingParams
 
     engine = _tiny_engine(kv_cache_tokens=256)
     engine.start()

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from db import queries
-from gateway.demo.history import write_demo_data
 from db.engine import create_sync_engine_for
 from db.records import MISS_KINDS, MISS_REASONS
+from gateway.demo.history import write_demo_data
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -100,8 +100,8 @@ def test_demo_names_are_the_gateway_s(empty_db_url: str) -> None:
 
     from sqlalchemy import text
 
+    from gateway.config.tenant import ALL_RULES
     from gateway.explain.reasons import REASONS
-    from gateway.tenant_settings import ALL_RULES
     from gateway.upstreams.base import MISS_KINDS as GATEWAY_MISS_KINDS
 
     write_demo_data(empty_db_url, rows=2000, seed=7, days=1, now=NOW)

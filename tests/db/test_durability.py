@@ -24,9 +24,12 @@ from db.writer import RecordWriter, WriterConfig
 MakeRecord = Callable[..., RequestRecord]
 
 
-def _config(url: str, tmp_path: Path, **overrides: object) -> WriterConfig:
+def _config(tmp_path: Path, **overrides: object) -> WriterConfig:
     values: dict[str, object] = {
-        "database_url": url,
+        # These tests were written against the writer's own former defaults; they keep them.
+        "queue_size": 10_000,
+        "batch_size": 500,
+        "durability": "queue_first",
         "spill_path": tmp_path / "spill" / "requests.jsonl",
         "flush_interval_s": 0.01,
         "replay_interval_s": 60.0,
@@ -52,7 +55,7 @@ async def test_sqlite_file_deleted_or_replaced_under_the_writer(
 ) -> None:
     path = tmp_path / "prefixscope.db"
     url = _sqlite(sqlite_template, path)
-    writer = RecordWriter(_config(url, tmp_path))
+    writer = RecordWriter(url, _config(tmp_path))
     await writer.start()
     before = [make_record() for _ in range(40)]
     await _submit_and_flush(writer, before)
@@ -92,7 +95,7 @@ async def test_a_file_that_is_no_database_is_counted_and_logged_once_however_oft
         await real_upgrade(database_url)
 
     monkeypatch.setattr(db.migrate, "upgrade_async", counting_upgrade)
-    writer = RecordWriter(_config(url, tmp_path, replay_interval_s=0.02))
+    writer = RecordWriter(url, _config(tmp_path, replay_interval_s=0.02))
     await writer.start()
     await _submit_and_flush(writer, [make_record() for _ in range(10)])
     garbage = tmp_path / "garbage"
@@ -115,7 +118,7 @@ async def test_a_file_that_is_no_database_is_counted_and_logged_once_however_oft
     assert len([r for r in caplog.records if "deleted or replaced" in r.getMessage()]) == 1
     path.unlink()
     db.migrate.upgrade(url)
-    survivor = RecordWriter(_config(url, tmp_path))
+    survivor = RecordWriter(url, _config(tmp_path))
     await survivor.start()
     await survivor.stop()
     assert (survivor.counters().replayed, survivor.counters().pending_spill) == (5, 0)
@@ -165,7 +168,7 @@ async def test_full_database_and_full_spill_disk_count_exactly_what_is_lost(
         cursor.execute(f"PRAGMA max_page_count = {pages}")  # no room to grow: "database or disk is full"
         cursor.close()
 
-    writer = RecordWriter(_config(url, tmp_path, batch_size=1000, durability=durability), engine=engine)
+    writer = RecordWriter(url, _config(tmp_path, batch_size=1000, durability=durability), engine=engine)
     await writer.start()
     spilled_first = [make_record(prompt_text="x" * 5000) for _ in range(30)]  # more than the free pages hold
     await _submit_and_flush(writer, spilled_first)
@@ -213,7 +216,7 @@ async def test_spill_first_records_not_journaled_either_are_the_ones_lost(
 ) -> None:
     """spill_first with the journal, the database and the spill file all failing: only then is a record lost."""
     url = "sqlite:///" + str(tmp_path / "no" / "such.db")  # a directory that does not exist: unavailable
-    writer = RecordWriter(_config(url, tmp_path, durability="spill_first"))
+    writer = RecordWriter(url, _config(tmp_path, durability="spill_first"))
     await writer.start()
     _fail_writes_after(writer._spill, 0)
     journaled = [make_record() for _ in range(5)]
@@ -274,15 +277,15 @@ async def test_spill_first_journal_survives_a_writer_that_never_stopped(
     """spill_first: records are in the journal before they are queued. A process that dies (the writer is never
     stopped, its queue never written) leaves them there, and the next writer replays them: nothing is lost."""
     url = _sqlite(sqlite_template, tmp_path / "journal.db")
-    config = _config(url, tmp_path, durability="spill_first", flush_interval_s=60.0, batch_size=10_000)
-    dying = RecordWriter(config)
+    config = _config(tmp_path, durability="spill_first", flush_interval_s=60.0, batch_size=10_000)
+    dying = RecordWriter(url, config)
     records = [make_record() for _ in range(50)]
     for item in records:
         assert dying.submit(item)  # queued only: the writer task never ran
     segments = Journal(config.spill_path).leftover_paths()
     assert sum(len(Journal.read_lines(path)) for path in segments) == 50
 
-    survivor = RecordWriter(_config(url, tmp_path, durability="spill_first"))
+    survivor = RecordWriter(url, _config(tmp_path, durability="spill_first"))
     await survivor.start()
     await survivor.stop()
     assert sorted(db_helpers.stored_ids(url)) == sorted(item.request_id for item in records)
@@ -294,7 +297,7 @@ async def test_spill_first_removes_journal_segments_once_their_records_are_home(
     sqlite_template: Path, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
 ) -> None:
     url = _sqlite(sqlite_template, tmp_path / "journal.db")
-    writer = RecordWriter(_config(url, tmp_path, durability="spill_first"))
+    writer = RecordWriter(url, _config(tmp_path, durability="spill_first"))
     writer._journal.segment_bytes = 4096  # type: ignore[union-attr]  # several segments
     await writer.start()
     records = [make_record() for _ in range(60)]
@@ -328,14 +331,14 @@ async def test_a_journal_left_by_a_dead_process_does_not_stop_a_start_on_a_full_
     still starts (the gateway serves degraded), the segment stays where it is, and its records are moved and
     replayed once there is room: nothing is lost."""
     url = _sqlite(sqlite_template, tmp_path / "journal.db")
-    config = _config(url, tmp_path, durability="spill_first", flush_interval_s=60.0, batch_size=10_000)
-    dying = RecordWriter(config)
+    config = _config(tmp_path, durability="spill_first", flush_interval_s=60.0, batch_size=10_000)
+    dying = RecordWriter(url, config)
     records = [make_record() for _ in range(20)]
     for item in records:
         assert dying.submit(item)
     (segment,) = Journal(config.spill_path).leftover_paths()
 
-    survivor = RecordWriter(_config(url, tmp_path, durability="spill_first", replay_interval_s=0.01))
+    survivor = RecordWriter(url, _config(tmp_path, durability="spill_first", replay_interval_s=0.01))
     state = _fail_writes_after(survivor._spill, 100)  # the disk fills up part-way through the move
     await survivor.start()  # does not raise
     await asyncio.sleep(0.05)

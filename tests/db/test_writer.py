@@ -25,9 +25,12 @@ MakeRecord = Callable[..., RequestRecord]
 CLOSED_PORT_URL = "postgresql://postgres@127.0.0.1:1/prefixscope_unreachable"
 
 
-def _config(url: str, tmp_path: Path, **overrides: object) -> WriterConfig:
+def _config(tmp_path: Path, **overrides: object) -> WriterConfig:
     values: dict[str, object] = {
-        "database_url": url,
+        # These tests were written against the writer's own former defaults; they keep them.
+        "queue_size": 10_000,
+        "batch_size": 500,
+        "durability": "queue_first",
         "spill_path": tmp_path / "spill" / "requests.jsonl",
         "flush_interval_s": 0.01,
         "replay_interval_s": 60.0,  # tests that want the periodic probe lower it
@@ -87,7 +90,7 @@ async def _wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) ->
 async def test_writes_in_batches_with_rollups(
     db_url: str, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
 ) -> None:
-    writer = RecordWriter(_config(db_url, tmp_path, batch_size=7))
+    writer = RecordWriter(db_url, _config(tmp_path, batch_size=7))
     records = _varied(make_record, 50)
     assert all(writer.submit(item) for item in records)
     assert writer.counters().queued == 50
@@ -103,7 +106,7 @@ async def test_writes_in_batches_with_rollups(
 
 
 async def test_full_queue_drops_and_counts(db_url: str, tmp_path: Path, make_record: MakeRecord) -> None:
-    writer = RecordWriter(_config(db_url, tmp_path, queue_size=5))
+    writer = RecordWriter(db_url, _config(tmp_path, queue_size=5))
     results = [writer.submit(make_record()) for _ in range(8)]
     assert results == [True] * 5 + [False] * 3
     assert (writer.counters().queued, writer.counters().dropped) == (5, 3)
@@ -117,7 +120,7 @@ async def test_spills_while_unreachable_and_replays_once_fixed(
     tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
 ) -> None:
     url = f"sqlite:///{tmp_path / 'not-yet' / 'prefixscope.db'}"
-    writer = RecordWriter(_config(url, tmp_path))
+    writer = RecordWriter(url, _config(tmp_path))
     await writer.start()
     first = _varied(make_record, 30)
     for item in first:
@@ -150,7 +153,7 @@ async def test_running_writer_probes_and_replays_by_itself(
     tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
 ) -> None:
     url = f"sqlite:///{tmp_path / 'later' / 'prefixscope.db'}"
-    writer = RecordWriter(_config(url, tmp_path, replay_interval_s=0.05))
+    writer = RecordWriter(url, _config(tmp_path, replay_interval_s=0.05))
     await writer.start()
     records = _varied(make_record, 12)
     for item in records:
@@ -171,7 +174,7 @@ async def test_running_writer_probes_and_replays_by_itself(
 async def test_closed_postgres_port_spills_and_a_later_writer_replays(
     db_url: str, tmp_path: Path, make_record: MakeRecord, db_helpers: SimpleNamespace
 ) -> None:
-    down = RecordWriter(_config(CLOSED_PORT_URL, tmp_path))
+    down = RecordWriter(CLOSED_PORT_URL, _config(tmp_path))
     records = _varied(make_record, 25)
     await down.start()
     for item in records:
@@ -180,7 +183,7 @@ async def test_closed_postgres_port_spills_and_a_later_writer_replays(
     assert (down.counters().spilled, down.counters().pending_spill, down.counters().written) == (25, 25, 0)
 
     # A new process finds the spill file at start-up and replays it into the (working) database.
-    up = RecordWriter(_config(db_url, tmp_path))
+    up = RecordWriter(db_url, _config(tmp_path))
     assert up.counters().pending_spill == 25
     await up.start()
     await up.stop()
@@ -206,7 +209,7 @@ async def test_replay_skips_records_already_stored(
     lines = [item.to_json() for item in [*committed, *fresh, committed[0]]]
     spill_path.write_text("\n".join(lines) + "\n")
 
-    writer = RecordWriter(_config(db_url, tmp_path))
+    writer = RecordWriter(db_url, _config(tmp_path))
     assert writer.counters().pending_spill == 16
     await writer.start()
     await writer.stop()
@@ -224,7 +227,7 @@ async def test_a_record_the_database_refuses_is_set_aside(
     good = [make_record(), make_record()]
     # PostgreSQL refuses a token count past INTEGER; SQLite stores any integer, so give it a status it cannot use.
     bad = make_record(prompt_tokens=2**40) if backend == "postgresql" else make_record(status_code="teapot")
-    writer = RecordWriter(_config(db_url, tmp_path))
+    writer = RecordWriter(db_url, _config(tmp_path))
     for item in (good[0], bad, good[1]):
         writer.submit(item)
     await writer.start()
@@ -243,7 +246,7 @@ async def test_torn_spill_line_is_rejected_and_the_rest_replayed(
     spill_path = tmp_path / "spill" / "requests.jsonl"
     spill_path.parent.mkdir(parents=True)
     spill_path.write_text(kept.to_json() + "\n" + kept.to_json()[:40])  # a crash mid-append
-    writer = RecordWriter(_config(db_url, tmp_path))
+    writer = RecordWriter(db_url, _config(tmp_path))
     writer.submit(make_record())
     await writer.start()
     await writer.stop()
@@ -254,7 +257,7 @@ async def test_torn_spill_line_is_rejected_and_the_rest_replayed(
 
 
 async def test_flush_needs_a_running_writer(db_url: str, tmp_path: Path) -> None:
-    writer = RecordWriter(_config(db_url, tmp_path))
+    writer = RecordWriter(db_url, _config(tmp_path))
     with pytest.raises(RuntimeError):
         await writer.flush()
 
@@ -266,7 +269,7 @@ async def test_a_locked_sqlite_database_spills_rather_than_rejects(
     shutil.copyfile(sqlite_template, db_path)
     db_url = f"sqlite:///{db_path}"
     engine = create_async_engine_for(db_url, busy_timeout_ms=50)
-    writer = RecordWriter(_config(db_url, tmp_path), engine=engine)
+    writer = RecordWriter(db_url, _config(tmp_path), engine=engine)
     records = [make_record() for _ in range(4)]
     blocker = create_sync_engine_for(db_url)
     try:

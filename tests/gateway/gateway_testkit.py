@@ -21,7 +21,7 @@ from stub_upstream import StubUpstream as StubUpstream
 
 from gateway.app import create_app
 from gateway.auth import KeySnapshot
-from gateway.config import GatewayConfig, RecorderConfig, TenantSettings, UpstreamConfig
+from gateway.config import GatewayConfig, TenantSettings, UpstreamConfig, WriterConfig
 from gateway.storage import DatabaseStorage, StorageConfig
 
 
@@ -252,7 +252,7 @@ class TcpProxy:
 
 
 def db_storage(url: str, tmp_path: Path, **recorder_changes: Any) -> DatabaseStorage:
-    recorder = RecorderConfig(
+    recorder = WriterConfig(
         spill_path=tmp_path / "spill" / "requests.jsonl", flush_interval_s=0.05, batch_size=64, replay_interval_s=0.2
     )
     return DatabaseStorage(

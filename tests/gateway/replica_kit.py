@@ -21,7 +21,7 @@ def save_tiny_model(directory: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from local_engine.model_loader import smollm2_directory
+    from local_engine.model.loader import smollm2_directory
 
     tokenizer = AutoTokenizer.from_pretrained(
         smollm2_directory(), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", local_files_only=True

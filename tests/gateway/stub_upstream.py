@@ -67,6 +67,9 @@ class StubUpstream:
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         path = scope["path"]
+        if path == "/health":
+            await self._json(send, 200, {"status": "ok"})
+            return
         if path.endswith("/models"):
             await self._json(send, 200, {"object": "list", "data": [{"id": "stub-model", "object": "model"}]})
             return

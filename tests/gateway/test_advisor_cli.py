@@ -57,7 +57,9 @@ def database_url(tmp_path: Path) -> str:
 def test_advise_prints_each_tenant_and_candidate(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["advise", "--database-url", database_url]) == 0
     out = capsys.readouterr().out
-    agents, steady = out.split("\n\n")
+    agents, steady, *others = out.split("\n\n")
+    # Retention advice and the fleet patterns follow the rule advice.
+    assert others[-1].startswith("fleet patterns")
     assert agents.splitlines()[0].startswith(
         "tenant agents: token hit rate 10.0% over the last 1d (on 10 requests sampled under its current settings)"
     )
@@ -71,7 +73,7 @@ def test_advise_prints_each_tenant_and_candidate(database_url: str, capsys: pyte
     assert "[not enough samples] - 4 sampled requests" in steady
     # Four samples say nothing either way: no claim that no rule would help.
     assert "nothing to recommend" not in steady
-    assert "not enough sampled requests yet to advise: 4 of the 10 an estimate needs" in steady
+    assert "not enough sampled requests yet to advise: 4 of the 10 an estimate needs; 6 more requests" in steady
 
 
 def test_advise_with_enough_samples_and_no_gain_says_nothing_to_recommend(
@@ -93,11 +95,11 @@ def test_advise_labels_today_with_the_queried_range(database_url: str, capsys: p
 
 def test_advise_json_hides_estimates_below_the_minimum(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["advise", "--database-url", database_url, "--json", "--tenant", "steady"]) == 0
-    (steady,) = json.loads(capsys.readouterr().out)
+    (steady,) = json.loads(capsys.readouterr().out)["rules"]
     (candidate,) = steady["candidates"]
     assert candidate["samples"] == 4 and candidate["shown"] is False and candidate["estimated_hit_rate"] is None
     assert main(["advise", "--database-url", database_url, "--json", "--min-samples", "4"]) == 0
-    agents, steady = json.loads(capsys.readouterr().out)
+    agents, steady = json.loads(capsys.readouterr().out)["rules"]
     (end,) = agents["candidates"]
     assert end["estimated_hit_rate"] == pytest.approx(0.9) and end["recommended"] is True
     assert end["toml"] == '[tenants.agents]\nrules = { hoist_volatile = true }\nhoist_placement = "end"'

@@ -36,7 +36,14 @@ def test_sampled_records_carry_advice_and_are_never_lost(stub, stub_url) -> None
             ("hoist_volatile:after_system", 10, record.cached_tokens, False),
             ("hoist_volatile:end", 10, record.cached_tokens, False),
         ]
+    cpu_s = health["rule_advice"].pop("cpu_s")
     assert health["rule_advice"] == {"sampled": 3, "failed": 0, "skipped": 0, "pending": 0}
+    assert cpu_s >= 0
+    # Each sampled record carries its prompt's keyed signature, for the fleet patterns: equal prompts sign equal.
+    signatures = [record.signature for record in records]
+    assert all(signature is not None for signature in signatures)
+    assert unchanged[0].signature == unchanged[1].signature
+    assert STATIC not in str(signatures[0])
     # Every estimate names the settings its request was served under (the tenant defaults here).
     assert {o.settings for record in unchanged for o in record.advice} == {
         settings_fingerprint(config.tenant_defaults)

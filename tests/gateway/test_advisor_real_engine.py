@@ -2,9 +2,10 @@
 the time at the top of the system prompt, tools in another order and key order on every call, CRLF in some user
 turns, a growing conversation; 3 sessions x 6 turns) replayed through the gateway.
 
-The tenant with the default rules is advised to turn on `hoist_volatile`, with an estimated token hit rate within 10
-points of what a tenant with that setting then measures on the same kind of traffic; a tenant whose traffic has
-nothing volatile is advised nothing.
+The tenant with the default rules (and the default `advice_sample_rate`: the advisor samples every request while it
+has capacity) is advised to turn on `hoist_volatile` after its first 18 requests (at most 20), with an estimated token
+hit rate within 10 points of what a tenant with that setting then measures on the same kind of traffic; a tenant
+whose traffic has nothing volatile is advised nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from gateway.config import SEMANTIC_RULES, TenantSettings, UpstreamConfig
 pytestmark = pytest.mark.real_model
 
 SESSIONS, TURNS = 3, 6
-ADVISED = TenantSettings(uplift_sample_rate=0.0, advice_sample_rate=1.0)
+ADVISED = TenantSettings(uplift_sample_rate=0.0)  # the default advice_sample_rate
+assert 0 < ADVISED.advice_sample_rate < 1 and SESSIONS * TURNS <= 20
 HOISTED = {
     placement: TenantSettings(
         rules=frozenset({*SEMANTIC_RULES, "hoist_volatile"}),

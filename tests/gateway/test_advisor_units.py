@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import random
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +15,7 @@ import msgspec
 import pytest
 
 from db.records import RequestRecord
+from gateway.advisor.capacity import AdvisorCapacity
 from gateway.advisor.candidates import candidates_for, settings_fingerprint
 from gateway.advisor.estimate import DEFAULT_SCAN_LIMIT, AdviceJob, Estimator, common_prefix
 from gateway.advisor.history import Entry
@@ -25,7 +25,7 @@ from gateway.explain.chains import canonical_prompt_text
 from gateway.explain.explainer import ExplainContext
 from gateway.normalize.pipeline import NormalizationResult, Pipeline, build_pipeline
 from gateway.parsing import CHAT
-from gateway.routing import build_route
+from gateway.upstreams.route import build_route
 
 STATIC = "You are a helpful assistant for a bicycle shop. Answer briefly and never invent order numbers. " * 3
 ENGINE = build_route(UpstreamConfig(name="engine", url="http://engine.test", kind="local_engine"))
@@ -185,7 +185,7 @@ def test_sampler_holds_sampled_records_until_their_estimate_is_done() -> None:
         submitted: list[RequestRecord] = []
         seen: list[dict] = []
         client = toy_engine(seen)
-        sampler = AdviceSampler(lambda: client, rng=random.Random(0), max_pending=1)
+        sampler = AdviceSampler(lambda: client, max_pending=1)
         settings = TenantSettings(advice_sample_rate=1.0)
         first = body("2025-06-01T10:00:00Z", "Hi")
         assert sampler.observe(_context("t", settings, first), _record(request_id="a"), submitted.append)
@@ -218,7 +218,7 @@ def test_sampler_holds_sampled_records_until_their_estimate_is_done() -> None:
 def test_a_tenant_with_advice_off_keeps_no_request_in_memory() -> None:
     async def scenario() -> AdviceSampler:
         submitted: list[RequestRecord] = []
-        sampler = AdviceSampler(lambda: toy_engine([]), rng=random.Random(0))
+        sampler = AdviceSampler(lambda: toy_engine([]))
         off = TenantSettings(advice_sample_rate=0.0)
         for minute in range(5):
             raw = body(f"2025-06-01T10:0{minute}:00Z", "Hi")
@@ -291,3 +291,53 @@ def test_one_sample_rewrites_a_bounded_share_of_the_history_off_the_event_loop()
     calls.clear()
     asyncio.run(estimate(body("2025-06-01T11:01:00Z", "Hi", "Hello!", "Again")))
     assert len(calls) == 2  # only the new sample: the history's rewrites are kept per candidate
+
+
+def test_sampler_samples_every_request_while_it_has_capacity_whatever_the_rate() -> None:
+    async def scenario() -> tuple[list[RequestRecord], AdviceSampler]:
+        submitted: list[RequestRecord] = []
+        sampler = AdviceSampler(lambda: toy_engine([]))
+        settings = TenantSettings(advice_sample_rate=0.1)  # above 0: advice on; the share no longer thins samples
+        for minute in range(5):
+            raw = body(f"2025-06-01T10:0{minute}:00Z", "Hi")
+            assert sampler.observe(_context("quiet", settings, raw), _record(request_id=str(minute)), submitted.append)
+            await asyncio.sleep(0)
+        await sampler.stop()
+        return submitted, sampler
+
+    submitted, sampler = asyncio.run(scenario())
+    assert sampler.sampled == 5 and sampler.skipped == 0
+    assert all(record.advice for record in submitted)
+    assert sampler.capacity.cpu_s_total > 0
+
+
+def test_capacity_is_bounded_by_the_cpu_budget_over_its_window() -> None:
+    now = [0.0]
+    capacity = AdvisorCapacity(cpu_budget=0.1, window_s=10.0, max_pending=4, clock=lambda: now[0])
+    assert capacity.has_room(0)
+    capacity.charge(0.5)
+    assert capacity.cpu_share() == pytest.approx(0.05) and capacity.has_room(3)
+    assert not capacity.has_room(4)  # the concurrency limit
+    capacity.charge(0.6)
+    assert not capacity.has_room(0)  # 1.1 CPU seconds in 10 s: over 10% of a core
+    now[0] = 10.5  # both charges left the window
+    assert capacity.cpu_share() == 0.0 and capacity.has_room(0)
+    assert capacity.cpu_s_total == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="cpu_budget"):
+        AdvisorCapacity(cpu_budget=0)
+
+
+def test_sampler_past_its_cpu_budget_samples_nothing_and_counts_it() -> None:
+    async def scenario() -> AdviceSampler:
+        sampler = AdviceSampler(lambda: toy_engine([]), cpu_budget=0.01, window_s=100.0)
+        sampler.capacity.charge(5.0)  # an earlier burst used the whole budget
+        raw = body("2025-06-01T10:00:00Z", "Hi")
+        submitted: list[RequestRecord] = []
+        settings = TenantSettings(advice_sample_rate=1.0)
+        assert not sampler.observe(_context("busy", settings, raw), _record(request_id="x"), submitted.append)
+        await sampler.stop()
+        return sampler
+
+    sampler = asyncio.run(scenario())
+    assert sampler.skipped == 1 and sampler.sampled == 0
+    assert len(sampler.histories.for_tenant("busy")) == 1  # still remembered for later samples

@@ -17,8 +17,8 @@ import pytest
 from gateway_testkit import db_storage, gateway_config, running_gateway, wait_until
 from sqlalchemy import bindparam, create_engine, text
 
-from gateway.anthropic.settings import MessagesSettings
 from gateway.config import UpstreamConfig
+from gateway.config.messages import MessagesSettings
 
 pytestmark = pytest.mark.real_model
 

@@ -9,10 +9,10 @@ import pytest
 from gateway.anthropic.accounting import CachePoint, common_prefix, split_usage
 from gateway.anthropic.normalize import normalize
 from gateway.anthropic.request import Breakpoint, parse_messages_request
-from gateway.anthropic.settings import MessagesSettings, parse_messages_settings
 from gateway.anthropic.stream import ChunkTranslator
 from gateway.anthropic.translate import ChatStyle, cut_at, message_content, stop_reason, to_chat_body
 from gateway.config import TenantSettings, parse_config
+from gateway.config.messages import MessagesSettings, parse_messages_settings
 from gateway.errors import BadRequest, ConfigError
 
 EPHEMERAL = {"type": "ephemeral"}

@@ -173,7 +173,7 @@ def test_secret_file_with_loose_mode_is_tightened(tmp_path: Path):
 
 
 def test_the_documented_example_config_loads(tmp_path: Path) -> None:
-    """The README sends users to the example in gateway/config.py's docstring: copied as is, it must load."""
+    """The README sends users to the example in gateway/config/__init__.py's docstring: copied as is, it must load."""
     import gateway.config
 
     example = gateway.config.__doc__.split("Example `prefixscope.toml`::", 1)[1]

@@ -166,7 +166,7 @@ def test_a_host_tier_of_negative_size_is_refused() -> None:
 def test_the_tier_report_is_the_real_engine_s_and_the_gateway_reads_it() -> None:
     from local_engine.cache import MissKind
     from local_engine.cache.tiers import TierTokens
-    from local_engine.match_details import MatchDetails
+    from local_engine.api.match_details import MatchDetails
 
     engine = SimulatedEngine(6, 100.0, host_capacity_pages=20)
     engine.serve(A, 0.0)

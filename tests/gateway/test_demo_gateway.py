@@ -15,13 +15,13 @@ from gateway_testkit import FakeStorage, gateway_config, running_gateway, serve_
 
 from db.records import MISS_REASONS
 from gateway.config import UpstreamConfig
+from gateway.config.tenant import ALL_RULES
 from gateway.demo.engine_model import SimulatedEngine, local_engine_response, render
 from gateway.demo.history import replay_pool
 from gateway.demo.replay import HOST_TIER_PAGES, LOCAL_MODEL, LOCAL_UPSTREAM, UPSTREAM_KINDS, UPSTREAMS, Replay
 from gateway.demo.traffic import TENANTS
 from gateway.explain.reasons import REASONS
 from gateway.explain.segments import chat_segments
-from gateway.tenant_settings import ALL_RULES
 from gateway.upstreams.base import MISS_KINDS
 
 MODEL = LOCAL_MODEL

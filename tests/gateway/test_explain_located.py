@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import httpx
 
+from gateway.explain.compare import compare
 from gateway.explain.history import TenantHistory
 from gateway.explain.located import engine_locates, explain_located
-from gateway.explain.reasons import EngineReport, Explanation, classify
-from gateway.explain.compare import compare
+from gateway.explain.reasons import Explanation, classify
 from gateway.explain.segments import chat_segments
 from gateway.explain.uplift import UpliftJob, uplift_gain
 from gateway.upstreams import adapter_for
+from gateway.upstreams.base import CacheReport
 
 SYSTEM = "Rule one: be polite. Rule two: cite the policy. Today is 2026-11-29. Rule three: never guess prices. " * 4
 
@@ -25,15 +26,15 @@ def chat(system: str = SYSTEM, *turns: str, tools: list | None = None) -> dict:
     return body
 
 
-def explain(history: TenantHistory, body: dict, engine: EngineReport) -> Explanation:
+def explain(history: TenantHistory, body: dict, engine: CacheReport) -> Explanation:
     segments = chat_segments(body)
     explanation = explain_located(engine, segments, history.nearest(segments), history)
     history.add(segments, engine.prompt_tokens)
     return explanation
 
 
-def located(matched: int, segment: str, offset: int, miss: str = "partial", template: int = 3) -> EngineReport:
-    return EngineReport(miss, matched, 500, template, segment, offset)
+def located(matched: int, segment: str, offset: int, miss: str = "partial", template: int = 3) -> CacheReport:
+    return CacheReport(miss, matched, 500, template, segment, offset)
 
 
 def test_the_location_is_the_engine_s_even_when_the_latest_request_differs_earlier():
@@ -44,7 +45,7 @@ def test_the_location_is_the_engine_s_even_when_the_latest_request_differs_earli
     edited = chat(SYSTEM[:300] + "Q" + SYSTEM[301:], "My order is late.", "Sorry.", "What now?")
     # By history alone the nearest (latest) request differs at character 0 of the system prompt.
     segments = chat_segments(edited)
-    approximate = classify(EngineReport("partial", 80, 500), compare(segments, history.nearest(segments), history.text))
+    approximate = classify(CacheReport("partial", 80, 500), compare(segments, history.nearest(segments), history.text))
     assert (approximate.segment, approximate.char_offset) == ("system", 0)
     explanation = explain(history, edited, located(80, "system", 298))
     assert explanation == Explanation("system_changed", "system", 298, 420, source="engine")
@@ -84,7 +85,7 @@ def test_the_same_text_not_matched_was_dropped_and_a_new_turn_is_a_hit():
 
 def test_matching_only_the_template_opening_uses_the_history_to_say_why():
     history = TenantHistory()
-    first = explain(history, chat(SYSTEM, "Hi"), EngineReport("cold", 0, 500, 3, "system", 0))
+    first = explain(history, chat(SYSTEM, "Hi"), CacheReport("cold", 0, 500, 3, "system", 0))
     assert (first.reason, first.segment) == ("new_prefix", None)
     unrelated = explain(history, chat("Translate into French.", "Good day"), located(3, "system", 0, miss="cold"))
     assert (unrelated.reason, unrelated.segment) == ("new_prefix", None)
@@ -103,8 +104,8 @@ def test_a_line_prepended_is_not_new_prefix_when_a_newer_unlike_request_came_bet
 
 
 def test_engines_without_the_report_keep_the_history_method():
-    assert not engine_locates(EngineReport("partial", 10, 100))
-    assert engine_locates(EngineReport("partial", 10, 100, 3, "system", 5))
+    assert not engine_locates(CacheReport("partial", 10, 100))
+    assert engine_locates(CacheReport("partial", 10, 100, 3, "system", 5))
 
 
 def test_the_local_engine_adapter_reads_the_report_headers():
@@ -129,9 +130,8 @@ def test_uplift_counts_only_what_matched_beyond_the_template_opening():
 
 
 def test_the_gateway_labels_a_tenant_s_namespace_as_the_engine_does():
-    from local_engine.cache.tree_views import namespace_label as engine_label
-
     from gateway.tenancy import SaltDeriver, namespace_label
+    from local_engine.cache.tree_views import namespace_label as engine_label
 
     salts = SaltDeriver("server-secret")
     salt = salts.salt_for("acme")

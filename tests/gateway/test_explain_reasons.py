@@ -19,17 +19,17 @@ from gateway.explain.reasons import (
     SAME,
     UNSEEN,
     Divergence,
-    EngineReport,
     Explanation,
     classify,
 )
+from gateway.upstreams.base import CacheReport
 
 SYSTEM = "You are the assistant of a bicycle shop. Today is 2025-06-01. Answer briefly and never invent prices. " * 3
 TOOLS = [
     {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"id": {}}}}},
     {"type": "function", "function": {"name": "book", "description": "Book a repair slot."}},
 ]
-PARTIAL = EngineReport("partial", 40, 100)
+PARTIAL = CacheReport("partial", 40, 100)
 
 
 def test_every_reason_is_a_database_reason():
@@ -39,16 +39,16 @@ def test_every_reason_is_a_database_reason():
 @pytest.mark.parametrize(
     ("engine", "divergence", "expected"),
     [
-        (EngineReport("hit", 99, 100), Divergence(UNSEEN), Explanation("hit", recomputed_tokens=0)),
-        (EngineReport("hit", 96, 100), Divergence(UNSEEN), Explanation("below_page", recomputed_tokens=4)),
-        (EngineReport(None, 99, 100), Divergence(UNSEEN), Explanation("hit", recomputed_tokens=0)),
-        (EngineReport("evicted", 16, 100), Divergence(SAME, shared_segments=2), Explanation("evicted", None, None, 84)),
-        (EngineReport("expired", 0, 100), Divergence(UNSEEN), Explanation("expired", None, None, 100)),
-        (EngineReport("cold", 0, 100), Divergence(UNSEEN), Explanation("new_prefix", None, None, 100)),
+        (CacheReport("hit", 99, 100), Divergence(UNSEEN), Explanation("hit", recomputed_tokens=0)),
+        (CacheReport("hit", 96, 100), Divergence(UNSEEN), Explanation("below_page", recomputed_tokens=4)),
+        (CacheReport(None, 99, 100), Divergence(UNSEEN), Explanation("hit", recomputed_tokens=0)),
+        (CacheReport("evicted", 16, 100), Divergence(SAME, shared_segments=2), Explanation("evicted", None, None, 84)),
+        (CacheReport("expired", 0, 100), Divergence(UNSEEN), Explanation("expired", None, None, 100)),
+        (CacheReport("cold", 0, 100), Divergence(UNSEEN), Explanation("new_prefix", None, None, 100)),
         (PARTIAL, Divergence(EXTENDS, shared_segments=3), Explanation("hit", recomputed_tokens=0)),
         (PARTIAL, Divergence(PREFIX, shared_segments=3), Explanation("hit", recomputed_tokens=0)),
         (PARTIAL, Divergence(SAME, shared_segments=3), Explanation("evicted", None, None, 60)),
-        (EngineReport("cold", 0, 100), Divergence(EXTENDS, shared_segments=3), Explanation("evicted", None, None, 100)),
+        (CacheReport("cold", 0, 100), Divergence(EXTENDS, shared_segments=3), Explanation("evicted", None, None, 100)),
         (
             PARTIAL,
             Divergence(DIVERGED, "messages[1]", "message", 0, 0, True),
@@ -79,7 +79,7 @@ def test_every_reason_is_a_database_reason():
             Explanation("new_prefix", None, None, 60),
         ),
         (
-            EngineReport(),
+            CacheReport(),
             Divergence(DIVERGED, "system", "system", 4, 1),
             Explanation("system_changed", "system", 4, None),
         ),
@@ -90,7 +90,7 @@ def test_classification_table(engine, divergence, expected):
 
 
 engines = st.builds(
-    EngineReport,
+    CacheReport,
     st.sampled_from([None, "hit", "partial", "cold", "evicted", "expired"]),
     st.one_of(st.none(), st.integers(0, 50)),
     st.one_of(st.none(), st.integers(0, 50)),
@@ -146,10 +146,10 @@ TURN = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "
 
 
 def test_pairs_for_every_structural_reason():
-    assert explain_pair(chat(), chat(), EngineReport("hit", 99, 100)).reason == "hit"
+    assert explain_pair(chat(), chat(), CacheReport("hit", 99, 100)).reason == "hit"
     assert explain_pair(chat(user="Hello"), chat(history=TURN, user="And then?")).reason == "hit"  # grew
     assert explain_pair(chat(user="a"), chat(user="b")).reason == "hit"  # a new question under the same prefix
-    assert explain_pair(chat(), chat(model="other"), EngineReport("cold", 0, 100)) == Explanation(
+    assert explain_pair(chat(), chat(model="other"), CacheReport("cold", 0, 100)) == Explanation(
         "model_changed", "model", 0, 100
     )
     changed_tools = [TOOLS[0], {**TOOLS[1], "function": {"name": "book", "description": "Book a slot."}}]

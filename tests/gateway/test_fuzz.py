@@ -29,9 +29,9 @@ def tiny_engine_url() -> Iterator[str]:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from local_engine.config import EngineConfig, ServerConfig
-    from local_engine.engine import Engine
-    from local_engine.model_loader import smollm2_directory, wrap_model
-    from local_engine.server import create_app
+    from local_engine.engine.engine import Engine
+    from local_engine.model.loader import smollm2_directory, wrap_model
+    from local_engine.api.server import create_app
 
     tokenizer = AutoTokenizer.from_pretrained(
         smollm2_directory(), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", local_files_only=True
@@ -121,7 +121,7 @@ def tiny_gateway_url(tiny_engine_url: str) -> Iterator[str]:
 
 
 def _optional(schema_name: str) -> list[str]:
-    from local_engine.openapi import CHAT_REQUEST, COMPLETION_REQUEST
+    from local_engine.api.openapi import CHAT_REQUEST, COMPLETION_REQUEST
 
     schema = {"chat": CHAT_REQUEST, "completions": COMPLETION_REQUEST}[schema_name]
     return sorted(set(schema["properties"]) - set(schema["required"]) - {"ignore_eos"})

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from gateway.config import ConfigOverrides, UpstreamConfig, load_config, parse_config
+from gateway.config.router import RouterSettings
 from gateway.errors import ConfigError
-from gateway.replicas.index import ApproximateIndex, PreciseIndex
+from gateway.replicas.approximate_index import ApproximateIndex
 from gateway.replicas.policy import Candidate, choose
-from gateway.replicas.settings import RouterSettings
 from gateway.replicas.text_chain import prompt_material, text_chain
 
 SETTINGS = RouterSettings(balance_abs_threshold=4, balance_rel_threshold=1.5, min_match_share=0.3)
@@ -49,21 +51,6 @@ def test_round_robin_and_least_loaded():
     pool = [Candidate(0, 3), Candidate(1, 0), Candidate(2, 0)]
     assert [choose("round_robin", pool, SETTINGS, turn, 0).position for turn in range(4)] == [0, 1, 2, 0]
     assert [choose("least_loaded", pool, SETTINGS, turn, 0).position for turn in range(3)] == [1, 2, 1]
-
-
-def test_precise_index_events_and_pending_blocks():
-    index = PreciseIndex()
-    index.reset({"a": [1, 2]})
-    index.apply({"kind": "stored", "namespace": "a", "block_hashes": [3]})
-    assert index.match_blocks("a", [1, 2, 3, 4], 0.0) == 3
-    assert index.match_blocks("b", [1, 2, 3], 0.0) == 0  # another namespace sees nothing
-    index.expect("a", [1, 2, 3, 4, 5], expires_at=10.0)
-    assert index.match_blocks("a", [1, 2, 3, 4, 5], 5.0) == 5
-    assert index.match_blocks("a", [1, 2, 3, 4, 5], 11.0) == 3  # unconfirmed blocks lapse
-    index.apply({"kind": "removed", "namespace": "a", "block_hashes": [2, 4]})
-    assert index.match_blocks("a", [1, 2, 3, 4, 5], 5.0) == 1
-    index.apply({"kind": "cleared", "namespace": None, "block_hashes": []})
-    assert index.match_blocks("a", [1], 0.0) == 0 and index.num_blocks() == 0
 
 
 def test_approximate_index_ages_by_ttl_and_capacity():
@@ -180,7 +167,7 @@ def test_replica_metrics_compare_predictions_only_where_the_engine_answered():
             endpoint="chat", model="m", upstream="local", stream=False, status_code=status, error_type=None,
             prompt_tokens=None if cached is None else 464, cached_tokens=cached, completion_tokens=None, ttft_ms=None,
             latency_ms=1.0, replica="http://r1", routing_policy="cache_aware", predicted_match_tokens=predicted,
-            routing_index_source="precise",
+            routing_index_source="events",
         )
 
     metrics.observe(record(200, 448, 457))
@@ -207,15 +194,16 @@ def test_bench_routing_starts_its_gateway_open(monkeypatch, tmp_path):
 
     monkeypatch.setattr(routing, "_spawn", spawn)
     with pytest.raises(Started):
-        routing._run_policy("cache_aware", [], [], tmp_path)
+        routing._run_policy("events", [], [], tmp_path)
     assert "--open" in commands[0]
 
 
-def test_a_prefix_an_engine_holds_is_looked_up_precisely_after_a_gateway_restart():
-    """The gateway's own text index is empty after a restart; the engine's events still say where the prefix is."""
-    import asyncio
-
+def test_a_prefix_an_engine_holds_is_found_from_its_events_after_a_gateway_restart():
+    """The gateway's own text index is empty after a restart; the replica's KV events still say where the prefix is,
+    and a namespace whose blocks no replica holds is placed by load."""
     from gateway.parsing import CHAT
+    from gateway.replicas.event_index import block_keys
+    from gateway.replicas.kv_event_wire import Stored
     from gateway.replicas.replica_set import ReplicaSet
 
     upstream = UpstreamConfig(
@@ -223,23 +211,16 @@ def test_a_prefix_an_engine_holds_is_looked_up_precisely_after_a_gateway_restart
         routing="cache_aware",
     )
     replicas = ReplicaSet(upstream)
-    replicas.replicas[0].precise.reset({"ns": list(range(100))})
+    tokens = list(range(480))
+    replicas.replicas[1].index.apply([Stored(tuple(range(30)), None, tokens, 16, 0, "ns")])
     for replica in replicas.replicas:
-        replica.events_synced = True
-        replica.event_block_size = 16
-    asked = []
-
-    async def token_chain(client, candidates, body):
-        asked.append(body)
-        return list(range(30)), 480, 16
-
-    replicas._token_chain = token_chain
+        replica.subscriber = SimpleNamespace(synced=True)
     body = {"model": "m", "messages": [{"role": "system", "content": "long system prompt " * 40},
                                        {"role": "user", "content": "hi"}]}
-    placement = asyncio.run(replicas.place(None, CHAT, body, "ns", "m"))
-    assert asked and placement.replica.url == "http://127.0.0.1:1"
-    assert placement.index_source == "precise" and placement.predicted_match_tokens == 480 - 1  # all but the last
-    # Another namespace that no engine holds anything of is still placed by load, without the round trip.
-    asked.clear()
-    asyncio.run(replicas.place(None, CHAT, body, "other", "m"))
-    assert not asked
+    placement = replicas.decide(CHAT, body, "ns", "m", tokens)
+    assert placement.replica.url == "http://127.0.0.1:2"
+    assert placement.index_source == "events" and placement.predicted_match_tokens == 480 - 1  # all but the last
+    assert placement.reason == "cache"
+    other = replicas.decide(CHAT, body, "other", "m", tokens)
+    assert (other.reason, other.predicted_match_tokens) == ("load", 0)
+    assert block_keys("ns", tokens, 16) != block_keys("other", tokens, 16)

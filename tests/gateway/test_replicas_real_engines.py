@@ -1,6 +1,7 @@
-"""Replica sets over three real engine processes (a tiny random Llama with SmolLM2's tokenizer, small KV pools):
-cache-aware placement, failover, health, tenant isolation; the event follower against a real engine's evictions
-and gaps. Every test uses fresh prompt text (a nonce) so that nothing cached by an earlier test helps it."""
+"""Replica sets over three real engine processes (a tiny random Llama with SmolLM2's tokenizer, small KV pools) that
+publish their KV events over ZeroMQ: cache-aware placement from those events, failover, health, a killed and
+restarted engine re-learnt, tenant isolation, a gap replayed, two gateways agreeing; the event index against a real
+engine's evictions. Every test uses fresh prompt text (a nonce) so that nothing cached by an earlier test helps it."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gateway_testkit import FakeStorage, gateway_config, running_gateway, wait_until
+from gateway_testkit import FakeStorage, TcpProxy, free_port, gateway_config, running_gateway, wait_until
 from replica_kit import EngineProcess, save_tiny_model
 
 from gateway.config import UpstreamConfig
-from gateway.replicas.follower import poll_once, resync
-from gateway.replicas.replica_set import Replica
-from gateway.replicas.settings import RouterSettings
+from gateway.config.router import ReplicaEvents, RouterSettings
+from gateway.replicas.event_index import EventIndex, block_keys
+from gateway.replicas.event_subscriber import EventSubscriber
+from gateway.replicas.request_tokens import RequestTokenizer
 
 POOL_TOKENS = "640"
 ADMIN = "replica-test-admin"
@@ -31,7 +33,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def engines(tiny_model: str) -> Iterator[list[EngineProcess]]:
-    processes = [EngineProcess(tiny_model, "--kv-cache-tokens", POOL_TOKENS, "--admin-token", ADMIN) for _ in range(3)]
+    processes = [
+        EngineProcess(tiny_model, "--kv-cache-tokens", POOL_TOKENS, "--admin-token", ADMIN,
+                      "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}",
+                      "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{free_port()}")
+        for _ in range(3)
+    ]
     try:
         for process in processes:
             process.wait_healthy()
@@ -55,12 +62,13 @@ def fresh(engines: list[EngineProcess]) -> list[EngineProcess]:
     return engines
 
 
-def replica_config(urls: list[str], **router: object):
-    values = {"health_interval_s": 0.5, "event_poll_interval_s": 0.05, **router}
+def replica_config(urls: list[str], events: tuple[ReplicaEvents | None, ...] = (), **router: object):
+    """A replica set over `urls`; without `events` the gateway finds each engine's KV events in its /v1/cache."""
+    values = {"health_interval_s": 0.5, "replay_timeout_s": 2.0, **router}
     settings = RouterSettings(**values)  # type: ignore[arg-type]
     upstream = UpstreamConfig(
         name="pool", url=urls[0], kind="local_engine", timeout_s=60.0, replicas=tuple(urls), routing="cache_aware",
-        router=settings,
+        router=settings, replica_events=events,
     )
     return gateway_config(urls[0], upstreams=(upstream,), default_upstream="pool")
 
@@ -101,9 +109,9 @@ def test_same_prefix_stays_on_its_replica_and_new_prefixes_go_to_the_emptiest(fr
         systems = [system_prompt(f"{nonce}-{i}") for i in range(3)]
         chat(gateway.url, systems[0], "first question")
         first = last_record(gateway, 1)
-        # A prefix no replica was sent: placed by load, no engine asked for its token hashes.
+        # A prefix no replica holds: placed by load, the events predicting nothing anywhere.
         assert (first.routing_policy, first.predicted_match_tokens, first.routing_index_source) == (
-            "cache_aware", 0, "approximate"
+            "cache_aware", 0, "events"
         )
         # New prefixes, no load anywhere: each goes to a replica whose cache holds nothing yet.
         chat(gateway.url, systems[1], "first question")
@@ -116,7 +124,7 @@ def test_same_prefix_stays_on_its_replica_and_new_prefixes_go_to_the_emptiest(fr
                 chat(gateway.url, system, question)
                 record = last_record(gateway, 4 + 3 * n + i)
                 assert record.replica == placed[i]
-                assert record.routing_index_source == "precise"
+                assert record.routing_index_source == "events"
                 assert record.cached_tokens > 0
                 # page size 1: the engine matched the whole shared prefix; the router counted its full 16-token blocks
                 assert record.predicted_match_tokens == record.cached_tokens - record.cached_tokens % 16
@@ -144,11 +152,11 @@ def test_a_killed_replica_fails_over_once_and_is_routed_around(fresh):
         chat(gateway.url, system, "once more")
         again = last_record(gateway, 3)
         assert again.replica == moved.replica  # its cache now holds the prefix; the dead replica is out
-        assert again.routing_index_source == "precise" and again.predicted_match_tokens > 0
+        assert again.routing_index_source == "events" and again.predicted_match_tokens > 0
         assert httpx.get(f"{gateway.url}/health").json()["upstreams"][0]["failovers"] == 1
 
 
-def test_a_replica_that_fails_health_checks_is_taken_out_and_put_back(fresh):
+def test_a_killed_and_restarted_replica_is_taken_out_put_back_and_relearnt(fresh):
     urls = [p.url for p in fresh]
     with running_gateway(replica_config(urls)) as gateway:
         wait_synced(gateway.url)
@@ -163,8 +171,16 @@ def test_a_replica_that_fails_health_checks_is_taken_out_and_put_back(fresh):
         victim.wait_healthy()
         wait_synced(gateway.url)
         # Back in rotation with an empty cache: the next new prefix goes there.
-        chat(gateway.url, system_prompt(f"{nonce}-new"), "question")
+        new = system_prompt(f"{nonce}-new")
+        chat(gateway.url, new, "question")
         assert last_record(gateway, 5).replica == victim.url
+        state = {r["url"]: r for r in replicas_state(gateway.url)}[victim.url]
+        assert state["event_restarts"] + state["event_replays"] >= 2  # the new process was learnt from a replay
+        # What the new process caches is learnt from its events: the prefix stays there, predicted from them.
+        chat(gateway.url, new, "another question")
+        again = last_record(gateway, 6)
+        assert (again.replica, again.routing_index_source) == (victim.url, "events")
+        assert again.predicted_match_tokens > 0 and again.cached_tokens > 0
 
 
 def test_two_tenants_with_the_same_prompt_are_indexed_apart(fresh):
@@ -183,80 +199,100 @@ def test_two_tenants_with_the_same_prompt_are_indexed_apart(fresh):
         # Nothing of acme's placement shows through: globex's prompt is new in its own namespace.
         assert (globex.tenant, globex.predicted_match_tokens, globex.cached_tokens) == ("globex", 0, 0)
         assert globex.replica != acme_again.replica  # a new prefix goes to an emptier replica
-        snapshot = httpx.get(f"{acme_again.replica}/v1/cache/events/snapshot").json()
-        assert len(snapshot["namespaces"]) == 1
 
 
 def _one_token(messages: list[dict]) -> dict:
     return {"model": "tiny", "messages": messages, "max_tokens": 1}
 
 
-def _follower_replica(url: str) -> Replica:
-    return Replica(UpstreamConfig(name="pool", url=url, replicas=(url,)), url, 0)
+def _engine_matched(url: str, messages: list[dict]) -> int:
+    body = {"model": "tiny", "messages": messages}
+    return httpx.post(f"{url}/v1/cache/match", json=body, timeout=30).json()["matched_tokens"]
 
 
-def _engine_chain(url: str, messages: list[dict]) -> list[int]:
-    body = {"model": "tiny", "messages": messages, "return_hash_chain": True, "hash_block_size": 16}
-    return httpx.post(f"{url}/v1/cache/match", json=body, timeout=30).json()["hash_chain"]["hash_ids"]
-
-
-def test_the_precise_index_follows_evictions(fresh):
-    url = fresh[0].url
-    replica = _follower_replica(url)
+def test_the_event_index_follows_a_real_engines_evictions_token_for_token(fresh):
+    """The gateway's tokenization of each prompt, looked up in the index its events built, finds exactly the full
+    blocks the engine's own dry-run match finds, before and after evictions."""
+    engine = fresh[0]
+    cache = httpx.get(f"{engine.url}/v1/cache", timeout=10).json()["kv_events"]
+    tokenizer = RequestTokenizer.from_engine(httpx.get(f"{engine.url}/v1/tokenizer", timeout=30).json())
+    index = EventIndex()
 
     async def run() -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
-            assert await resync(client, replica)
-            nonce = uuid.uuid4().hex[:8]
-            prompts = [[{"role": "user", "content": system_prompt(f"{nonce}-{i}")}] for i in range(6)]
-            first_chain = _engine_chain(url, prompts[0])
-            await client.post(f"{url}/v1/chat/completions", json=_one_token(prompts[0]))
-            await poll_once(client, replica)
-            assert replica.precise.match_blocks("", first_chain, 0.0) == len(first_chain)
-            for messages in prompts[1:]:  # about 170 tokens each into a 640-token pool: the first prompt is evicted
-                await client.post(f"{url}/v1/chat/completions", json=_one_token(messages))
-            while await poll_once(client, replica):
-                pass
-            assert replica.events_synced
-            # Only the blocks every prompt shares (chat template and the common opening words) are still held.
-            other_chain = _engine_chain(url, prompts[1])
-            shared = next(i for i, (a, b) in enumerate(zip(first_chain, other_chain)) if a != b)
-            assert 0 < shared < len(first_chain)
-            assert replica.precise.match_blocks("", first_chain, 0.0) == shared
-            snapshot = (await client.get(f"{url}/v1/cache/events/snapshot")).json()
-            assert replica.precise.held.get("", set()) == set(snapshot["namespaces"].get("", []))
-            assert replica.gaps == 0
+        subscriber = EventSubscriber(index, ReplicaEvents(cache["endpoint"], cache["replay_endpoint"]))
+        task = asyncio.create_task(subscriber.run())
+        try:
+            async with httpx.AsyncClient(timeout=60) as client:
+                nonce = uuid.uuid4().hex[:8]
+                prompts = [[{"role": "user", "content": system_prompt(f"{nonce}-{i}")}] for i in range(6)]
+                for messages in prompts:  # about 170 tokens each into a 640-token pool: the first ones are evicted
+                    await client.post(f"{engine.url}/v1/chat/completions", json=_one_token(messages))
+                    await asyncio.sleep(0.3)
+                    for earlier in prompts[: prompts.index(messages) + 1]:
+                        tokens = tokenizer.prompt_token_ids("chat", {"messages": earlier})
+                        matched = _engine_matched(engine.url, earlier)
+                        blocks, _ = index.match(block_keys("", tokens, 16), 0.0)
+                        assert blocks * 16 == matched - matched % 16
+                assert subscriber.synced and subscriber.gaps == 0
+                assert _engine_matched(engine.url, prompts[0]) < 100  # the first prompt was evicted (mostly)
+        finally:
+            task.cancel()
 
     asyncio.run(run())
 
 
-def test_a_gap_in_the_events_triggers_a_resync(tiny_model):
-    import torch
+def test_a_gap_in_the_live_events_is_replayed(fresh):
+    """The gateway's subscription goes through a proxy whose plug is pulled while the engine serves: the batches
+    published meanwhile never arrive live; the next one shows the gap, and the replay brings them back."""
+    engine = fresh[0]
+    advertised = httpx.get(f"{engine.url}/v1/cache", timeout=10).json()["kv_events"]
+    host, port = advertised["endpoint"].removeprefix("tcp://").rsplit(":", 1)
+    proxy = TcpProxy(host, int(port))
+    proxy.start()
+    events = (ReplicaEvents(f"tcp://127.0.0.1:{proxy.port}", advertised["replay_endpoint"]),)
+    try:
+        # Blocks routed but not yet confirmed lapse at once: the prediction below can only come from the events.
+        with running_gateway(replica_config([engine.url], events, pending_ttl_s=0.001)) as gateway:
+            wait_synced(gateway.url)
+            proxy.stop()
+            system = system_prompt(uuid.uuid4().hex[:8])
+            chat(gateway.url, system, "asked while the events were cut off")
+            proxy.start()
+            # Keep the engine publishing until the reconnected subscription sees a batch (and with it, the gap).
+            for n in range(30):
+                filler = {"model": "tiny", "max_tokens": 1,
+                          "messages": [{"role": "user", "content": f"filler {n} {uuid.uuid4().hex}"}]}
+                httpx.post(f"{engine.url}/v1/chat/completions", json=filler, timeout=60)
+                if replicas_state(gateway.url)[0]["event_gaps"]:
+                    break
+            assert replicas_state(gateway.url)[0]["event_gaps"] >= 1
+            chat(gateway.url, system, "asked again")  # the replayed batch told the router what this replica holds
+            record = last_record(gateway, 2)
+            assert record.routing_index_source == "events"
+            assert record.predicted_match_tokens == record.cached_tokens - record.cached_tokens % 16 > 0
+    finally:
+        proxy.close()
 
-    from local_engine.cache.events import CacheEventLog
-    from local_engine.model_loader import load_model
-    from tests.local_engine.server_fixtures import served_engine
 
-    loaded = load_model(tiny_model, torch.device("cpu"))
-    with served_engine(loaded, kv_cache_tokens=4096) as (url, engine):
-        engine.cache.events = CacheEventLog(block_size=16, capacity=2)  # keeps only the last two events
-        replica = _follower_replica(url)
-
-        async def run() -> None:
-            async with httpx.AsyncClient(timeout=30) as client:
-                assert await resync(client, replica) and replica.resyncs == 1
-                nonce = uuid.uuid4().hex[:8]
-                for i in range(4):  # four stored events: the follower's cursor falls out of the window
-                    messages = [{"role": "user", "content": system_prompt(f"{nonce}-{i}")}]
-                    await client.post(f"{url}/v1/chat/completions", json=_one_token(messages))
-                assert await poll_once(client, replica) == 0
-                assert (replica.events_synced, replica.gaps) == (False, 1)
-                assert await resync(client, replica) and replica.resyncs == 2
-                snapshot = (await client.get(f"{url}/v1/cache/events/snapshot")).json()
-                assert replica.precise.held == {"": set(snapshot["namespaces"][""])}
-                assert replica.event_cursor == snapshot["seq"] >= 4
-
-        asyncio.run(run())
+def test_two_gateways_route_the_same_prefix_to_the_same_replica(fresh):
+    """Two gateway processes in front of one fleet, each following the engines' events: a prefix one of them sent
+    somewhere is found there by the other."""
+    urls = [p.url for p in fresh]
+    with running_gateway(replica_config(urls)) as first, running_gateway(replica_config(urls)) as second:
+        wait_synced(first.url)
+        wait_synced(second.url)
+        nonce = uuid.uuid4().hex[:8]
+        systems = [system_prompt(f"{nonce}-{i}") for i in range(3)]
+        for system in systems:
+            chat(first.url, system, "from the first gateway")
+        homes = [r.replica for r in first.wait_records(3)]
+        assert sorted(homes) == sorted(urls)
+        for i, system in enumerate(systems):
+            assert wait_until(lambda: sum(r["event_blocks"]["device"] for r in replicas_state(second.url)) > 0, 10)
+            chat(second.url, system, "from the second gateway")
+            record = last_record(second, i + 1)
+            assert (record.replica, record.routing_index_source) == (homes[i], "events")
+            assert record.predicted_match_tokens > 0
 
 
 def test_round_robin_and_least_loaded_are_recorded(fresh):
@@ -276,7 +312,8 @@ def test_round_robin_and_least_loaded_are_recorded(fresh):
 
 @pytest.mark.real_model
 def test_smollm2_replicas_keep_a_prefix_on_one_replica_with_exact_predictions():
-    engines = [EngineProcess("smollm2", "--kv-cache-tokens", "4096") for _ in range(2)]
+    engines = [EngineProcess("smollm2", "--kv-cache-tokens", "4096", "--kv-events-endpoint", "tcp://127.0.0.1:*",
+                             "--kv-events-replay-endpoint", "tcp://127.0.0.1:*") for _ in range(2)]
     try:
         urls = [engine.wait_healthy() for engine in engines]
         with running_gateway(replica_config(urls)) as gateway:
@@ -290,7 +327,7 @@ def test_smollm2_replicas_keep_a_prefix_on_one_replica_with_exact_predictions():
             records = gateway.wait_records(3)
             assert records[1].replica == records[2].replica == records[0].replica
             for record in records[1:]:
-                assert record.routing_index_source == "precise" and record.cached_tokens > 0
+                assert record.routing_index_source == "events" and record.cached_tokens > 0
                 assert record.predicted_match_tokens == record.cached_tokens - record.cached_tokens % 16
     finally:
         for engine in engines:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import tomllib
 
 import pytest
+import tomllib
 
 from gateway.config import parse_config
+from gateway.config.retention import RetentionPolicy, capped
 from gateway.errors import BadRequest, ConfigError
 from gateway.parsing import CHAT, parse_request
-from gateway.retention import RetentionPolicy, capped, requested_retention
+from gateway.retention import requested_retention
 from gateway.upstreams import adapter_for
 from gateway.upstreams.tiers import (
     MAX_TIER_TOKENS,

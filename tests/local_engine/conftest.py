@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from local_engine.config import EngineConfig
-from local_engine.engine import Engine
-from local_engine.model_loader import load_model, smollm2_directory, wrap_model
+from local_engine.engine.engine import Engine
+from local_engine.model.loader import load_model, smollm2_directory, wrap_model
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 import uvicorn
 
 from local_engine.config import EngineConfig, ServerConfig
-from local_engine.engine import Engine
-from local_engine.server import create_app
+from local_engine.engine.engine import Engine
+from local_engine.api.server import create_app
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 
-from local_engine.access import check_bind, is_loopback
+from local_engine.api.access import check_bind, is_loopback
 
 from .server_fixtures import served_engine
 

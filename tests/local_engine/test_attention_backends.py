@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from local_engine.attention_backends import resolve_attention_backend
-from local_engine.flashinfer_attention import build_page_table
+from local_engine.model.attention_backends import resolve_attention_backend
+from local_engine.model.flashinfer_attention import build_page_table
 
 from .test_cascade_attention import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SCALING, mixed_tables, run
 

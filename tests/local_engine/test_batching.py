@@ -11,12 +11,12 @@ import torch
 
 from local_engine.cache import KVPool, SlotAllocator
 from local_engine.config import EngineConfig
-from local_engine.detokenizer import IncrementalDetokenizer
-from local_engine.engine import Engine
-from local_engine.engine_types import Finished, GenerationRequest, RequestHandle, TokenDelta
-from local_engine.model_runner import ModelRunner, ScheduledChunk
-from local_engine.sampling import Sampler, SamplingParams
-from local_engine.sequence import Sequence
+from local_engine.prompt.detokenizer import IncrementalDetokenizer
+from local_engine.engine.engine import Engine
+from local_engine.engine.types import Finished, GenerationRequest, RequestHandle, TokenDelta
+from local_engine.model.runner import ModelRunner, ScheduledChunk
+from local_engine.engine.sampling import Sampler, SamplingParams
+from local_engine.engine.sequence import Sequence
 
 from .conftest import run_to_end
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from local_engine.bench_concurrent import run_concurrent_workload
+from local_engine.bench.concurrent import run_concurrent_workload
 from prefixscope.progress import ENV_INTERVAL_S, ENV_PROGRESS
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from local_engine.bench_tiers import shared_prefix_tokens, verdicts
+from local_engine.bench.tiers import shared_prefix_tokens, verdicts
 from prefixscope.cli import build_parser, main
 from prefixscope.progress import ENV_INTERVAL_S, ENV_PROGRESS
 

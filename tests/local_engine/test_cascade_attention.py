@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from local_engine import paged_attention as paged_attention_module
+from local_engine.model import paged_attention as paged_attention_module
 from local_engine.cache.kv_pool import KVPool, KVPoolConfig
-from local_engine.cascade_attention import SlotRead, cascade_attention, find_shared_prefixes, split_runs
-from local_engine.engine_types import GenerationRequest
-from local_engine.paged_attention import build_paged_batch, paged_attention
-from local_engine.sampling import SamplingParams
+from local_engine.model.cascade_attention import SlotRead, cascade_attention, find_shared_prefixes, split_runs
+from local_engine.engine.types import GenerationRequest
+from local_engine.model.paged_attention import build_paged_batch, paged_attention
+from local_engine.engine.sampling import SamplingParams
 
 from .conftest import run_to_end
 from .test_batching import token_ids
@@ -137,7 +137,7 @@ def test_requests_on_a_cached_prefix_decode_through_cascade_groups_with_unchange
 
 
 def test_contiguous_runs_are_read_as_views_and_others_gathered():
-    from local_engine.cascade_attention import contiguous_start, read_slots
+    from local_engine.model.cascade_attention import contiguous_start, read_slots
 
     assert contiguous_start(torch.arange(5, 9)) == 5
     assert contiguous_start(torch.tensor([5, 7, 6, 8])) is None  # same ends, not a run
@@ -174,7 +174,7 @@ def test_a_scattered_prefix_attends_as_a_contiguous_one():
 
 
 def test_the_unfused_path_used_off_the_cpu_computes_the_same(monkeypatch):
-    from local_engine import cascade_attention as cascade_module
+    from local_engine.model import cascade_attention as cascade_module
 
     tables, counts = mixed_tables()
     _, fused_out, _, _ = run(tables, counts, 8, 64)

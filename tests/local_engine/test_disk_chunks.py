@@ -10,8 +10,8 @@ import struct
 import pytest
 import torch
 
-from local_engine.cache.disk_index import DiskTier
-from local_engine.cache.disk_store import (
+from local_engine.cache.tiers.disk_index import DiskTier
+from local_engine.cache.tiers.disk_store import (
     file_name,
     CHUNK_TOKENS,
     CorruptKVFile,

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from local_engine.cache import KVPool, MissKind, SlotAllocator
-from local_engine.engine_types import GenerationRequest
+from local_engine.engine.types import GenerationRequest
 from local_engine.errors import CapacityExceeded, InvalidRequest
-from local_engine.model_runner import ModelRunner, ScheduledChunk
-from local_engine.sampling import SamplingParams
+from local_engine.model.runner import ModelRunner, ScheduledChunk
+from local_engine.engine.sampling import SamplingParams
 
 from .conftest import build_tiny_llama, run_to_end
 

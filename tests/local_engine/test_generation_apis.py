@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from local_engine.choices import ChoiceCollector
-from local_engine.engine_types import Finished, GenerationRequest, PromptLogprobs, TokenDelta
-from local_engine.sampling import SamplingParams
-from local_engine.structured_output import response_format_grammar
+from local_engine.api.choices import ChoiceCollector
+from local_engine.engine.types import Finished, GenerationRequest, PromptLogprobs, TokenDelta
+from local_engine.engine.sampling import SamplingParams
+from local_engine.engine.structured_output import response_format_grammar
 
 PROMPT = tuple(range(300, 348))  # 48 tokens
 SCHEMA = {

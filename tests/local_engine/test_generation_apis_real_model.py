@@ -10,7 +10,7 @@ from openai import OpenAI
 from pydantic import BaseModel
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from local_engine.chat_prompt import chat_prompt_token_ids
+from local_engine.prompt.chat_prompt import chat_prompt_token_ids
 
 from .server_fixtures import served_engine
 

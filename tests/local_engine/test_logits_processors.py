@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from local_engine.batch_sampling import sample_rows
-from local_engine.logits_processors import LogitsAdjuster
-from local_engine.sampling import Sampler, SamplingParams
+from local_engine.engine.batch_sampling import sample_rows
+from local_engine.engine.logits_processors import LogitsAdjuster
+from local_engine.engine.sampling import Sampler, SamplingParams
 
 VOCAB = 8
 EOS = frozenset({7})

@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
-from local_engine.chat_prompt import chat_prompt, chat_prompt_token_ids, text_prompt
-from local_engine.prompt_layout import Location
+from local_engine.prompt.chat_prompt import chat_prompt, chat_prompt_token_ids, text_prompt
+from local_engine.prompt.layout import Location
 
 from .server_fixtures import served_engine
 from .test_server import sse_events

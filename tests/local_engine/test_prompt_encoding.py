@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from local_engine.chat_prompt import chat_prompt_token_ids, render_chat, template_messages
-from local_engine.prompt_encoding import _content_spans, encode_protected, special_texts
+from local_engine.prompt.chat_prompt import chat_prompt_token_ids, render_chat, template_messages
+from local_engine.prompt.encoding import _content_spans, encode_protected, special_texts
 
 IM_START, IM_END = 1, 2  # SmolLM2's <|im_start|> and <|im_end|>
 

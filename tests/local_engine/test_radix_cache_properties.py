@@ -258,7 +258,7 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
     @rule(namespace=st.sampled_from(NAMESPACES), data=st.data(), keep=st.booleans(),
           retention=st.sampled_from(RETENTIONS))
     def admit_and_load_back(self, namespace: str, data, keep: bool, retention) -> None:
-        from local_engine.cache.tier_loading import load_back
+        from local_engine.cache.tiers.loading import load_back
 
         from .tier_fixtures import assert_kv
 
@@ -299,7 +299,7 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
 
     @rule(tier=st.sampled_from([0, 1, 2]), num_tokens=st.integers(1, 30))
     def evict_from_tier(self, tier: int, num_tokens: int) -> None:
-        from local_engine.cache.tier_eviction import make_room
+        from local_engine.cache.tiers.eviction import make_room
 
         evictable_before = self.cache.evictable[tier]
         free_before = self.cache.tiers.free_tokens(tier)
@@ -310,7 +310,7 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
     @rule(max_tokens=st.integers(1, 20), chunk_tokens=st.integers(1, 4), pieces=st.integers(0, 4))
     def clean_while_idle(self, max_tokens: int, chunk_tokens: int, pieces: int) -> None:
         """The write-back cleaner, paused after `pieces` pieces (a request arrived) or by its token bound."""
-        from local_engine.cache.tier_cleaner import clean
+        from local_engine.cache.tiers.cleaner import clean
 
         left = iter(range(pieces, -1, -1))
         demoted_before = self.cache.tiers.counters[0].demoted_tokens_total
@@ -338,7 +338,7 @@ class TieredRadixCacheMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
-        from local_engine.cache.tier_persistence import persist_to_disk, rebuild_from_disk
+        from local_engine.cache.tiers.persistence import persist_to_disk, rebuild_from_disk
 
         for node, own in self.held:
             self.cache.unlock(node)

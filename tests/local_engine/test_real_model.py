@@ -7,8 +7,8 @@ import torch
 from openai import OpenAI
 
 from local_engine.cache import KVPool, SlotAllocator
-from local_engine.chat_prompt import chat_prompt_token_ids
-from local_engine.model_runner import ModelRunner, ScheduledChunk
+from local_engine.prompt.chat_prompt import chat_prompt_token_ids
+from local_engine.model.runner import ModelRunner, ScheduledChunk
 
 from .server_fixtures import served_engine
 

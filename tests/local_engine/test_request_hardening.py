@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from local_engine.openapi import CHAT_REQUEST, COMPLETION_REQUEST
+from local_engine.api.openapi import CHAT_REQUEST, COMPLETION_REQUEST
 
 from .server_fixtures import served_engine
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from local_engine.cache.tier_cleaner import clean, dirty_nodes
+from local_engine.cache.tiers.cleaner import clean, dirty_nodes
 from local_engine.cache.tiers import TierTokens
-from local_engine.engine_types import GenerationRequest
+from local_engine.engine.types import GenerationRequest
 
 from .conftest import run_to_end
 from .test_tiers_engine import GREEDY, PROMPTS, expected  # noqa: F401 (a fixture)
@@ -101,7 +101,7 @@ OTHER = list(range(2000, 2600))
 
 
 def test_a_paused_copy_resumes_or_is_finished_by_eviction_and_a_stale_one_is_given_back():
-    from local_engine.cache.tier_cleaner import CLEAN_CHUNK_TOKENS
+    from local_engine.cache.tiers.cleaner import CLEAN_CHUNK_TOKENS
 
     clock = FakeClock()
     cache = tiered_cache(device_tokens=700, host_tokens=1400, clock=clock)

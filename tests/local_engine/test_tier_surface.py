@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from local_engine.cache.tiers import HEADER_TIERS, RETENTION_CLASSES, TIER_COUNTERS, TIER_GAUGES, TierTokens
-from local_engine.protocol import CHAT, COMPLETIONS, parse_request
+from local_engine.api.protocol import CHAT, COMPLETIONS, parse_request
 
 from .server_fixtures import served_engine
 

@@ -8,9 +8,9 @@ import stat
 import pytest
 
 from local_engine.cache import MissKind
-from local_engine.cache.disk_index import DiskCacheLocked, DiskTier
-from local_engine.cache.disk_store import KVLayout
-from local_engine.cache.tier_persistence import persist_to_disk, rebuild_from_disk
+from local_engine.cache.tiers.disk_index import DiskCacheLocked, DiskTier
+from local_engine.cache.tiers.disk_store import KVLayout
+from local_engine.cache.tiers.persistence import persist_to_disk, rebuild_from_disk
 from local_engine.cache.tiers import TierTokens
 
 from .tier_fixtures import LAYOUT, FakeClock, admit, assert_kv, release, store, tiered_cache
@@ -251,7 +251,7 @@ def _rewrite_header(path, edit) -> None:
     """Apply `edit` to the JSON header of the KV file at `path`, keeping its payload (and checksum) as they are."""
     import json
 
-    from local_engine.cache.disk_store import _PREFIX, MAGIC
+    from local_engine.cache.tiers.disk_store import _PREFIX, MAGIC
 
     raw = path.read_bytes()
     _, length = _PREFIX.unpack(raw[: _PREFIX.size])

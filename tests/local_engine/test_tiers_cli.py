@@ -103,18 +103,18 @@ def test_prefixscope_up_refuses_bad_tier_options_before_anything_starts(argv, me
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    import local_engine.model_loader
+    import local_engine.model.loader
 
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(local_engine.model_loader, "load_model", never)
+    monkeypatch.setattr(local_engine.model.loader, "load_model", never)
 
 
 def test_a_second_engine_on_a_locked_directory_is_refused_before_the_model_loads(tmp_path, no_model_load, capsys):
     """The first engine holds the directory from before its own model loads, so a second one started meanwhile is
     refused at once."""
-    from local_engine.cache import disk_index
+    from local_engine.cache.tiers import disk_index
     from prefixscope.cli import main
 
     first = tmp_path / "kv"
@@ -137,7 +137,7 @@ def test_a_second_engine_on_a_locked_directory_is_refused_before_the_model_loads
 
 
 def test_the_engine_adopts_the_lock_it_reserved(tmp_path):
-    from local_engine.cache import disk_index
+    from local_engine.cache.tiers import disk_index
 
     disk_index.reserve_directory(str(tmp_path))
     tier = disk_index.DiskTier(str(tmp_path), None, 1 << 20)

@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 
-from local_engine.cache.disk_index import DiskCacheLocked
+from local_engine.cache.tiers.disk_index import DiskCacheLocked
 from local_engine.config import EngineConfig
-from local_engine.engine import Engine
-from local_engine.engine_types import GenerationRequest
+from local_engine.engine.engine import Engine
+from local_engine.engine.types import GenerationRequest
 from local_engine.errors import InvalidRequest
-from local_engine.sampling import SamplingParams
+from local_engine.engine.sampling import SamplingParams
 
 from .conftest import run_to_end
 from .test_engine import prompt
@@ -127,7 +127,7 @@ def test_a_drain_writes_the_cache_to_disk_and_frees_the_directory(make_engine, t
 
 
 def test_an_unusable_disk_directory_or_host_size_is_a_clear_error(tiny_loaded, tmp_path):
-    from local_engine.kv_tiers import TierUnavailable
+    from local_engine.engine.kv_tiers import TierUnavailable
 
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory")

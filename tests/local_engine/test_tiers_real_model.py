@@ -14,8 +14,8 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from local_engine.bench import system_prompt
-from local_engine.cache.disk_store import FILE_SUFFIX
+from local_engine.bench.engine import system_prompt
+from local_engine.cache.tiers.disk_store import FILE_SUFFIX
 from local_engine.cache.tiers import HEADER_TIERS, TierTokens
 
 from .server_fixtures import served_engine

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from local_engine.tool_calls import ToolCallStream, format_for
-from local_engine.tool_calls.hermes import HermesFormat
+from local_engine.prompt.tool_calls import ToolCallStream, format_for
+from local_engine.prompt.tool_calls.hermes import HermesFormat
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
 
@@ -81,7 +81,7 @@ def test_the_format_is_chosen_from_the_chat_template(smollm2_tokenizer):
 
 
 def test_only_plain_parameter_names_steer_a_forced_call():
-    from local_engine.chat_messages import first_argument
+    from local_engine.prompt.chat_messages import first_argument
 
     def tools(parameters):
         return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
@@ -94,8 +94,8 @@ def test_only_plain_parameter_names_steer_a_forced_call():
 
 
 def test_a_call_cut_short_by_max_tokens_finishes_with_length_not_tool_calls():
-    from local_engine.engine_types import Finished, RequestTimings
-    from local_engine.responses import _finish_reason
+    from local_engine.engine.types import Finished, RequestTimings
+    from local_engine.api.responses import _finish_reason
 
     timings = RequestTimings(0.0, 0.0, 0.0, 0.0, 0.0, 0)
     _, cut = run(ToolCallStream(HermesFormat()), CALL[:50], 5)
@@ -110,7 +110,7 @@ def test_a_call_cut_short_by_max_tokens_finishes_with_length_not_tool_calls():
 
 
 def test_a_string_first_argument_opens_its_quote():
-    from local_engine.chat_messages import takes_a_string
+    from local_engine.prompt.chat_messages import takes_a_string
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
         "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
@@ -134,7 +134,7 @@ def test_a_string_first_argument_opens_its_quote():
     ],
 )
 def test_the_json_closer_finds_where_the_opened_value_closes(opened, generated, closed_at):
-    from local_engine.json_closer import JsonCloser
+    from local_engine.prompt.json_closer import JsonCloser
 
     assert JsonCloser(opened).feed(generated) == closed_at
     closer = JsonCloser(opened)  # fed a character at a time, it closes at the same place
@@ -144,7 +144,7 @@ def test_the_json_closer_finds_where_the_opened_value_closes(opened, generated, 
 
 def test_a_forced_call_ends_where_its_json_closes(smollm2_tokenizer):
     """The model closes the call's JSON and writes on: the text ends at the close, as at a stop string."""
-    from local_engine.detokenizer import IncrementalDetokenizer
+    from local_engine.prompt.detokenizer import IncrementalDetokenizer
 
     opening = HermesFormat().opening("get_weather", "city", opens_string=True)
     detokenizer = IncrementalDetokenizer(smollm2_tokenizer, ("</tool_call>",), HermesFormat().opened_json(opening))
@@ -160,7 +160,7 @@ def test_a_forced_call_ends_where_its_json_closes(smollm2_tokenizer):
 
 
 def test_a_named_tool_choice_sets_up_the_opening_and_the_json_close(tiny_loaded):
-    from local_engine.protocol import CHAT, parse_request
+    from local_engine.api.protocol import CHAT, parse_request
 
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -174,7 +174,7 @@ def test_a_named_tool_choice_sets_up_the_opening_and_the_json_close(tiny_loaded)
 
 def test_a_constrained_name_is_always_one_of_the_tools(smollm2_tokenizer):
     """Whatever the logits favour, the name written under the constraint is a tool's name and its closing quote."""
-    from local_engine.tool_name_constraint import TokenTexts, ToolNameConstraint
+    from local_engine.prompt.tool_name_constraint import TokenTexts, ToolNameConstraint
 
     texts = TokenTexts(smollm2_tokenizer)
     names = ("get_weather", "get_time", "roll_dice")
@@ -195,7 +195,7 @@ def test_a_constrained_name_is_always_one_of_the_tools(smollm2_tokenizer):
 
 
 def test_required_with_several_tools_constrains_the_name_and_one_tool_is_named(tiny_loaded):
-    from local_engine.protocol import CHAT, parse_request
+    from local_engine.api.protocol import CHAT, parse_request
 
     def tool(name):
         return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
@@ -213,8 +213,8 @@ def test_sampled_forced_calls_on_a_random_model_name_a_real_tool(make_engine):
     """The tiny random model writes noise; under the constraint its forced calls still name one of the tools."""
     import asyncio
 
-    from local_engine.engine_types import GenerationRequest
-    from local_engine.protocol import CHAT, parse_request
+    from local_engine.engine.types import GenerationRequest
+    from local_engine.api.protocol import CHAT, parse_request
 
     from .conftest import run_to_end
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from local_engine.cache import KVPool, RadixCache, RadixCacheConfig, SlotAllocator
-from local_engine.cache.disk_index import DiskTier
-from local_engine.cache.disk_store import KVLayout
+from local_engine.cache.tiers.disk_index import DiskTier
+from local_engine.cache.tiers.disk_store import KVLayout
 from local_engine.cache.kv_pool import KVPoolConfig
-from local_engine.cache.tier_store import TierStore
+from local_engine.cache.tiers.store import TierStore
 
 POOL_CONFIG = KVPoolConfig(num_layers=2, num_kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"))
 LAYOUT = KVLayout("test-model", torch.float32, 1, 2, 1, 2)
@@ -85,7 +85,7 @@ def store(cache: RadixCache, namespace: str, tokens: list[int], retention: str |
 
 def admit(cache: RadixCache, namespace: str, tokens: list[int], retention: str | None = None):
     """Match, lock and load back as admission does; returns (served match, the request's own slots)."""
-    from local_engine.cache.tier_loading import load_back
+    from local_engine.cache.tiers.loading import load_back
 
     match = cache.match(namespace, tokens, retention=retention)
     cache.lock(match.node)

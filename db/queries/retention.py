@@ -1,0 +1,128 @@
+"""Retention advice from stored requests: each tenant's prefixes (by keyed `prefix_hash`), their use times and the
+class their requests asked for, handed to `db.retention.advice`.
+
+A prefix's length in tokens: when two or more of its requests carry a block hash chain, the leading blocks all of
+them share (block size x blocks, the part a cache could reuse between them); else the shortest prompt among them (the
+prefix cannot be longer). Reads at most `max_rows` answered requests (the latest), so the work is bounded whatever the
+range; requests without a prefix hash or prompt tokens (rejected, unknown usage) are skipped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+
+from db.chains import unpack_hash_ids
+from db.models import RequestChainRow, RequestRecordRow, table_of
+from db.queries.totals import Reader
+from db.retention.advice import PrefixUses, TenantRetention, advise_tenant
+from db.retention.costs import CostModel
+from db.timeutil import as_utc, utc_now
+
+REQUESTS = table_of(RequestRecordRow)
+CHAINS = table_of(RequestChainRow)
+DEFAULT_MAX_ROWS = 200_000
+
+
+@dataclass
+class _Prefix:
+    times: list[float] = field(default_factory=list)
+    shortest: int | None = None
+    chains: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # (block size, hashes)
+    classes: Counter[str | None] = field(default_factory=Counter)
+    upstreams: Counter[str] = field(default_factory=Counter)
+
+
+def shared_chain_tokens(chains: list[tuple[int, tuple[int, ...]]]) -> int | None:
+    """Tokens in the leading blocks every chain shares (None with fewer than two chains or mixed block sizes)."""
+    if len(chains) < 2 or len({size for size, _ in chains}) != 1:
+        return None
+    size, first = chains[0]
+    shared = len(first)
+    for _, hashes in chains[1:]:
+        count = 0
+        for left, right in zip(first[:shared], hashes, strict=False):
+            if left != right:
+                break
+            count += 1
+        shared = count
+    return shared * size
+
+
+def load_prefix_uses(
+    conn: Reader,
+    since: datetime,
+    until: datetime | None = None,
+    tenant: str | None = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> dict[str, list[tuple[PrefixUses, str]]]:
+    """Per tenant: each prefix's uses in [since, until) with the upstream most of its requests went to. Times are
+    seconds since `since`."""
+    start = as_utc(since)
+    clauses = [REQUESTS.c.created_at >= start, REQUESTS.c.prefix_hash.is_not(None), REQUESTS.c.status_code < 400,
+               REQUESTS.c.prompt_tokens.is_not(None)]
+    if until is not None:
+        clauses.append(REQUESTS.c.created_at < as_utc(until))
+    if tenant is not None:
+        clauses.append(REQUESTS.c.tenant == tenant)
+    latest = (
+        select(REQUESTS.c.id, REQUESTS.c.created_at)
+        .where(*clauses)
+        .order_by(REQUESTS.c.created_at.desc())
+        .limit(max_rows)
+        .subquery()
+    )
+    stmt = (
+        select(
+            REQUESTS.c.tenant, REQUESTS.c.prefix_hash, REQUESTS.c.created_at, REQUESTS.c.prompt_tokens,
+            REQUESTS.c.retention_class, REQUESTS.c.upstream, CHAINS.c.block_size, CHAINS.c.hash_ids,
+        )
+        .join(latest, latest.c.id == REQUESTS.c.id)
+        .outerjoin(CHAINS, CHAINS.c.request_id == REQUESTS.c.id)
+        .order_by(REQUESTS.c.created_at, REQUESTS.c.id)
+    )
+    found: dict[tuple[str, str], _Prefix] = defaultdict(_Prefix)
+    for row in conn.execute(stmt):
+        prefix = found[(row.tenant, row.prefix_hash)]
+        prefix.times.append((as_utc(row.created_at) - start).total_seconds())
+        prompt = int(row.prompt_tokens)
+        prefix.shortest = prompt if prefix.shortest is None else min(prefix.shortest, prompt)
+        if row.hash_ids is not None:
+            prefix.chains.append((int(row.block_size), unpack_hash_ids(row.hash_ids)))
+        prefix.classes[row.retention_class] += 1
+        prefix.upstreams[row.upstream] += 1
+    result: dict[str, list[tuple[PrefixUses, str]]] = defaultdict(list)
+    for (name, prefix_hash), prefix in sorted(found.items()):
+        shared = shared_chain_tokens(prefix.chains)
+        tokens = min(shared, prefix.shortest or 0) if shared is not None else prefix.shortest or 0
+        requested = prefix.classes.most_common(1)[0][0]
+        upstream = prefix.upstreams.most_common(1)[0][0]
+        uses = PrefixUses(name, prefix_hash, tokens, tuple(prefix.times), requested, "")
+        result[name].append((uses, upstream))
+    return dict(result)
+
+
+def retention_advice(
+    conn: Reader,
+    since: datetime,
+    prices: Callable[[str], CostModel],
+    until: datetime | None = None,
+    tenant: str | None = None,
+    top: int = 10,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> list[TenantRetention]:
+    """Per tenant with prefixes in the range, its retention advice; `prices(upstream name)` gives the cost model of
+    the upstream a tenant's requests mostly went to."""
+    end = as_utc(until) if until is not None else utc_now()
+    days = max((end - as_utc(since)) / timedelta(days=1), 1 / 24)
+    end_s = (end - as_utc(since)).total_seconds()
+    result = []
+    for name, items in sorted(load_prefix_uses(conn, since, until, tenant, max_rows).items()):
+        upstream = Counter(up for _, up in items).most_common(1)[0][0]
+        model = prices(upstream)
+        result.append(advise_tenant(name, [uses for uses, _ in items], model, days, end_s, top))
+    return result

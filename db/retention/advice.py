@@ -1,0 +1,172 @@
+"""Retention advice from recorded prefix reuse: per tenant and per prefix, the class with the best net saving.
+
+Input: each prefix's uses (`PrefixUses`: the keyed prefix hash, its tokens, the use times, the class its requests were
+sent with) and the cost model of the upstream it went to. For each prefix every class is replayed
+(`db.retention.replay`); today's class is the one its requests asked for most (`default` when none: the upstream's own
+lifetime, `DEFAULT_CLASS` per family). The saving per day is the best class's saving over today's, scaled from the
+observed range to a day. A tenant's advised class is the one whose summed saving over its prefixes is highest; the
+`prefixscope.toml` lines set it as the tenant's `cache_retention`.
+
+Gap histogram: the seconds between consecutive uses of a prefix, in `GAP_EDGES_S` bins (bin i counts gaps in
+`(edge[i-1], edge[i]]`, the last bin everything longer), with the median and the 90th percentile gap.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from db.advice import toml_key
+from db.retention.costs import CLASS_TTL_S, NO_CACHE, CostModel
+from db.retention.replay import ClassOutcome, best_class, replay_all, replay_class
+
+GAP_EDGES_S: Final = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0, 86400.0)
+# What `default` (no class sent) means, per family: hosted APIs cache 5 minutes; the local engine keeps a prefix
+# until it is evicted unless started with --ttl.
+DEFAULT_CLASS: Final = {True: "5m", False: "persistent"}
+_ACTIONS: Final = {
+    NO_CACHE: "do not cache it: send no cache breakpoint or retention class for it (it is not read again in time)",
+    "5m": "cache it for 5 minutes",
+    "1h": "cache it for 1 hour",
+    "persistent": "keep it persistently",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixUses:
+    """One prefix of one tenant: `prefix_hash` (keyed), its length in tokens, the use times in seconds (ascending),
+    the class its requests asked for most (None: none sent) and the upstream kind they went to."""
+
+    tenant: str
+    prefix_hash: str
+    prefix_tokens: int
+    times: tuple[float, ...]
+    requested_class: str | None
+    upstream_kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class GapHistogram:
+    """Gaps between consecutive uses: `counts[i]` in bin i of `GAP_EDGES_S` (len(edges) + 1 bins)."""
+
+    counts: tuple[int, ...]
+    median_s: float | None
+    p90_s: float | None
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixRetention:
+    """Advice for one prefix. `today` is today's class (`default` resolved in `today_outcome`), `best` the class
+    with the best net saving, `saving_per_day` what switching saves per day (model unit), `unread_write_share` the
+    share of today's writes never read again."""
+
+    prefix_hash: str
+    prefix_tokens: int
+    uses: int
+    today: str
+    today_outcome: ClassOutcome
+    best: ClassOutcome
+    outcomes: tuple[ClassOutcome, ...]
+    saving_per_day: float
+    unread_write_share: float | None
+    gaps: GapHistogram
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRetention:
+    """A tenant's retention advice: its prefixes (largest first: tokens x uses), the class that saves most over all
+    of them, that saving per day against today's classes, the unit of the figures and the toml lines."""
+
+    tenant: str
+    upstream_kind: str
+    unit: str
+    prefixes: tuple[PrefixRetention, ...]
+    advised_class: str
+    saving_per_day: float
+    toml_lines: tuple[str, ...]
+
+
+def gap_histogram(gaps: Sequence[float]) -> GapHistogram:
+    counts = [0] * (len(GAP_EDGES_S) + 1)
+    for gap in gaps:
+        counts[bisect.bisect_left(GAP_EDGES_S, gap)] += 1
+    ordered = sorted(gaps)
+    return GapHistogram(tuple(counts), _quantile(ordered, 0.5), _quantile(ordered, 0.9))
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def today_class(requested: str | None, model: CostModel) -> str:
+    """The class a prefix is cached under today: the requested one (lowered to what the upstream offers), else the
+    family's default."""
+    if requested is None or requested not in CLASS_TTL_S:
+        return DEFAULT_CLASS[model.hosted]
+    return requested if requested in model.classes else model.classes[-1]
+
+
+def advise_prefix(uses: PrefixUses, model: CostModel, days: float, end_s: float | None = None) -> PrefixRetention:
+    """One prefix's advice over an observed range of `days` days ending at `end_s` (default: the last use)."""
+    outcomes = replay_all(uses.times, uses.prefix_tokens, model, end_s)
+    today = today_class(uses.requested_class, model)
+    today_outcome = next((o for o in outcomes if o.retention == today), None) or replay_class(
+        uses.times, uses.prefix_tokens, today, model, end_s
+    )
+    best = best_class(outcomes)
+    gaps = [later - earlier for earlier, later in zip(uses.times, uses.times[1:], strict=False)]
+    return PrefixRetention(
+        prefix_hash=uses.prefix_hash,
+        prefix_tokens=uses.prefix_tokens,
+        uses=len(uses.times),
+        today=today if uses.requested_class is not None else f"default ({today})",
+        today_outcome=today_outcome,
+        best=best,
+        outcomes=outcomes,
+        saving_per_day=(best.saving - today_outcome.saving) / days,
+        unread_write_share=today_outcome.unread_write_share,
+        gaps=gap_histogram(gaps),
+        action=_ACTIONS[best.retention],
+    )
+
+
+def advise_tenant(
+    tenant: str, prefixes: Iterable[PrefixUses], model: CostModel, days: float, end_s: float | None = None,
+    top: int = 10,
+) -> TenantRetention:
+    """A tenant's advice over all its prefixes (one upstream kind, one cost model); `top` prefixes are kept."""
+    advised = [advise_prefix(uses, model, days, end_s) for uses in prefixes]
+    advised.sort(key=lambda p: (-(p.prefix_tokens * p.uses), p.prefix_hash))
+    totals: dict[str, float] = {}
+    today_total = 0.0
+    for prefix in advised:
+        today_total += prefix.today_outcome.saving
+        for outcome in prefix.outcomes:
+            totals[outcome.retention] = totals.get(outcome.retention, 0.0) + outcome.saving
+    choice = NO_CACHE
+    for name, saving in totals.items():
+        if saving > totals.get(choice, 0.0) + 1e-9:
+            choice = name
+    saving_per_day = (totals.get(choice, 0.0) - today_total) / days if advised else 0.0
+    return TenantRetention(
+        tenant, model.kind, model.unit, tuple(advised[:top]), choice, saving_per_day, toml_lines(tenant, choice)
+    )
+
+
+def toml_lines(tenant: str, retention: str) -> tuple[str, ...]:
+    """The `prefixscope.toml` lines that apply `retention` as the tenant's class (`none`: send none, and cap the
+    class a client may ask for at the shortest)."""
+    head = f"[tenants.{toml_key(tenant)}]"
+    if retention == NO_CACHE:
+        return (head, "# no cache_retention line: send no class, so the upstream's shortest lifetime applies",
+                'max_cache_retention = "5m"')
+    return (head, f'cache_retention = "{retention}"')

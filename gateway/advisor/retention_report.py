@@ -1,0 +1,90 @@
+"""Printing retention advice (`db.queries.retention`) and fleet patterns (`db.queries.patterns`) for
+`prefixscope advise`, as text or JSON-ready dicts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from db.advice import MERGE_HINT
+from db.patterns.finder import FleetPattern
+from db.retention.advice import GAP_EDGES_S, GapHistogram, PrefixRetention, TenantRetention
+
+
+def _amount(value: float, unit: str) -> str:
+    if unit == "ms":
+        seconds = value / 1000
+        return f"{seconds / 60:.1f} min of prefill" if abs(seconds) >= 60 else f"{seconds:.1f} s of prefill"
+    for suffix, size in (("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{suffix} input-token equivalents"
+    return f"{value:.0f} input-token equivalents"
+
+
+def _seconds(value: float) -> str:
+    if value >= 3600:
+        return f"{value / 3600:g}h"
+    if value >= 60:
+        return f"{value / 60:g}m"
+    return f"{value:g}s"
+
+
+def gap_line(gaps: GapHistogram) -> str:
+    """`<=10s:3 <=1m:5 ... >1d:0`, then the median and 90th percentile gap."""
+    if not gaps.total:
+        return "no reuse (used once)"
+    labels = [f"<={_seconds(edge)}" for edge in GAP_EDGES_S] + [f">{_seconds(GAP_EDGES_S[-1])}"]
+    bins = " ".join(f"{label}:{count}" for label, count in zip(labels, gaps.counts, strict=True) if count)
+    return f"{bins}; median {_seconds(gaps.median_s or 0)}, 90% within {_seconds(gaps.p90_s or 0)}"
+
+
+def prefix_lines(prefix: PrefixRetention, unit: str) -> list[str]:
+    unread = "-" if prefix.unread_write_share is None else f"{100 * prefix.unread_write_share:.0f}%"
+    best = prefix.best.retention
+    return [
+        f"  prefix {prefix.prefix_hash[:16]} ({prefix.prefix_tokens} tokens, {prefix.uses} uses): "
+        f"today {prefix.today}, "
+        f"best {best if best != 'none' else 'do not cache'} -> saves {_amount(prefix.saving_per_day, unit)} per day",
+        f"    writes never read again today: {unread}; gaps between uses: {gap_line(prefix.gaps)}",
+        f"    to do: {prefix.action}",
+    ]
+
+
+def format_retention(found: list[TenantRetention]) -> str:
+    if not found:
+        return "retention: no prefix reuse recorded in this range (requests with a prefix hash and prompt tokens)"
+    blocks = []
+    for tenant in found:
+        advised = tenant.advised_class if tenant.advised_class != "none" else "do not cache"
+        lines = [
+            f"retention for tenant {tenant.tenant} ({tenant.upstream_kind} prices): advised class {advised}, saving "
+            f"{_amount(tenant.saving_per_day, tenant.unit)} per day over today's classes"
+        ]
+        for prefix in tenant.prefixes:
+            lines += prefix_lines(prefix, tenant.unit)
+        lines.append(f"  to apply it, in prefixscope.toml ({MERGE_HINT}):")
+        lines += [f"    {line}" for line in tenant.toml_lines]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def format_patterns(patterns: list[FleetPattern]) -> str:
+    if not patterns:
+        return "fleet patterns: none found among the sampled prompts in this range"
+    lines = ["fleet patterns (across tenants and conversations, from keyed block hashes):"]
+    for p in patterns:
+        lines.append(
+            f"  {p.kind}: {p.requests} requests from {p.tenants} tenant(s), {p.variants} variants, at {p.where}; "
+            f"costs {p.tokens_total} tokens ({p.tokens_per_request:.0f} per affected request), "
+            f"{p.shared_tokens} tokens otherwise shared"
+        )
+        lines.append(f"    to do: {p.action}")
+    return "\n".join(lines)
+
+
+def retention_json(found: list[TenantRetention]) -> list[dict[str, Any]]:
+    return [asdict(tenant) for tenant in found]
+
+
+def patterns_json(patterns: list[FleetPattern]) -> list[dict[str, Any]]:
+    return [asdict(p) for p in patterns]

@@ -1,0 +1,178 @@
+"""`prefixscope bench engine`: time-to-first-token on repeated long system prompts, with and without the cache,
+then throughput and latency with many requests in flight (bench_concurrent).
+
+The workload is what agents and support bots send: a few distinct ~2k-token system prompts, each followed by short
+user turns, interleaved. The first request of each prompt is a miss; the rest can reuse its KV. The same workload
+then runs on NoPrefixCache as the baseline. Prints one JSON object with a pass/fail verdict per target; progress
+goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+from dataclasses import replace
+
+_WORDS = (
+    "account agent answer billing cache policy refund customer escalate order shipment invoice tool schema "
+    "document retrieval context summary priority ticket warranty subscription renewal discount region compliance "
+    "privacy security audit latency throughput token budget response format citation section clause appendix"
+).split()
+
+
+def system_prompt(tokenizer, index: int, num_tokens: int, seed: int) -> str:
+    """A distinct policy-manual-like system prompt of about `num_tokens` tokens."""
+    rng = random.Random(seed * 1000 + index)
+    lines = [f"You are support assistant #{index}. Follow the manual below exactly."]
+    while len(tokenizer.encode("\n".join(lines), add_special_tokens=False)) < num_tokens:
+        words = " ".join(rng.choice(_WORDS) for _ in range(24))
+        lines.append(f"Rule {index}.{len(lines)}: {words}.")
+    text = "\n".join(lines)
+    token_ids = tokenizer.encode(text, add_special_tokens=False)[:num_tokens]
+    return tokenizer.decode(token_ids)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low, high = int(position), min(int(position) + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _summary(values: list[float]) -> dict:
+    return {
+        "n": len(values),
+        "p50_ms": _round(percentile(values, 0.5)),
+        "p95_ms": _round(percentile(values, 0.95)),
+    }
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+async def _run_workload(engine, workload, max_tokens: int, bar=None):
+    from local_engine.engine.counters import EngineCounters
+    from local_engine.engine.types import Finished, GenerationRequest
+    from local_engine.engine.sampling import SamplingParams
+
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    warmup = GenerationRequest(tuple(workload[0][1][:64]), sampling, namespace="warm-up")
+    handle = await engine.submit(warmup)
+    async for _ in handle.stream():
+        pass
+    engine.counters = EngineCounters()  # measure the workload alone, not the warm-up
+    results = []
+    for is_first_seen, token_ids in workload:
+        handle = await engine.submit(GenerationRequest(tuple(token_ids), sampling, namespace="bench"))
+        report = handle.report.result()
+        async for event in handle.stream():
+            if isinstance(event, Finished):
+                results.append((is_first_seen, report, event))
+        if bar is not None:
+            bar.advance()
+    return results
+
+
+def _measure(engine, workload, max_tokens: int, label: str) -> dict:
+    from prefixscope.progress import progress
+
+    engine.start()
+    try:
+        with progress(f"bench engine: {label}", total=len(workload), unit="requests") as bar:
+            results = asyncio.run(_run_workload(engine, workload, max_tokens, bar))
+    finally:
+        engine.stop()
+    miss_ttft = [f.timings.ttft_ms for first, _, f in results if first]
+    hit_ttft = [f.timings.ttft_ms for first, _, f in results if not first]
+    decode_steps = sum(f.timings.num_decode_steps for _, _, f in results)
+    decode_ms = sum(f.timings.decode_ms for _, _, f in results)
+    counters = engine.counters
+    return {
+        "ttft_first_seen": _summary(miss_ttft),
+        "ttft_repeated": _summary(hit_ttft),
+        "cached_tokens_repeated_mean": _round(statistics.mean(r.matched_tokens for first, r, _ in results if not first)),
+        "prompt_tokens_mean": _round(statistics.mean(r.prompt_tokens for _, r, _ in results)),
+        "decode_tokens_per_s": _round(decode_steps / (decode_ms / 1000)) if decode_ms else None,
+        "prefill_tokens_per_s": _round(counters.prefill_tokens / counters.prefill_s) if counters.prefill_s else None,
+        "bookkeeping_share_of_engine_time": round(counters.bookkeeping_s / counters.engine_busy_s, 5),
+        "bookkeeping_ms_per_request": _round(counters.bookkeeping_s * 1000 / len(results), 3),
+    }
+
+
+def run_engine_benchmark(args: argparse.Namespace) -> int:
+    from local_engine.bench.concurrent import concurrency_verdicts, run_concurrent_workload
+    from local_engine.prompt.chat_prompt import chat_prompt_token_ids
+    from local_engine.cli import engine_config_from
+    from local_engine.engine.engine import Engine
+    from local_engine.model.loader import load_model, resolve_device
+
+    from prefixscope.progress import progress
+
+    config = engine_config_from(args)
+    with progress(f"bench engine: loading {config.model}"):
+        loaded = load_model(config.model, resolve_device(config.device))
+    tokenizer = loaded.tokenizer
+    prompts = [system_prompt(tokenizer, i, args.prefix_tokens, args.seed) for i in range(args.num_prefixes)]
+    # Prompt i first appears in round i and then recurs every round: misses and hits interleave in time, so a
+    # change in machine load affects both sides of the ratio alike.
+    workload = []
+    for round_index in range(args.num_prefixes + args.turns_per_prefix - 1):
+        for index, prompt in enumerate(prompts):
+            turn = round_index - index
+            if not 0 <= turn < args.turns_per_prefix:
+                continue
+            question = f"Customer {turn}-{index} asks: how do I get a refund for order {1000 + 7 * turn + index}?"
+            messages = [{"role": "system", "content": prompt}, {"role": "user", "content": question}]
+            workload.append((turn == 0, chat_prompt_token_ids(tokenizer, messages, None)))
+
+    cached = _measure(Engine(config, loaded), workload, args.max_tokens, "prefix cache")
+    baseline = _measure(Engine(replace(config, prefix_cache=False), loaded), workload, args.max_tokens, "no cache")
+    hit_p50, miss_p50 = cached["ttft_repeated"]["p50_ms"], cached["ttft_first_seen"]["p50_ms"]
+    concurrent = None
+    if args.concurrency:
+        engine = Engine(config, loaded)
+        engine.start()
+        try:
+            concurrent = run_concurrent_workload(engine, tokenizer, args)
+        finally:
+            engine.stop()
+    hit_over_miss = round(hit_p50 / miss_p50, 4)
+    bookkeeping = cached["bookkeeping_share_of_engine_time"]
+    verdicts = {
+        "hit_ttft_over_miss_ttft_p50": {"value": hit_over_miss, "target": "<= 0.05", "pass": hit_over_miss <= 0.05},
+        "bookkeeping_share_of_engine_time": {"value": bookkeeping, "target": "<= 0.01", "pass": bookkeeping <= 0.01},
+    }
+    if concurrent:
+        verdicts.update(concurrency_verdicts(concurrent))
+    report = {
+        "model": loaded.model_id,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "workload": {
+            "num_prefixes": args.num_prefixes,
+            "prefix_tokens": args.prefix_tokens,
+            "turns_per_prefix": args.turns_per_prefix,
+            "requests": len(workload),
+            "max_tokens": args.max_tokens,
+            "page_size": config.page_size,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+        },
+        "prefix_cache": cached,
+        "no_prefix_cache": baseline,
+        "hit_ttft_over_miss_ttft_p50": hit_over_miss,
+        "repeated_ttft_speedup_vs_no_cache_p50": round(baseline["ttft_repeated"]["p50_ms"] / hit_p50, 2),
+        "concurrent_shared_prefix": concurrent,
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        "verdicts": verdicts,
+        "pass": all(v["pass"] for v in verdicts.values()),
+    }
+    print(json.dumps(report, indent=2))
+    return 0

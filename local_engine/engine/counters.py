@@ -1,0 +1,55 @@
+"""Monotonic counters of what the engine has done, read by /metrics, /v1/cache and the benchmark."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from local_engine.cache import MissKind
+from local_engine.engine.types import RequestTimings
+
+
+@dataclass
+class EngineCounters:
+    """Written by the worker thread only; readers tolerate a value that is one request stale."""
+
+    requests_by_miss_kind: Counter = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    finished_requests: int = 0
+    failed_requests: int = 0
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    bookkeeping_s: float = 0.0
+    decode_s: float = 0.0
+    engine_busy_s: float = 0.0
+    preemptions: int = 0  # running requests sent back to the queue because the pool ran dry
+
+    def count_admission(self, miss_kind: MissKind, prompt_tokens: int, cached_tokens: int) -> None:
+        self.requests_by_miss_kind[miss_kind.value] += 1
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
+
+    def count_prefill(self, num_tokens: int, seconds: float) -> None:
+        self.prefill_tokens += num_tokens
+        self.prefill_s += seconds
+
+    def count_finish(self, completion_tokens: int, timings: RequestTimings) -> None:
+        self.finished_requests += 1
+        self.completion_tokens += completion_tokens
+        self.bookkeeping_s += timings.bookkeeping_ms / 1000
+        self.decode_s += timings.decode_ms / 1000
+
+    def derived(self) -> dict:
+        return {
+            "requests_total": sum(self.requests_by_miss_kind.values()),
+            "requests_by_miss_kind": dict(self.requests_by_miss_kind),
+            "prompt_tokens_total": self.prompt_tokens,
+            "cached_tokens_total": self.cached_tokens,
+            "completion_tokens_total": self.completion_tokens,
+            "preemptions_total": self.preemptions,
+            "token_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
+            # Measured speed of computing prompt tokens: what a cached token saves, for the dashboard.
+            "prefill_tokens_per_s": self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else None,
+        }

@@ -1,0 +1,147 @@
+"""The only module that knows transformers' internals.
+
+Every engine step is one forward pass over one packed batch: the tokens of all scheduled sequences (one decode token
+per running sequence, plus prefill chunks) side by side in an input of shape `[1, num_tokens]`, each with its own
+position id. The model runs without a transformers cache object: attention is the function `paged_attention`,
+registered in transformers' `AttentionInterface` and selected as the model's attention implementation, which reads
+and writes K/V in the engine's KV pool through each sequence's slot table. Since that name has no entry in
+`AttentionMaskInterface`, transformers builds no dense mask. The per-step `PagedBatch` reaches the attention
+function as a forward keyword argument, which transformers passes down to every attention call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from local_engine.model.attention_backends import resolve_attention_backend
+from local_engine.cache import KVPool, KVPoolConfig
+from local_engine.model.flashinfer_attention import FlashInferAttention
+from local_engine.model.paged_attention import PagedBatch, build_paged_batch, paged_attention
+
+ATTENTION_IMPLEMENTATION = "prefixscope_paged"
+
+
+def _attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    batch: PagedBatch | None = kwargs.get("paged_batch")
+    if batch is None:
+        # The model called outside an engine step (a reference computation over a whole sequence): plain SDPA.
+        if query.shape[2] != key.shape[2] and query.shape[2] > 1:
+            raise NotImplementedError("without a paged batch only whole sequences or single tokens are supported")
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return paged_attention(batch, module.layer_idx, query, key, value, scale), None
+
+
+AttentionInterface.register(ATTENTION_IMPLEMENTATION, _attention_forward)
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """One sequence's part of a step: `token_ids` at positions `[len(slot_table) - len(token_ids), len(slot_table))`.
+
+    `slot_table`: int64 CPU `[num_context_tokens]`, the slots of every token of the sequence up to and including
+    this chunk (the chunk's own slots are where its new K/V are written). `needs_logits`: the chunk ends at the
+    sequence's last known token, so the next token is sampled from its logits.
+    """
+
+    token_ids: tuple[int, ...] | list[int]
+    slot_table: torch.Tensor
+    needs_logits: bool
+    # The logits of every token of the chunk are wanted too (a prompt's log-probabilities).
+    all_logits: bool = False
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """`logits`: float32 `[num_chunks_needing_logits, vocab]` in the order of the chunks; `chunk_logits`: for each
+    chunk (by its index) that asked for `all_logits`, float32 `[len(chunk.token_ids), vocab]`."""
+
+    logits: torch.Tensor
+    chunk_logits: dict[int, torch.Tensor]
+
+
+class ModelRunner:
+    """Runs a causal LM over packed batches whose K/V live in a KVPool."""
+
+    def __init__(self, model: torch.nn.Module, pool: KVPool, attention_backend: str = "auto") -> None:
+        """`attention_backend`: one of `local_engine.model.attention_backends.ATTENTION_BACKENDS` (raises ValueError
+        when it cannot run on the pool's device)."""
+        self.model = model
+        self.pool = pool
+        self.device = pool.k.device
+        self.attention_backend = resolve_attention_backend(attention_backend, self.device)
+        self._kernel: FlashInferAttention | None = None
+        if self.attention_backend == "flashinfer":
+            config = model.config.get_text_config(decoder=True)
+            self._kernel = FlashInferAttention(self.device, config.num_attention_heads, pool.config.num_kv_heads,
+                                               pool.config.head_dim, pool.config.dtype)
+        if model.config._attn_implementation != ATTENTION_IMPLEMENTATION:
+            model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+
+    @staticmethod
+    def pool_config_for(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> KVPoolConfig:
+        config = model.config.get_text_config(decoder=True)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        return KVPoolConfig(config.num_hidden_layers, num_kv_heads, head_dim, dtype, device)
+
+    def forward(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Run one step. Returns float32 logits `[num_chunks_needing_logits, vocab]`, in the order of `chunks`.
+
+        Raises ValueError when a chunk is empty or its slot table is shorter than its tokens.
+        """
+        return self.run(chunks).logits
+
+    @torch.inference_mode()
+    def run(self, chunks: list[ScheduledChunk]) -> StepLogits:
+        """`forward`, plus every token's logits for the chunks that ask for `all_logits`."""
+        if not chunks:
+            raise ValueError("a step needs at least one chunk")
+        for chunk in chunks:
+            if not chunk.token_ids or len(chunk.slot_table) < len(chunk.token_ids):
+                raise ValueError("each chunk needs tokens and a slot for every one of them")
+        # Decode tokens go first so the attention function can batch them.
+        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) != 1)
+        num_decode = sum(1 for chunk in chunks if len(chunk.token_ids) == 1)
+        token_ids, positions, keep, keep_owner = [], [], [], []
+        all_rows: dict[int, int] = {}  # chunk index -> its first row in `keep`
+        for i in order:
+            chunk = chunks[i]
+            start = len(chunk.slot_table) - len(chunk.token_ids)
+            token_ids.extend(chunk.token_ids)
+            positions.extend(range(start, len(chunk.slot_table)))
+            if chunk.all_logits:
+                all_rows[i] = len(keep)
+                keep.extend(range(len(token_ids) - len(chunk.token_ids), len(token_ids)))
+            if chunk.needs_logits:
+                if not chunk.all_logits:
+                    keep.append(len(token_ids) - 1)
+                keep_owner.append((i, len(keep) - 1))
+        batch = build_paged_batch(
+            self.pool,
+            [chunks[i].slot_table for i in order],
+            [len(chunks[i].token_ids) for i in order],
+            num_decode,
+            kernel=self._kernel,
+        )
+        input_ids = torch.tensor([token_ids], dtype=torch.int64).to(self.device, non_blocking=True)
+        position_ids = torch.tensor([positions], dtype=torch.int64).to(self.device, non_blocking=True)
+        keep_index = torch.tensor(keep, dtype=torch.int64).to(self.device, non_blocking=True)
+        output = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=keep_index,
+            paged_batch=batch,
+        )
+        logits = output.logits[0].float()  # [len(keep), vocab], in packed order
+        # Back to the callers' order.
+        rank = dict(keep_owner)
+        wanted = [rank[i] for i in range(len(chunks)) if i in rank]
+        chunk_logits = {i: logits[first : first + len(chunks[i].token_ids)] for i, first in all_rows.items()}
+        return StepLogits(logits.index_select(0, torch.tensor(wanted, dtype=torch.int64).to(logits.device)),
+                          chunk_logits)
