@@ -19,7 +19,7 @@ from local_engine.engine.structured_output import GrammarMasks
 @dataclass(frozen=True)
 class SampledToken:
     token_id: int
-    logprob: float  # raw log-probability of the token (NaN when nobody asked for it)
+    logprob: float  # raw log-probability of the token (0.0 when neither logprobs nor best_of asked for it)
     entry: TokenLogprob | None  # what the client is sent, when it asked for logprobs
 
 
@@ -66,6 +66,6 @@ def sample_rows(logits: torch.Tensor, rows: list[list[Sampler]], masks: GrammarM
                 out.append(SampledToken(token, entry.logprob,
                                         entry if sampler.params.logprobs is not None else None))
             else:
-                out.append(SampledToken(token, float("nan"), None))
+                out.append(SampledToken(token, 0.0, None))
         drawn.append(out)
     return drawn

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -27,7 +26,6 @@ from local_engine.cache.block_events import BlockEvents
 from local_engine.cache.tiers.persistence import persist_to_disk, rebuild_from_disk
 from local_engine.cache.tiers import RETENTION_CLASSES, TierTokens
 from local_engine.config import DEFAULT_KV_CACHE_TOKENS, EngineConfig
-from local_engine.prompt.detokenizer import IncrementalDetokenizer
 from local_engine.engine.counters import EngineCounters
 from local_engine.engine.types import Finished, GenerationRequest, MatchReport, RequestHandle, TokenDelta
 from local_engine.engine.kv_tiers import build_tier_store, tiers_summary
@@ -36,14 +34,11 @@ from local_engine.errors import CapacityExceeded, EngineError, EngineStopped, In
 from local_engine.model.loader import LoadedModel
 from local_engine.model.runner import ModelRunner, ScheduledChunk
 from local_engine.engine.batch_sampling import SampledToken, sample_rows
-from local_engine.engine.logits_processors import LogitsAdjuster
-from local_engine.engine.prompt_logprobs import add_prompt_logprobs, prompt_logprobs_event
-from local_engine.engine.sampling import Sampler
-from local_engine.engine.structured_output import GrammarMasks
+from local_engine.engine.prompt_logprobs import add_prompt_logprobs, send_prompt_logprobs
 from local_engine.engine.scheduler import Scheduler, SchedulerConfig, StepPlan
 from local_engine.engine.sequence import Sequence
+from local_engine.engine.sequence_builder import SequenceBuilder
 from local_engine.engine.sequence_kv import SequenceKV
-from local_engine.prompt.tool_name_constraint import TokenTexts, ToolNameConstraint
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +69,9 @@ class Engine:
             self.cache = NoPrefixCache(self.allocator)
         self.runner = ModelRunner(loaded.model, self.pool, config.attention_backend)
         self.counters = EngineCounters()
-        self._token_texts: TokenTexts | None = None  # built at the first forced call whose name is constrained
         self.tree_lock = threading.Lock()
         self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock, self.pool)
-        self.grammar_masks = GrammarMasks(loaded.tokenizer, loaded.eos_token_ids)
+        self.sequences = SequenceBuilder(loaded)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.kv)
         self.num_steps = 0
         self._wakeup = threading.Condition()
@@ -161,16 +155,8 @@ class Engine:
         self.check_fits_window(len(request.prompt_token_ids), request.sampling.max_tokens)
         if len(request.prompt_token_ids) > self.allocator.num_slots:
             raise _too_big(len(request.prompt_token_ids), self.allocator.num_slots)
-        params = request.sampling
-        handle = RequestHandle(asyncio.get_running_loop(), num_sequences=params.num_sequences)
-        matcher = None
-        if params.grammar is not None:
-            # Building a matcher may take a while (the tokenizer's index the first time): off the event loop.
-            matcher = await asyncio.to_thread(self.grammar_masks.matcher, params.grammar)
-        sequences = [self._new_sequence(request, handle, index, matcher.deep_copy() if index and matcher else matcher)
-                     for index in range(params.num_sequences)]
-        sequence = sequences[0]
-        sequence.forks = sequences[1:]  # forked from its KV once its prompt is computed
+        handle = RequestHandle(asyncio.get_running_loop(), num_sequences=request.sampling.num_sequences)
+        sequence = await self.sequences.build(request, handle)
         with self._wakeup:
             if self._stopping or self._drain_deadline is not None:
                 raise EngineStopped("the engine is shutting down")
@@ -263,27 +249,6 @@ class Engine:
                 sequence.handle._resolve_report(report)
         self.counters.preemptions += len(plan.preempted)
 
-    def _new_sequence(self, request: GenerationRequest, handle: RequestHandle, index: int, matcher) -> Sequence:
-        params = request.sampling.for_sequence(index)
-        adjuster = None
-        if LogitsAdjuster.needed(params):
-            adjuster = LogitsAdjuster(params, request.prompt_token_ids, self.loaded.eos_token_ids,
-                                      self.loaded.vocab_size)
-        return Sequence(
-            request=request,
-            handle=handle,
-            detokenizer=IncrementalDetokenizer(self.loaded.tokenizer, params.stop, params.closing_json),
-            sampler=Sampler(params, self._tool_name_constraint(params.tool_names), adjuster, matcher),
-            index=index,
-        )
-
-    def _tool_name_constraint(self, names: tuple[str, ...]) -> ToolNameConstraint | None:
-        if not names:
-            return None
-        if self._token_texts is None:
-            self._token_texts = TokenTexts(self.loaded.tokenizer)  # once: about 0.2 s for a 49k vocabulary
-        return ToolNameConstraint(names, self._token_texts)
-
     def _forward(self, plan: StepPlan) -> None:
         chunks = []
         for sequence, num_tokens in plan.chunks:
@@ -299,8 +264,7 @@ class Engine:
         num_prefill = sum(n for s, n in plan.chunks if n > 1 or s.num_computed_tokens < len(s.prompt))
         self.counters.count_prefill(num_prefill, elapsed * num_prefill / plan.num_tokens)
         for index, chunk_logits in step.chunk_logits.items():
-            sequence, _ = plan.chunks[index]
-            add_prompt_logprobs(sequence, sequence.num_computed_tokens, chunk_logits)
+            add_prompt_logprobs(plan.chunks[index][0], chunk_logits)
         for sequence, num_tokens in plan.chunks:
             sequence.num_computed_tokens += num_tokens
         rows, groups = [], []
@@ -308,42 +272,17 @@ class Engine:
             if sequence.needs_store:
                 self.kv.store(sequence)  # the prompt (or, after preemption, everything so far) is computed
                 sequence.needs_store = False
-            if sequence.prompt_logprobs is not None:
-                sequence.handle._emit(prompt_logprobs_event(sequence))
-                sequence.prompt_logprobs = None
+            send_prompt_logprobs(sequence)
             if sequence.request.sampling.max_tokens == 0:  # `echo` of the prompt alone
                 self._finish(sequence, "length")
                 continue
             rows.append(row)
-            groups.append([sequence] + self._fork_all(sequence))
-        if not rows:
-            return
-        logits = step.logits if len(rows) == len(sampling) else step.logits[rows]
-        drawn = sample_rows(logits, [[s.sampler for s in group] for group in groups], self.grammar_masks)
+            groups.append([sequence] + self.scheduler.start_forks(sequence))
+        samplers = [[s.sampler for s in group] for group in groups]
+        drawn = sample_rows(step.logits[rows], samplers, self.sequences.grammar_masks)
         for group, tokens in zip(groups, drawn):
             for sequence, token in zip(group, tokens):
                 self._accept_token(sequence, token)
-
-    def _fork_all(self, parent: Sequence) -> list[Sequence]:
-        """At `parent`'s first token: its held sequences (`n`, `best_of`) start from its computed prompt, sharing
-        its KV; each draws its own first token from the same logits. A sequence the pool cannot take now waits at
-        the queue's head and is recomputed from the cache, as after a preemption."""
-        if not parent.forks or parent.num_generated:
-            return []
-        forked, parent.forks = parent.forks, []
-        running = []
-        for child in forked:
-            child.mark_admitted()
-            child.matched_tokens = parent.matched_tokens
-            child.admitted_s = parent.admitted_s
-            child.needs_store = False
-            if self.kv.fork(parent, child):
-                self.scheduler.running.append(child)
-                running.append(child)
-            else:
-                child.num_preemptions = 1  # already counted and reported with its parent
-                self.scheduler.waiting.appendleft(child)
-        return running
 
     def _accept_token(self, sequence: Sequence, sampled: SampledToken) -> None:
         token_id = sampled.token_id
@@ -352,8 +291,7 @@ class Engine:
             sequence.first_token_s = now
             sequence.prefill_s = now - sequence.admitted_s
         sequence.token_ids.append(token_id)
-        if not math.isnan(sampled.logprob):
-            sequence.cumulative_logprob += sampled.logprob
+        sequence.cumulative_logprob += sampled.logprob
         params = sequence.request.sampling
         if token_id in self.loaded.eos_token_ids and not params.ignore_eos:
             self._emit_text(sequence, sequence.detokenizer.flush())

@@ -14,11 +14,12 @@ from local_engine.engine.types import PromptLogprobs
 from local_engine.engine.sequence import Sequence
 
 
-def add_prompt_logprobs(sequence: Sequence, first_position: int, chunk_logits: torch.Tensor) -> None:
-    """`chunk_logits`: float32 `[num_chunk_tokens, vocab]`, the logits at positions `first_position...`; records
-    the entries of the prompt tokens they predict."""
+def add_prompt_logprobs(sequence: Sequence, chunk_logits: torch.Tensor) -> None:
+    """`chunk_logits`: float32 `[num_chunk_tokens, vocab]`, the logits of the chunk just computed (from position
+    `sequence.num_computed_tokens`); records the entries of the prompt tokens they predict."""
     if sequence.prompt_logprobs is None:
         return
+    first_position = sequence.num_computed_tokens
     prompt = sequence.prompt
     num_top = sequence.request.sampling.prompt_logprobs or 0
     logprobs = torch.log_softmax(chunk_logits, dim=-1)
@@ -28,6 +29,9 @@ def add_prompt_logprobs(sequence: Sequence, first_position: int, chunk_logits: t
             sequence.prompt_logprobs[target] = logprob_entry(logprobs[offset], prompt[target], num_top)
 
 
-def prompt_logprobs_event(sequence: Sequence) -> PromptLogprobs:
-    entries = sequence.prompt_logprobs or {}
-    return PromptLogprobs(sequence.prompt, tuple(entries[p] for p in sorted(entries)))
+def send_prompt_logprobs(sequence: Sequence) -> None:
+    """Once its prompt is computed: the request's PromptLogprobs event, sent once, before any token."""
+    if sequence.prompt_logprobs is None:
+        return
+    entries, sequence.prompt_logprobs = sequence.prompt_logprobs, None
+    sequence.handle._emit(PromptLogprobs(sequence.prompt, tuple(entries[p] for p in sorted(entries))))

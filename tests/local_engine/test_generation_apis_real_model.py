@@ -111,7 +111,8 @@ def test_n4_computes_the_prompt_once(served, smollm2_loaded):
                                             logprobs=True, extra_body={"cache_salt": "n4-once", "ignore_eos": True})
     num_prompt_tokens = len(chat_prompt_token_ids(smollm2_loaded.tokenizer, chat, None))
     assert [c.index for c in answer.choices] == [0, 1, 2, 3]
-    assert engine.counters.prefill_tokens - before == num_prompt_tokens  # not 4 times
+    uncached = answer.usage.prompt_tokens - answer.usage.prompt_tokens_details.cached_tokens
+    assert uncached > 0 and engine.counters.prefill_tokens - before == uncached  # once, not 4 times
     assert answer.usage.prompt_tokens == num_prompt_tokens
     assert answer.usage.completion_tokens == 32
     assert [len(c.logprobs.content) for c in answer.choices] == [8, 8, 8, 8]
