@@ -54,6 +54,16 @@ def describe_divergence(
     return text
 
 
+def describe_provider_diagnosis(upstream: str, reason: str | None, missed_tokens: int | None) -> str | None:
+    """A sentence for the provider's own cache diagnosis (`requests.provider_miss_reason`); None when it gave none."""
+    if reason is None:
+        return None
+    text = f"`{reason}` (the upstream {upstream!r}'s own diagnosis)"
+    if missed_tokens is not None:
+        text += f"; it estimates {missed_tokens:,} input tokens missed the cache"
+    return text
+
+
 _QUANTILE_NAMES = (("hit_p50", "p50 hits"), ("miss_p50", "p50 misses"), ("hit_p95", "p95 hits"),
                    ("miss_p95", "p95 misses"))
 
@@ -83,6 +93,10 @@ def _hit_label(row: RequestRow) -> str:
     return "hit" if row.cache_hit else "miss"
 
 
+REQUESTS_TABLE_FIRST_VIEW = 8
+"""How many of the Requests table's columns a 1400-pixel-wide window shows before it scrolls sideways."""
+
+
 def request_table_rows(rows: Sequence[RequestRow]) -> list[dict[str, Any]]:
     """The Requests table, one dict per request, newest first (as given)."""
     table = []
@@ -92,18 +106,19 @@ def request_table_rows(rows: Sequence[RequestRow]) -> list[dict[str, Any]]:
             share = row.cached_tokens / row.prompt_tokens
         table.append(
             {
+                # The cache figures first: at 1400 px the table shows about eight columns before it scrolls.
                 "time (UTC)": row.created_at.replace(tzinfo=None),
                 "tenant": row.tenant,
-                "model": row.model,
                 "hit/miss": _hit_label(row),
-                "miss kind": row.miss_kind or "",
-                "reason": row.miss_reason or "",
-                "segment": row.divergence_segment or "",
-                "offset": row.divergence_char_offset,
-                "tokens lost": row.recomputed_tokens,
                 "prompt tokens": row.prompt_tokens,
                 "cached tokens": row.cached_tokens,
                 "cached share": share,
+                "tokens lost": row.recomputed_tokens,
+                "reason": row.miss_reason or "",
+                "segment": row.divergence_segment or "",
+                "offset": row.divergence_char_offset,
+                "miss kind": row.miss_kind or "",
+                "model": row.model,
                 "TTFT ms": None if row.ttft_ms is None else round(row.ttft_ms, 1),
                 "TTFT from": row.ttft_source or "",
                 "status": row.status_code,

@@ -21,12 +21,16 @@ RECENT_REQUESTS_LIMIT = 500
 TOP_PREFIXES_LIMIT = 25
 
 
-def bucket_for_span(span: timedelta, minutes: bool = False) -> str:
-    """A chart bucket that keeps a series between roughly 24 and 200 points; with `minutes` (series that can be read
-    from the request rows), minute buckets for ranges up to six hours."""
-    if minutes and span <= timedelta(hours=1):
+CHART_MINUTES_UP_TO = timedelta(hours=6)
+"""Ranges up to this long are charted in minute buckets (summed from the request rows; the rollups are hourly)."""
+
+
+def bucket_for_span(span: timedelta) -> str:
+    """The bucket every page charts a time range of length `span` in: minute buckets up to `CHART_MINUTES_UP_TO`
+    (1m up to an hour, else 5m), then hourly ones that keep a series between roughly 24 and 200 points."""
+    if span <= timedelta(hours=1):
         return "1m"
-    if minutes and span <= timedelta(hours=6):
+    if span <= CHART_MINUTES_UP_TO:
         return "5m"
     if span <= timedelta(days=3):
         return "1h"
@@ -91,7 +95,7 @@ def load_overview(
     conn: Connection, since: datetime, until: datetime, tenant: str | None, model: str | None
 ) -> OverviewData:
     """Totals and the time series for the Overview page."""
-    bucket = bucket_for_span(until - since, minutes=True)
+    bucket = bucket_for_span(until - since)
     totals = queries.overview(conn, since, until, tenant=tenant, model=model)
     series = queries.stats(conn, since, until, bucket=bucket, tenant=tenant, model=model)
     return OverviewData(

@@ -183,6 +183,19 @@ def read_database(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise  # unreachable: st.stop() raises
 
 
+def count_of(count: int, noun: str) -> str:
+    """`1 request`, `2 requests`: a count with its noun (the last word takes the plural `s`), thousands separated."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+_BUCKET_WORDS = {"1m": "1-minute", "5m": "5-minute", "15m": "15-minute", "1h": "hourly", "1d": "daily", "1w": "weekly"}
+
+
+def bucket_words(bucket: str) -> str:
+    """How a chart's bucket reads in a caption: `5-minute buckets`, `hourly buckets`, `4h buckets`."""
+    return f"{_BUCKET_WORDS.get(bucket, bucket)} buckets"
+
+
 def format_share(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 

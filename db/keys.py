@@ -157,6 +157,11 @@ def _load_active(conn: Connection) -> list[KeyEntry]:
     return [KeyEntry(row.key_id, row.tenant, bool(row.is_admin), row.secret_hash) for row in rows]
 
 
+def _load_revoked(conn: Connection) -> list[KeyEntry]:
+    rows = conn.execute(_key_select().where(KEYS.c.revoked_at.is_not(None)).order_by(KEYS.c.id))
+    return [KeyEntry(row.key_id, row.tenant, bool(row.is_admin), row.secret_hash) for row in rows]
+
+
 def _list(conn: Connection, include_revoked: bool) -> list[KeyInfo]:
     stmt = _key_select().order_by(TENANTS.c.name, KEYS.c.created_at, KEYS.c.id)
     if not include_revoked:
@@ -202,6 +207,11 @@ async def revoke_api_key_async(bind: AsyncBind, key_id: str) -> bool:
 async def load_active_keys_async(bind: AsyncBind) -> list[KeyEntry]:
     """`load_active_keys` on an async engine, connection or session."""
     return await run_in_transaction_async(bind, _load_active)
+
+
+async def load_revoked_keys_async(bind: AsyncBind) -> list[KeyEntry]:
+    """Every revoked key, so the gateway can say a key was revoked rather than unknown."""
+    return await run_in_transaction_async(bind, _load_revoked)
 
 
 async def list_api_keys_async(bind: AsyncBind, include_revoked: bool = True) -> list[KeyInfo]:

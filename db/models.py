@@ -19,6 +19,7 @@ from typing import Any, cast
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Column,
     Float,
     ForeignKey,
     Index,
@@ -33,6 +34,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from db.record_schema import Stored, stored_fields
+from db.records import MISS_REASON_MAX, MODEL_NAME_MAX, SEGMENT_MAX, TENANT_NAME_MAX, RequestRecord
 from db.timeutil import utc_now
 from db.types import UTCDateTime, portable_json
 
@@ -45,10 +48,6 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-TENANT_NAME_MAX = 200
-MODEL_NAME_MAX = 200
-MISS_REASON_MAX = 32
-SEGMENT_MAX = 100
 
 
 class Base(DeclarativeBase):
@@ -87,56 +86,45 @@ class ApiKey(Base):
     tenant: Mapped[Tenant] = relationship(back_populates="api_keys")
 
 
+def _column_type(stored: Stored) -> Any:
+    """The SQLAlchemy type of a record field's column kind (`db.record_schema.KINDS`)."""
+    if stored.kind == "string":
+        return String(stored.max_chars)
+    return {
+        "text": Text,
+        "int": Integer,
+        "smallint": SmallInteger,
+        "float": Float,
+        "bool": Boolean,
+        "datetime": UTCDateTime,
+        "json": portable_json,
+    }[stored.kind]()
+
+
+def _request_columns() -> list[Column[Any]]:
+    """The `requests` columns, one per stored field of `RequestRecord` (`db.record_schema`)."""
+    columns: list[Column[Any]] = []
+    for item in stored_fields(RequestRecord):
+        options: dict[str, Any] = {"nullable": item.nullable}
+        if item.column == "id":
+            options["primary_key"] = True
+        if item.name == "created_at":
+            options["index"] = True
+        if item.stored.kind == "json":
+            options["default"] = list
+        columns.append(Column(item.column, _column_type(item.stored), **options))
+    return columns
+
+
 class RequestRecordRow(Base):
-    """One request (see `db.records.RequestRecord` for the meaning of each field)."""
+    """One request: a column per stored field of `db.records.RequestRecord`, which declares each (see
+    `db.record_schema`); the explorer's indexes are declared here."""
 
-    __tablename__ = "requests"
-
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
-    # The tenant's name rather than a foreign key: history outlives tenants, and the writer must never fail a batch
-    # because a tenant row is missing.
-    tenant: Mapped[str] = mapped_column(String(TENANT_NAME_MAX))
-    key_id: Mapped[str | None] = mapped_column(String(32))
-    endpoint: Mapped[str] = mapped_column(String(32))
-    model: Mapped[str] = mapped_column(String(MODEL_NAME_MAX))
-    upstream: Mapped[str] = mapped_column(String(200))
-    stream: Mapped[bool] = mapped_column(Boolean)
-    status_code: Mapped[int] = mapped_column(SmallInteger)
-    error_type: Mapped[str | None] = mapped_column(String(100))
-    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
-    cached_tokens: Mapped[int | None] = mapped_column(Integer)
-    completion_tokens: Mapped[int | None] = mapped_column(Integer)
-    ttft_ms: Mapped[float | None] = mapped_column(Float)
-    latency_ms: Mapped[float] = mapped_column(Float)
-    applied_rules: Mapped[list[str]] = mapped_column(portable_json(), default=list)
-    miss_kind: Mapped[str | None] = mapped_column(String(16))
-    prefix_hash: Mapped[str | None] = mapped_column(String(128))
-    diverged_at_token: Mapped[int | None] = mapped_column(Integer)
-    prompt_text: Mapped[str | None] = mapped_column(Text)
-    miss_reason: Mapped[str | None] = mapped_column(String(MISS_REASON_MAX))
-    divergence_segment: Mapped[str | None] = mapped_column(String(SEGMENT_MAX))
-    divergence_char_offset: Mapped[int | None] = mapped_column(Integer)
-    recomputed_tokens: Mapped[int | None] = mapped_column(Integer)
-    normalization_gain_tokens: Mapped[int | None] = mapped_column(Integer)
-    ttft_source: Mapped[str | None] = mapped_column(String(16))
-    divergence_source: Mapped[str | None] = mapped_column(String(16))
-    template_tokens: Mapped[int | None] = mapped_column(Integer)
-    # NULL: prefix_hash and the chain are plain hashes (rows from before keying); 1: keyed per tenant.
-    hash_key_version: Mapped[int | None] = mapped_column(SmallInteger)
-    cache_write_tokens: Mapped[int | None] = mapped_column(Integer)
-    retention_class: Mapped[str | None] = mapped_column(String(16))
-    replica: Mapped[str | None] = mapped_column(String(200))
-    routing_policy: Mapped[str | None] = mapped_column(String(16))
-    predicted_match_tokens: Mapped[int | None] = mapped_column(Integer)
-    routing_index_source: Mapped[str | None] = mapped_column(String(16))
-    cached_tokens_device: Mapped[int | None] = mapped_column(Integer)
-    cached_tokens_host: Mapped[int | None] = mapped_column(Integer)
-    cached_tokens_disk: Mapped[int | None] = mapped_column(Integer)
-    cache_load_ms: Mapped[float | None] = mapped_column(Float)
-
-    # The explorer filters by one of these and pages newest first.
-    __table_args__ = (
+    __table__ = Table(
+        "requests",
+        Base.metadata,
+        *_request_columns(),
+        # The explorer filters by one of these and pages newest first.
         Index("ix_requests_tenant_created_at", "tenant", "created_at"),
         Index("ix_requests_model_created_at", "model", "created_at"),
         Index("ix_requests_miss_kind_created_at", "miss_kind", "created_at"),

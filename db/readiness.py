@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from db.config import sqlite_path
 from db.errors import DatabaseError
+from prefixscope.invocation import typed_command
 
-HOW_TO_CREATE = "start the gateway (`prefixscope up` or `prefixscope gateway`) or run `prefixscope db upgrade`"
+
+def how_to_create() -> str:
+    """The commands that create the database, as they can be typed here (`.venv/bin/prefixscope` off PATH)."""
+    command = typed_command()
+    return f"start the gateway (`{command} up` or `{command} gateway`) or run `{command} db upgrade`"
 
 
 class DatabaseNotReady(DatabaseError):
@@ -36,9 +41,11 @@ def require_schema(url: str, explicit: bool = False) -> None:
     path = sqlite_path(url)
     if path is not None and not path.exists():
         if explicit:
-            raise DatabaseNotReady(f"no database at {path.resolve()}: run `prefixscope db upgrade --database-url {url}`")
+            raise DatabaseNotReady(
+                f"no database at {path.resolve()}: run `{typed_command()} db upgrade --database-url {url}`"
+            )
         raise DatabaseNotReady(
-            f"no database at {path.resolve()}: {HOW_TO_CREATE}, "
+            f"no database at {path.resolve()}: {how_to_create()}, "
             "or point --database-url / $PREFIXSCOPE_DATABASE_URL at your database"
         )
     from db.migrate import current_revision, head_revision
@@ -47,10 +54,10 @@ def require_schema(url: str, explicit: bool = False) -> None:
     if revision is None:
         raise DatabaseNotReady(
             f"the database at {_shown(url)} has no prefixscope tables: "
-            f"run `prefixscope db upgrade{_url_option(url, explicit)}`"
+            f"run `{typed_command()} db upgrade{_url_option(url, explicit)}`"
         )
     if revision != head_revision():
         raise DatabaseNotReady(
             f"the database at {_shown(url)} is at schema revision {revision}, this version needs "
-            f"{head_revision()}: run `prefixscope db upgrade{_url_option(url, explicit)}`"
+            f"{head_revision()}: run `{typed_command()} db upgrade{_url_option(url, explicit)}`"
         )

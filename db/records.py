@@ -7,17 +7,30 @@ row, so it is a plain frozen dataclass with a lossless JSON form.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
-from functools import cache
+from dataclasses import dataclass, field, fields
 from datetime import datetime
+from functools import cache
 from typing import Any, Final
 
 from db.advice import AdviceOutcome
 from db.chains import RequestChain
+from db.record_schema import stored
 from db.signatures import PromptSignature
 from db.timeutil import as_utc
 
-ENDPOINTS: Final = ("chat.completions", "completions", "messages")
+ENDPOINTS: Final = ("chat.completions", "completions", "messages", "responses")
+
+# Column widths of the text fields that other tables repeat (rollup keys).
+TENANT_NAME_MAX: Final = 200
+MODEL_NAME_MAX: Final = 200
+MISS_REASON_MAX: Final = 32
+SEGMENT_MAX: Final = 100
+
+# What NULL means, for the fields that share a meaning.
+UNREPORTED: Final = "the upstream did not report it (or the request failed before it was known)"
+UNEXPLAINED: Final = "not explained: the upstream did not answer, or explanations are off"
+NOT_A_REPLICA_SET: Final = "the upstream is not a replica set"
+NO_TIERS: Final = "the upstream does not report cache tiers (or the report was malformed)"
 
 # Lifetime classes of cached KV, shortest first: Anthropic's `cache_control.ttl` values, and the engine's
 # `cache_retention` body field (`persistent` is exempt from TTL and kept on disk rather than dropped).
@@ -52,6 +65,10 @@ MISS_REASONS: Final = (
     "below_page",
 )
 
+UNAUTHENTICATED_TENANT: Final = "unauthenticated"
+"""The tenant name recorded for requests refused before a key named a tenant (no key, a bad key). It is reserved (no
+real tenant may take it, `db.tenants.validate_tenant_name`), so the read side shows those requests as `(rejected)`."""
+
 
 TTFT_SOURCES: Final = ("gateway", "engine")
 DIVERGENCE_SOURCES: Final = ("engine", "history")
@@ -84,75 +101,138 @@ class RequestRecord:
     usage was known); 0 means a known zero. A hit reused more than the template's fixed opening (`is_hit`).
     """
 
-    request_id: str
-    created_at: datetime
-    tenant: str
-    key_id: str | None
-    endpoint: str
-    model: str
-    upstream: str
-    stream: bool
-    status_code: int
-    error_type: str | None
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    completion_tokens: int | None
-    ttft_ms: float | None
-    latency_ms: float
-    applied_rules: tuple[str, ...] = ()
-    miss_kind: str | None = None
-    prefix_hash: str | None = None
-    prompt_text: str | None = None
+    request_id: str = field(metadata=stored("string", max_chars=64, column="id", client_text=True))
+    created_at: datetime = field(metadata=stored("datetime", unit="UTC"))
+    # The tenant's name rather than a foreign key: history outlives tenants, and the writer must never fail a batch
+    # because a tenant row is missing.
+    tenant: str = field(metadata=stored("string", max_chars=TENANT_NAME_MAX, client_text=True))
+    key_id: str | None = field(
+        metadata=stored("string", max_chars=32, client_text=True, null="no key: open mode, or rejected before auth")
+    )
+    endpoint: str = field(metadata=stored("string", max_chars=32, client_text=True))  # one of `ENDPOINTS`
+    model: str = field(metadata=stored("string", max_chars=MODEL_NAME_MAX, client_text=True))
+    upstream: str = field(metadata=stored("string", max_chars=200, client_text=True))
+    stream: bool = field(metadata=stored("bool"))
+    status_code: int = field(metadata=stored("smallint"))  # the HTTP status sent to the client
+    error_type: str | None = field(
+        metadata=stored("string", max_chars=100, client_text=True, null="the request succeeded")
+    )
+    prompt_tokens: int | None = field(
+        metadata=stored("int", unit="tokens", null=UNREPORTED, sums=("prompt_tokens",))
+    )
+    cached_tokens: int | None = field(
+        metadata=stored("int", unit="tokens", null=UNREPORTED, sums=("cached_tokens",))
+    )
+    completion_tokens: int | None = field(
+        metadata=stored("int", unit="tokens", null=UNREPORTED, sums=("completion_tokens",))
+    )
+    ttft_ms: float | None = field(metadata=stored("float", unit="ms", null="no first token (an error, no content)"))
+    latency_ms: float = field(metadata=stored("float", unit="ms", sums=("latency_ms_sum",)))  # until the last byte
+    # The normalization rules that changed the request, in pipeline order (and `record_sanitized:<field>` flags).
+    applied_rules: tuple[str, ...] = field(default=(), metadata=stored("json"))
+    miss_kind: str | None = field(  # one of `MISS_KINDS`
+        default=None, metadata=stored("string", max_chars=16, client_text=True, null="the upstream does not say")
+    )
+    prefix_hash: str | None = field(  # keyed per tenant (`hash_key_version`)
+        default=None, metadata=stored("string", max_chars=128, client_text=True, null="no prompt was read")
+    )
+    prompt_text: str | None = field(
+        default=None,
+        metadata=stored("text", listed=False, client_text=True, null="the tenant does not store prompt text"),
+    )
     # Token index at which the prompt first differed from the longest cached prefix (the first uncached token), when
     # the engine located the divergence itself.
-    diverged_at_token: int | None = None
+    diverged_at_token: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null="the engine did not locate the divergence")
+    )
     # Why the rest missed (one of `MISS_REASONS`), and where the prompt first differed from the cached one: a segment
     # (`tools`, `system`, `messages[3]`) and a character offset inside it.
-    miss_reason: str | None = None
-    divergence_segment: str | None = None
-    divergence_char_offset: int | None = None
+    miss_reason: str | None = field(
+        default=None,
+        metadata=stored("string", max_chars=MISS_REASON_MAX, client_text=True, cut=True, null=UNEXPLAINED),
+    )
+    divergence_segment: str | None = field(
+        default=None,
+        metadata=stored("string", max_chars=SEGMENT_MAX, client_text=True, cut=True, null="nothing diverged"),
+    )
+    divergence_char_offset: int | None = field(
+        default=None, metadata=stored("int", unit="characters", null="nothing diverged, or no offset known")
+    )
     # Prompt tokens computed rather than served from cache (prompt - matched); 0 for a hit.
-    recomputed_tokens: int | None = None
+    recomputed_tokens: int | None = field(default=None, metadata=stored("int", unit="tokens", null=UNEXPLAINED))
     # Tokens normalization gained, from a dry-run match of the un-normalized request; None when not sampled.
-    normalization_gain_tokens: int | None = None
-    # The prompt's block hash chain, for the what-if simulator (recorded while the tenant's `hash_chain` is on).
+    normalization_gain_tokens: int | None = field(
+        default=None,
+        metadata=stored("int", unit="tokens", null="not sampled", sums=("normalization_gain_tokens",)),
+    )
+    # The prompt's block hash chain, for the what-if simulator (recorded while the tenant's `hash_chain` is on); kept
+    # in `request_chains`.
     chain: RequestChain | None = None
-    # Sampled by the rule advisor: per candidate rule, the tokens this request would have hit (`db.advice`).
+    # Sampled by the rule advisor: per candidate rule, the tokens this request would have hit (`db.advice`); kept in
+    # `hourly_advice`.
     advice: tuple[AdviceOutcome, ...] = ()
     # Sampled by the rule advisor: keyed block hashes of the prompt, for the fleet patterns (`db.patterns`).
     signature: PromptSignature | None = None
     # Where `ttft_ms` comes from: `gateway` (first streamed content byte, measured by the gateway) or `engine` (the
-    # engine's own queue + prefill time, for non-streamed responses); None when there is no TTFT.
-    ttft_source: str | None = None
+    # engine's own queue + prefill time, for non-streamed responses); one of `TTFT_SOURCES`.
+    ttft_source: str | None = field(default=None, metadata=stored("string", max_chars=16, null="no TTFT"))
     # How the divergence was located: `engine` (its own report) or `history` (approximated by the gateway from the
-    # nearest earlier request, for upstreams that do not report it); None when nothing diverged.
-    divergence_source: str | None = None
+    # nearest earlier request, for upstreams that do not report it); one of `DIVERGENCE_SOURCES`.
+    divergence_source: str | None = field(
+        default=None, metadata=stored("string", max_chars=16, null="nothing diverged")
+    )
     # Leading prompt tokens of the chat template's fixed opening, when the engine reports them: matching only these
     # reused nothing of the request, so it is not a hit.
-    template_tokens: int | None = None
+    template_tokens: int | None = field(default=None, metadata=stored("int", unit="tokens", null=UNREPORTED))
     # The engine's label of the tenant's cache namespace (`gateway.tenancy.namespace_label`), when a salt was sent:
     # kept in `namespace_tenants` so the dashboard can name the tenant of each namespace in the engine's cache.
     namespace_label: str | None = None
-    # How `prefix_hash` and the chain's hashes are keyed: None for rows from before keyed hashes (plain hashes of
-    # the prompt), 1 for keyed BLAKE2b under a per-tenant key derived from the gateway's secret (gateway.record_keys).
-    hash_key_version: int | None = None
-    # Prompt tokens written to the cache (`cache_creation_input_tokens` on the Messages API; None elsewhere), and the
-    # retention class (`RETENTION_CLASSES`) the request asked for: the longest of its cache breakpoints on the Messages
-    # API, the tenant's effective `cache_retention` elsewhere (None when none applies).
-    cache_write_tokens: int | None = None
-    retention_class: str | None = None
-    # When the upstream is a replica set: the replica that served the request (its URL), the routing policy, the
-    # cached tokens the router predicted there, and where that prediction came from (`ROUTING_INDEX_SOURCES`).
-    replica: str | None = None
-    routing_policy: str | None = None
-    predicted_match_tokens: int | None = None
-    routing_index_source: str | None = None
+    # How `prefix_hash` and the chain's hashes are keyed: 1 for keyed BLAKE2b under a per-tenant key derived from the
+    # gateway's secret (gateway.record_keys).
+    hash_key_version: int | None = field(
+        default=None,
+        metadata=stored("smallint", listed=False, null="a row from before keyed hashes (plain hashes of the prompt)"),
+    )
+    # Prompt tokens written to the cache (`cache_creation_input_tokens` on the Messages API), and the retention class
+    # (`RETENTION_CLASSES`) the request asked for: the longest of its cache breakpoints on the Messages API, the
+    # tenant's effective `cache_retention` elsewhere.
+    cache_write_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null="not the Messages API")
+    )
+    retention_class: str | None = field(
+        default=None, metadata=stored("string", max_chars=16, null="no retention class applies")
+    )
+    # When the upstream is a replica set: the replica that served the request (its URL), the routing policy (one of
+    # `ROUTING_POLICIES`), the cached tokens the router predicted there, and where that prediction came from (one of
+    # `ROUTING_INDEX_SOURCES`).
+    replica: str | None = field(
+        default=None, metadata=stored("string", max_chars=200, cut=True, null=NOT_A_REPLICA_SET)
+    )
+    routing_policy: str | None = field(
+        default=None, metadata=stored("string", max_chars=16, null=NOT_A_REPLICA_SET)
+    )
+    predicted_match_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_A_REPLICA_SET)
+    )
+    routing_index_source: str | None = field(
+        default=None, metadata=stored("string", max_chars=16, null=NOT_A_REPLICA_SET)
+    )
     # `cached_tokens` split by the tier that served them (device pool, host memory, disk), and the time the engine
-    # spent loading the host and disk part back to the device (ms); None for upstreams that do not report tiers.
-    cached_tokens_device: int | None = None
-    cached_tokens_host: int | None = None
-    cached_tokens_disk: int | None = None
-    cache_load_ms: float | None = None
+    # spent loading the host and disk part back to the device; rolled up by `db.rollups.tier_split`.
+    cached_tokens_device: int | None = field(default=None, metadata=stored("int", unit="tokens", null=NO_TIERS))
+    cached_tokens_host: int | None = field(default=None, metadata=stored("int", unit="tokens", null=NO_TIERS))
+    cached_tokens_disk: int | None = field(default=None, metadata=stored("int", unit="tokens", null=NO_TIERS))
+    cache_load_ms: float | None = field(default=None, metadata=stored("float", unit="ms", null=NO_TIERS))
+    # The provider's own prompt-cache diagnosis (`gateway.provider_diagnostics`): its reason as the provider names it
+    # (`tools_changed`, `cache_hit`, `no_divergence`...; text from the upstream, made storable) and the input tokens it
+    # says missed.
+    provider_miss_reason: str | None = field(
+        default=None,
+        metadata=stored("string", max_chars=48, client_text=True, null="the upstream returned no diagnosis"),
+    )
+    provider_missed_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null="the upstream returned no diagnosis or no count")
+    )
 
     @property
     def cache_hit(self) -> bool | None:

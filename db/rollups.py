@@ -17,8 +17,6 @@ from sqlalchemy import Connection, Table, func
 from db.dialect import greatest, least, upsert_insert
 from db.histogram import bin_of
 from db.models import (
-    MISS_REASON_MAX,
-    SEGMENT_MAX,
     HourlyDivergence,
     HourlyLabelCount,
     HourlyMissReason,
@@ -27,44 +25,21 @@ from db.models import (
     HourlyTtftBin,
     table_of,
 )
-from db.records import RequestRecord, is_hit
+from db.record_schema import stored_fields
+from db.records import MISS_REASON_MAX, SEGMENT_MAX, RequestRecord, is_hit
 from db.timeutil import as_utc, floor_hour
 
 RollupKey = tuple[datetime, str, str, str]  # (bucket_start, tenant, model, upstream)
 PrefixKey = tuple[datetime, str, str]  # (bucket_start, tenant, prefix_hash)
 
 ROLLUP_KEY_COLUMNS: Final = ("bucket_start", "tenant", "model", "upstream")
-# Cached tokens by the tier that served them, the requests whose split is known, and the engine's time loading host
-# and disk KV back to the device (its sum and how many requests reported it). Tokens of unknown tier are not stored:
-# they are `cached_tokens` minus the three tier sums.
-TIER_SUM_COLUMNS: Final = (
-    "cached_tokens_device",
-    "cached_tokens_host",
-    "cached_tokens_disk",
-    "requests_with_known_tiers",
-    "cache_load_ms_sum",
-    "cache_load_count",
+# Every additive column of `hourly_rollups`: what a batch adds with one upsert and what the history queries sum.
+ROLLUP_SUM_COLUMNS: Final = tuple(
+    column.name for column in table_of(HourlyRollup).c if column.name not in ROLLUP_KEY_COLUMNS
 )
-_SUM_COLUMNS: Final = (
-    "requests",
-    "error_requests",
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
-    "cache_known_prompt_tokens",
-    "cache_known_cached_tokens",
-    "requests_with_known_cache",
-    "requests_with_hit",
-    "latency_ms_sum",
-    "ttft_hit_ms_sum",
-    "ttft_hit_count",
-    "ttft_miss_ms_sum",
-    "ttft_miss_count",
-    "normalization_sampled_requests",
-    "normalization_requests_with_gain",
-    "normalization_gain_tokens",
-    "normalization_prompt_tokens",
-    *TIER_SUM_COLUMNS,
+# (record field, rollup column) for each plain sum (NULL skipped) the record's schema declares (`Stored.sums`).
+PLAIN_SUMS: Final = tuple(
+    (item.name, column) for item in stored_fields(RequestRecord) for column in item.stored.sums
 )
 PREFIX_KEY_COLUMNS: Final = ("bucket_start", "tenant", "prefix_hash")
 # Divergence offsets are counted in buckets of this many characters (the stored granularity of `hourly_divergences`).
@@ -100,7 +75,7 @@ def tier_split(record: RequestRecord) -> tuple[int, int, int] | None:
 
 
 def _zero_sums() -> dict[str, float]:
-    return dict.fromkeys(_SUM_COLUMNS, 0)
+    return dict.fromkeys(ROLLUP_SUM_COLUMNS, 0)
 
 
 class RollupAccumulator:
@@ -129,12 +104,11 @@ class RollupAccumulator:
         sums["requests"] += 1
         if record.status_code >= 400:
             sums["error_requests"] += 1
-        if record.prompt_tokens is not None:
-            sums["prompt_tokens"] += record.prompt_tokens
-        if record.completion_tokens is not None:
-            sums["completion_tokens"] += record.completion_tokens
+        for name, column in PLAIN_SUMS:
+            value = getattr(record, name)
+            if value is not None:
+                sums[column] += value
         if record.cached_tokens is not None:
-            sums["cached_tokens"] += record.cached_tokens
             sums["requests_with_known_cache"] += 1
             if record.cache_hit:
                 sums["requests_with_hit"] += 1
@@ -149,7 +123,6 @@ class RollupAccumulator:
         if record.cache_load_ms is not None:
             sums["cache_load_ms_sum"] += record.cache_load_ms
             sums["cache_load_count"] += 1
-        sums["latency_ms_sum"] += record.latency_ms
         state = cache_state(record.cached_tokens, record.template_tokens)
         if record.ttft_ms is not None:
             if state != "unknown":
@@ -173,7 +146,6 @@ class RollupAccumulator:
             self.labels[(key, DIMENSION_RETENTION, record.retention_class[:LABEL_MAX_CHARS])] += 1
         if record.normalization_gain_tokens is not None:
             sums["normalization_sampled_requests"] += 1
-            sums["normalization_gain_tokens"] += record.normalization_gain_tokens
             sums["normalization_prompt_tokens"] += record.prompt_tokens or 0
             if record.normalization_gain_tokens > 0:
                 sums["normalization_requests_with_gain"] += 1

@@ -12,24 +12,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Final
 
-from db.models import MISS_REASON_MAX, MODEL_NAME_MAX, SEGMENT_MAX, TENANT_NAME_MAX
+from db.record_schema import stored_fields
 from db.records import RequestRecord
 
 SANITIZED_FLAG: Final = "record_sanitized"
-# Field -> column width (None: unbounded text). Widths from `db.models.RequestRecordRow`.
+# Field -> column width (None: unbounded text) of the text a client can choose (`db.record_schema.Stored.client_text`).
 _TEXT_FIELDS: Final[dict[str, int | None]] = {
-    "request_id": 64,
-    "tenant": TENANT_NAME_MAX,
-    "key_id": 32,
-    "endpoint": 32,
-    "model": MODEL_NAME_MAX,
-    "upstream": 200,
-    "error_type": 100,
-    "miss_kind": 16,
-    "prefix_hash": 128,
-    "prompt_text": None,
-    "miss_reason": MISS_REASON_MAX,
-    "divergence_segment": SEGMENT_MAX,
+    item.name: item.stored.max_chars for item in stored_fields(RequestRecord) if item.stored.client_text
 }
 _RULE_MAX: Final = 100  # a rule name is a rollup dimension value, String(100)
 

@@ -18,7 +18,8 @@ from db.advice_store import store_advice
 from db.signature_store import SIGNATURES, store_signatures
 from db.chains import RequestChain, unpack_hash_ids
 from db.dialect import greatest, upsert_insert
-from db.models import MISS_REASON_MAX, SEGMENT_MAX, NamespaceTenant, RequestChainRow, RequestRecordRow, table_of
+from db.models import NamespaceTenant, RequestChainRow, RequestRecordRow, table_of
+from db.record_schema import StoredField, stored_fields
 from db.records import RequestRecord
 from db.rollups import ROLLUP_MODELS, RollupAccumulator, apply_rollups
 from db.storable import storable_record
@@ -38,49 +39,16 @@ class StoreResult:
 
 
 def record_to_row(record: RequestRecord) -> dict[str, Any]:
-    """The `requests` row (column name to value) for a record."""
-    return {
-        "id": record.request_id,
-        "created_at": record.created_at,
-        "tenant": record.tenant,
-        "key_id": record.key_id,
-        "endpoint": record.endpoint,
-        "model": record.model,
-        "upstream": record.upstream,
-        "stream": record.stream,
-        "status_code": record.status_code,
-        "error_type": record.error_type,
-        "prompt_tokens": record.prompt_tokens,
-        "cached_tokens": record.cached_tokens,
-        "completion_tokens": record.completion_tokens,
-        "ttft_ms": record.ttft_ms,
-        "latency_ms": record.latency_ms,
-        "applied_rules": list(record.applied_rules),
-        "miss_kind": record.miss_kind,
-        "prefix_hash": record.prefix_hash,
-        "diverged_at_token": record.diverged_at_token,
-        "prompt_text": record.prompt_text,
-        # Labels are cut to the column width rather than have the database refuse the whole request.
-        "miss_reason": None if record.miss_reason is None else record.miss_reason[:MISS_REASON_MAX],
-        "divergence_segment": None if record.divergence_segment is None else record.divergence_segment[:SEGMENT_MAX],
-        "divergence_char_offset": record.divergence_char_offset,
-        "recomputed_tokens": record.recomputed_tokens,
-        "normalization_gain_tokens": record.normalization_gain_tokens,
-        "ttft_source": record.ttft_source,
-        "divergence_source": record.divergence_source,
-        "template_tokens": record.template_tokens,
-        "hash_key_version": record.hash_key_version,
-        "cache_write_tokens": record.cache_write_tokens,
-        "retention_class": record.retention_class,
-        "replica": None if record.replica is None else record.replica[:200],
-        "routing_policy": record.routing_policy,
-        "predicted_match_tokens": record.predicted_match_tokens,
-        "routing_index_source": record.routing_index_source,
-        "cached_tokens_device": record.cached_tokens_device,
-        "cached_tokens_host": record.cached_tokens_host,
-        "cached_tokens_disk": record.cached_tokens_disk,
-        "cache_load_ms": record.cache_load_ms,
-    }
+    """The `requests` row (column name to value) for a record: one column per stored field (`db.record_schema`)."""
+    row: dict[str, Any] = {}
+    for item in stored_fields(RequestRecord):
+        value = getattr(record, item.name)
+        if item.stored.kind == "json":
+            value = list(value)
+        elif item.stored.cut and value is not None:
+            value = value[: item.stored.max_chars]  # a label is cut to its column rather than refused
+        row[item.column] = value
+    return row
 
 
 def chain_to_row(record: RequestRecord, chain: RequestChain) -> dict[str, Any]:
@@ -107,49 +75,23 @@ def row_to_chain(row: Any) -> RequestChain:
 
 
 def row_to_record(row: Any, chain: RequestChain | None = None) -> RequestRecord:
-    """A `RequestRecord` from a `requests` row (ORM object or a result row with the column names) and its chain."""
-    return RequestRecord(
-        request_id=row.id,
-        created_at=row.created_at,
-        tenant=row.tenant,
-        key_id=row.key_id,
-        endpoint=row.endpoint,
-        model=row.model,
-        upstream=row.upstream,
-        stream=bool(row.stream),
-        status_code=row.status_code,
-        error_type=row.error_type,
-        prompt_tokens=row.prompt_tokens,
-        cached_tokens=row.cached_tokens,
-        completion_tokens=row.completion_tokens,
-        ttft_ms=row.ttft_ms,
-        latency_ms=row.latency_ms,
-        applied_rules=tuple(row.applied_rules or ()),
-        miss_kind=row.miss_kind,
-        prefix_hash=row.prefix_hash,
-        prompt_text=row.prompt_text,
-        diverged_at_token=row.diverged_at_token,
-        miss_reason=row.miss_reason,
-        divergence_segment=row.divergence_segment,
-        divergence_char_offset=row.divergence_char_offset,
-        recomputed_tokens=row.recomputed_tokens,
-        normalization_gain_tokens=row.normalization_gain_tokens,
-        chain=chain,
-        ttft_source=row.ttft_source,
-        divergence_source=row.divergence_source,
-        template_tokens=row.template_tokens,
-        hash_key_version=getattr(row, "hash_key_version", None),
-        cache_write_tokens=row.cache_write_tokens,
-        retention_class=row.retention_class,
-        replica=getattr(row, "replica", None),
-        routing_policy=getattr(row, "routing_policy", None),
-        predicted_match_tokens=getattr(row, "predicted_match_tokens", None),
-        routing_index_source=getattr(row, "routing_index_source", None),
-        cached_tokens_device=getattr(row, "cached_tokens_device", None),
-        cached_tokens_host=getattr(row, "cached_tokens_host", None),
-        cached_tokens_disk=getattr(row, "cached_tokens_disk", None),
-        cache_load_ms=getattr(row, "cache_load_ms", None),
-    )
+    """A `RequestRecord` from a `requests` row (ORM object or a result row with the column names) and its chain.
+    A column the row lacks (a row read under an older schema) takes the field's default."""
+    return RequestRecord(chain=chain, **row_values(row, stored_fields(RequestRecord)))
+
+
+def row_values(row: Any, columns: Iterable[StoredField]) -> dict[str, Any]:
+    """Field name -> value of `columns` read from a `requests` row, as the record holds them (a tuple of rules, a
+    bool for `stream`)."""
+    values: dict[str, Any] = {}
+    for item in columns:
+        value = getattr(row, item.column) if item.required else getattr(row, item.column, item.default)
+        if item.stored.kind == "json":
+            value = tuple(value or ())
+        elif item.stored.kind == "bool" and value is not None:
+            value = bool(value)
+        values[item.name] = value
+    return values
 
 
 def store_records(conn: Connection, records: Sequence[RequestRecord]) -> StoreResult:

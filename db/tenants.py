@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 from db.dialect import upsert_insert
 from db.engine import run_in_transaction, run_in_transaction_async
 from db.errors import UnknownTenantError
-from db.models import TENANT_NAME_MAX, Tenant, table_of
+from db.models import Tenant, table_of
+from db.records import TENANT_NAME_MAX, UNAUTHENTICATED_TENANT
 from db.timeutil import utc_now
 
 SyncBind = Engine | Connection | Session
@@ -40,10 +41,12 @@ def _info(row: Any) -> TenantInfo:
 
 
 def validate_tenant_name(name: str) -> str:
-    """The name, stripped; raises ValueError if it is empty or too long."""
+    """The name, stripped; raises ValueError if it is empty, too long or the reserved `UNAUTHENTICATED_TENANT`."""
     cleaned = name.strip()
     if not cleaned:
         raise ValueError("a tenant name must not be empty")
+    if cleaned == UNAUTHENTICATED_TENANT:
+        raise ValueError(f"the tenant name {UNAUTHENTICATED_TENANT!r} is reserved for requests refused before a key")
     if len(cleaned) > TENANT_NAME_MAX:
         raise ValueError(f"a tenant name must be at most {TENANT_NAME_MAX} characters")
     return cleaned

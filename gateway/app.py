@@ -6,6 +6,7 @@ writer (after migrating the schema) and the key refresher, and closes them in re
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -34,9 +35,12 @@ from gateway.proxy import CompletionProxy
 from gateway.record_keys import RecordHasher
 from gateway.recording import Recorder, RecordSink
 from gateway.replicas.health_view import replica_health
+from gateway.responses.handler import ResponseResource, ResponsesProxy
+from gateway.responses.store import ResponseStore
 from gateway.routing import Router
 from gateway.runtime import Runtime
 from gateway.stats_api import make_stats_handler
+from gateway.telemetry.setup import start_request_spans
 from gateway.tenancy import SaltDeriver, load_or_create_secret
 
 log = logging.getLogger(__name__)
@@ -95,6 +99,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         router=Router(config),
         recorder=recorder,
         metrics=metrics,
+        spans=start_request_spans(config, metrics.registry),
     )
     metrics.replicas.watch(lambda: runtime.router.replica_sets.values())
     uplift = UpliftChecker(lambda: runtime.client, recorder.record)
@@ -127,6 +132,8 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 await runtime.router.stop()
                 await runtime.client.aclose()
                 await storage.stop()
+                if runtime.spans is not None:
+                    await asyncio.to_thread(runtime.spans.tracing.shutdown)  # exports what is queued
 
     chat = CompletionProxy(runtime, CHAT)
     completions = CompletionProxy(runtime, COMPLETIONS)
@@ -149,6 +156,16 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     @asgi("/v1/messages/count_tokens", copy_scope=False)
     async def anthropic_count_tokens(scope: Any, receive: Any, send: Any) -> None:
         await count_tokens(scope, receive, send)
+
+    response_store = ResponseStore(config.responses, recorder.hash_key)
+    responses = ResponsesProxy(runtime, response_store, runtime.baselines)
+    response_resource = ResponseResource(runtime, response_store)
+
+    # Mounted (the path below it is the response id): `POST /v1/responses` creates, `/v1/responses/{id}` reads.
+    @asgi("/v1/responses", is_mount=True, copy_scope=False)
+    async def openai_responses(scope: Any, receive: Any, send: Any) -> None:
+        response_id = scope["path"].strip("/")
+        await (response_resource(scope, receive, send, response_id) if response_id else responses(scope, receive, send))
 
     @get("/health", sync_to_thread=False)
     def health() -> Response[dict[str, Any]]:
@@ -189,7 +206,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
 
     @get("/v1/models")
     async def models(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        keys.authenticate(request.headers.get("authorization"))
+        await keys.authenticate_now(request.headers.get("authorization"))
         return await list_models(runtime)
 
     stats_handler = make_stats_handler(keys, storage)
@@ -205,6 +222,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             legacy_completions,
             anthropic_messages,
             anthropic_count_tokens,
+            openai_responses,
             health,
             metrics_endpoint,
             models,

@@ -19,18 +19,24 @@ from gateway.explain.chains import body_without_hash_chain
 from gateway.recording import Outcome, RequestTracker
 from gateway.retention import retention_header
 from gateway.sse import SSERelay
+from gateway.telemetry.request_span import with_trace_context
 from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
 
 
 class _Envelope(msgspec.Struct):
-    """The parts of a response body the gateway reads; `choices` and the rest are skipped by the decoder."""
+    """The parts of a response body the gateway reads; the rest is skipped by the decoder, and `choices` is kept
+    undecoded (read only for a traced request's finish reasons)."""
 
     usage: dict[str, Any] | None = None
     meta_info: dict[str, Any] | None = None
     prefix_cache: dict[str, Any] | None = None
     error: Any = None
+    # For the request's span: the response id and model, and each choice's finish reason.
+    id: Any = None
+    model: Any = None
+    choices: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
@@ -98,7 +104,7 @@ async def forward_plain(
 ) -> Outcome:
     tracker.sending_upstream()
     try:
-        upstream = await client.send(route.request(endpoint, payload))
+        upstream = await client.send(with_trace_context(route.request(endpoint, payload), tracker.span))
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     headers = _response_headers(route, upstream, tracker)
@@ -111,6 +117,8 @@ async def forward_plain(
         tracker.usage = route.adapter.usage(
             {"usage": envelope.usage, "meta_info": envelope.meta_info, "prefix_cache": envelope.prefix_cache}
         )
+        if tracker.span is not None:
+            tracker.span.response.read_body(envelope.id, envelope.model, envelope.choices)
         explain = tracker.explain
         if explain is not None and isinstance(envelope.prefix_cache, dict):
             explain.prefix_cache = envelope.prefix_cache
@@ -136,7 +144,7 @@ async def forward_stream(
 ) -> Outcome:
     tracker.sending_upstream()
     try:
-        upstream = await client.send(route.request(endpoint, payload), stream=True)
+        upstream = await client.send(with_trace_context(route.request(endpoint, payload), tracker.span), stream=True)
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     try:
@@ -162,6 +170,8 @@ async def forward_stream(
             # Also on cancellation (client gone): whatever was learnt so far goes into the record.
             tracker.usage = relay.usage
             tracker.ttft_ms = relay.ttft_ms
+            if tracker.span is not None:
+                relay.response.copy_to(tracker.span.response)
             if explain is not None:
                 explain.prefix_cache = relay.prefix_cache
     finally:

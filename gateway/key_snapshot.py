@@ -19,17 +19,30 @@ from gateway.auth import KeySnapshot
 FORMAT_VERSION = 1
 
 
+def _entries(mapping: Any) -> list[dict[str, Any]]:
+    entries = mapping.values() if isinstance(mapping, dict) else mapping
+    return [
+        {"key_id": e.key_id, "tenant": e.tenant, "is_admin": bool(e.is_admin), "secret_hash": e.secret_hash}
+        for e in entries
+    ]
+
+
+def _read_entries(items: Any) -> dict[str, KeyEntry]:
+    return {
+        item["key_id"]: KeyEntry(str(item["key_id"]), str(item["tenant"]), bool(item["is_admin"]),
+                                 str(item["secret_hash"]))
+        for item in items
+    }
+
+
 def write_key_snapshot(path: Path, snapshot: KeySnapshot) -> None:
     """Replace the file at `path` with `snapshot` (entries are `db.keys.KeyEntry`s). Raises OSError."""
-    entries = snapshot.entries.values() if isinstance(snapshot.entries, dict) else snapshot.entries
     document = {
         "format": FORMAT_VERSION,
         "loaded_at": snapshot.loaded_at,
         "any_key_exists": snapshot.any_key_exists,
-        "keys": [
-            {"key_id": e.key_id, "tenant": e.tenant, "is_admin": bool(e.is_admin), "secret_hash": e.secret_hash}
-            for e in entries
-        ],
+        "keys": _entries(snapshot.entries),
+        "revoked": _entries(snapshot.revoked),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
@@ -47,13 +60,11 @@ def read_key_snapshot(path: Path) -> KeySnapshot | None:
         document: Any = json.loads(path.read_text(encoding="utf-8"))
         if document.get("format") != FORMAT_VERSION:
             return None
-        entries = {
-            item["key_id"]: KeyEntry(str(item["key_id"]), str(item["tenant"]), bool(item["is_admin"]),
-                                     str(item["secret_hash"]))
-            for item in document["keys"]
-        }
         return KeySnapshot(
-            entries=entries, any_key_exists=bool(document["any_key_exists"]), loaded_at=float(document["loaded_at"])
+            entries=_read_entries(document["keys"]),
+            any_key_exists=bool(document["any_key_exists"]),
+            loaded_at=float(document["loaded_at"]),
+            revoked=_read_entries(document.get("revoked", ())),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from db.records import RequestRecord
 from gateway.replicas.replica_metrics import ReplicaMetrics
+from gateway.telemetry.tenant_metrics import TenantMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The writer's counters exported as `prefixscope_gateway_records_<name>` (and in /health under "records").
@@ -119,6 +120,7 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.replicas = ReplicaMetrics(self.registry)
+        self.tenants = TenantMetrics(self.registry)
         # labels() is comparatively slow; children are cached per label tuple.
         self._children: dict[tuple[Any, ...], Any] = {}
 
@@ -156,6 +158,7 @@ class GatewayMetrics:
             self.normalization_gain_tokens.inc(record.normalization_gain_tokens)
         if record.replica is not None:
             self.replicas.observe(record)
+        self.tenants.observe(record)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -4,7 +4,8 @@ The completions endpoints are raw ASGI handlers (the hot path), so they are desc
 gateway itself reads and checks, with everything else passed through to the upstream (which validates it and whose
 400 comes back unchanged). An explicit `null` for an optional field means "absent". The Messages API endpoints
 (`/v1/messages`, `/v1/messages/count_tokens`) are described with the fields `gateway.anthropic.request` reads, and
-answer errors in Anthropic's shape (`AnthropicError`).
+answer errors in Anthropic's shape (`AnthropicError`); the Responses API (`/v1/responses`) with the fields
+`gateway.responses` reads.
 """
 
 from __future__ import annotations
@@ -240,6 +241,43 @@ def _messages(summary: str, schema: str, ok: str) -> dict[str, Any]:
     }}
 
 
+RESPONSES_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "input"],
+    "description": "OpenAI's Responses API (docs/apis.md). To chat upstreams it is translated into a chat completion "
+    "and what a chat upstream cannot honour is a 400 naming the field; to openai upstreams it passes through.",
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "object"}}]},
+        "instructions": _nullable({"type": "string"}),
+        "previous_response_id": _nullable({"type": "string", "minLength": 1,
+                                           "description": "a response this tenant created with store true"}),
+        "store": _nullable({"type": "boolean", "description": "default true: kept for previous_response_id and GET"}),
+        "stream": _nullable({"type": "boolean"}),
+        "tools": _nullable({"type": "array", "items": {"type": "object"}}),
+        "tool_choice": _nullable({"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]}),
+        "text": _nullable({"type": "object", "description": "text.format json_schema / json_object / text"}),
+        "max_output_tokens": _nullable({"type": "integer", "minimum": 1}),
+        "temperature": _nullable({"type": "number"}),
+        "top_p": _nullable({"type": "number"}),
+        "prompt_cache_key": _nullable({"type": "string", "description": "replaced by the gateway's own per tenant "
+                                                                       "and prefix (openai upstreams only)"}),
+        "prompt_cache_retention": _nullable({"enum": ["in_memory", "24h"]}),
+        "cache_retention": _nullable({"enum": list(RETENTION_CLASSES)}),
+    },
+}
+
+
+def _response_by_id() -> dict[str, Any]:
+    parameters = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    responses = {"200": {"description": "OK"}, "404": {"description": "not kept for this API key", **_ERROR_REF}}
+    return {
+        "get": {"summary": "A kept response", "security": _AUTH, "parameters": parameters, "responses": responses},
+        "delete": {"summary": "Forget a kept response", "security": _AUTH, "parameters": parameters,
+                   "responses": responses},
+    }
+
+
 def _completions(summary: str, schema: str) -> dict[str, Any]:
     return {"post": {
         "summary": summary,
@@ -276,6 +314,8 @@ def openapi_document() -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": _completions("Chat completion", "#/components/schemas/ChatCompletionRequest"),
             "/v1/completions": _completions("Text completion", "#/components/schemas/CompletionRequest"),
+            "/v1/responses": _completions("OpenAI Responses API", "#/components/schemas/ResponsesRequest"),
+            "/v1/responses/{response_id}": _response_by_id(),
             "/v1/messages": _messages(
                 "Anthropic Messages API", "#/components/schemas/MessagesRequest",
                 "a message in Anthropic's shape (JSON, or Anthropic's server-sent events when stream is true); "
@@ -299,7 +339,7 @@ def openapi_document() -> dict[str, Any]:
         },
         "components": {
             "schemas": {"ChatCompletionRequest": CHAT_REQUEST, "CompletionRequest": COMPLETION_REQUEST,
-                        "Error": ERROR, "MessagesRequest": MESSAGES_REQUEST,
+                        "Error": ERROR, "MessagesRequest": MESSAGES_REQUEST, "ResponsesRequest": RESPONSES_REQUEST,
                         "CountTokensRequest": COUNT_TOKENS_REQUEST, "AnthropicError": ANTHROPIC_ERROR},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
                                 "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},

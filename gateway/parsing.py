@@ -13,6 +13,7 @@ from gateway.retention import requested_retention
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
+RESPONSES = "responses"  # the Responses API (`gateway.responses`), recorded as its own endpoint
 ENDPOINTS = (CHAT, COMPLETIONS)
 
 _DECODER = msgspec.json.Decoder()

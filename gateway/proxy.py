@@ -72,6 +72,8 @@ class CompletionProxy:
         runtime = self._runtime
         request_id = "req_" + secrets.token_hex(12)
         tracker = RequestTracker(runtime.recorder, request_id, self._endpoint, start_perf)
+        if runtime.spans is not None:
+            tracker.span = runtime.spans.start(scope, self._endpoint)
         tracked_send = _TrackedSend(send)
         try:
             outcome = await self._handle(scope, receive, tracked_send, tracker, start_perf)
@@ -109,7 +111,7 @@ class CompletionProxy:
             raise MethodNotAllowed(f"Method {scope['method']} is not allowed here; use POST.")
         runtime = self._runtime
         headers = header_values(scope, _AUTHORIZATION, _CONTENT_LENGTH)
-        principal = runtime.keys.authenticate(headers.get(_AUTHORIZATION))
+        principal = await runtime.keys.authenticate_now(headers.get(_AUTHORIZATION))
         tracker.tenant = principal.tenant
         tracker.key_id = principal.key_id
         raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))

@@ -18,17 +18,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from db.chains import RequestChain
-from db.records import RequestRecord
+from db.records import UNAUTHENTICATED_TENANT, RequestRecord
 from gateway.metrics import GatewayMetrics
+from gateway.provider_diagnostics import ProviderDiagnosis
 from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.upstreams.base import CacheReport, UsageReport
 
+if TYPE_CHECKING:
+    from gateway.telemetry.request_span import RequestSpan
+
 log = logging.getLogger(__name__)
 
-UNAUTHENTICATED_TENANT = "unauthenticated"
 # Where a recorded TTFT comes from: the gateway's clock (first streamed content byte) or the engine's report.
 TTFT_GATEWAY = "gateway"
 TTFT_ENGINE = "engine"
@@ -164,6 +167,8 @@ class RequestTracker:
         "predicted_match_tokens",
         "routing_index_source",
         "failovers",
+        "provider_diagnosis",
+        "span",
     )
 
     def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
@@ -199,6 +204,9 @@ class RequestTracker:
         self.predicted_match_tokens: int | None = None
         self.routing_index_source: str | None = None
         self.failovers = 0
+        # The upstream provider's own prompt-cache diagnosis, when it returned one (`gateway.provider_diagnostics`).
+        self.provider_diagnosis: ProviderDiagnosis | None = None
+        self.span: RequestSpan | None = None  # the request's OpenTelemetry span, when the gateway exports them
 
     def placed(self, placement: Any) -> None:
         """A replica set chose where this request goes (`gateway.replicas.replica_set.Placement`)."""
@@ -278,8 +286,12 @@ class RequestTracker:
             routing_policy=self.routing_policy,
             predicted_match_tokens=self.predicted_match_tokens,
             routing_index_source=self.routing_index_source,
+            provider_miss_reason=None if self.provider_diagnosis is None else self.provider_diagnosis.reason,
+            provider_missed_tokens=None if self.provider_diagnosis is None else self.provider_diagnosis.missed_tokens,
             **({} if explained is None else explained.record_fields(report)),
         )
+        if self.span is not None:
+            self.span.end(record)
         recorder = self._recorder
 
         def submit(record: RequestRecord) -> None:

@@ -10,8 +10,10 @@ from gateway.auth import KeyStore
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.normalize.pipeline import Pipeline, build_pipeline
+from gateway.provider_diagnostics import Baselines
 from gateway.recording import Recorder
 from gateway.routing import Router
+from gateway.telemetry.request_span import RequestSpans
 from gateway.tenancy import SaltDeriver
 
 
@@ -24,6 +26,9 @@ class Runtime:
     router: Router
     recorder: Recorder
     metrics: GatewayMetrics
+    # The tenant's latest upstream response per prefix, compared with by providers' cache diagnostics.
+    baselines: Baselines = field(default_factory=Baselines)
+    spans: RequestSpans | None = None  # one OpenTelemetry span per request, when [telemetry] exports them
     _pipelines: dict[str, Pipeline] = field(default_factory=dict)
 
     def pipeline_for(self, tenant: str) -> Pipeline:

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from gateway.explain.chains import strip_hash_chain
+from gateway.telemetry.response_facts import ResponseFacts
 from gateway.upstreams.base import UpstreamAdapter, UsageReport
 
 _DECODER = msgspec.json.Decoder()
@@ -47,6 +48,7 @@ class SSERelay:
         self.ttft_ms: float | None = None
         self.error_type: str | None = None
         self.saw_done = False
+        self.response = ResponseFacts()  # id, model and finish reasons, for the request's span
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward now for this upstream network chunk (possibly empty)."""
@@ -64,6 +66,7 @@ class SSERelay:
             # Fast path: nothing in these events needs a look.
             if b"data: [DONE]" in complete:
                 self.saw_done = True
+            self.response.scan_finish_reasons(complete)
             return complete
         out = [self._event(event) for event in complete[:-2].split(b"\n\n")]
         return b"".join(out)
@@ -99,6 +102,7 @@ class SSERelay:
         needs_usage = _USAGE_OBJECT.search(payload) is not None
         needs_error = _ERROR_KEY.search(payload) is not None
         if self.ttft_ms is not None and not needs_usage and not needs_error:
+            self.response.scan_finish_reasons(payload)
             return event + b"\n\n"
         try:
             chunk = _DECODER.decode(payload)
@@ -106,6 +110,7 @@ class SSERelay:
             return event + b"\n\n"
         if not isinstance(chunk, dict):
             return event + b"\n\n"
+        self.response.read_body(chunk.get("id"), chunk.get("model"), chunk.get("choices"))
         if self.ttft_ms is None and _has_content(chunk):
             self.ttft_ms = (time.perf_counter() - self._start_perf) * 1000.0
         if needs_error and isinstance(chunk.get("error"), dict):

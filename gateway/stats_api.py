@@ -38,7 +38,7 @@ def make_stats_handler(keys: KeyStore, source: StatsSource) -> Any:
 
     @get("/api/stats")
     async def stats(request: Request[Any, Any, Any]) -> Response[bytes]:
-        principal = keys.authenticate(request.headers.get("authorization"))
+        principal = await keys.authenticate_now(request.headers.get("authorization"))
         params = request.query_params
         now = utc_now()
         since = _moment(parse_moment, params, "since", "24h", now)

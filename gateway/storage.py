@@ -112,21 +112,17 @@ class DatabaseStorage:
         return await asyncio.to_thread(read_key_snapshot, Path(path))
 
     async def load_keys(self) -> KeySnapshot:
-        from sqlalchemy import func, select
-
-        from db.keys import index_keys, load_active_keys_async
-        from db.models import ApiKey
+        from db.keys import index_keys, load_active_keys_async, load_revoked_keys_async
 
         if not self.migrated:
             raise ConnectionError("the database has not been reached and migrated yet")
         await self._fresh_engine()
         entries = await load_active_keys_async(self._engine)
-        if entries:
-            return KeySnapshot(entries=index_keys(entries), any_key_exists=True)
-        # No active key: was any key ever created? (An empty key table is refused with 503; revoked keys get 401.)
-        async with self._engine.connect() as conn:
-            total = (await conn.execute(select(func.count()).select_from(ApiKey.__table__))).scalar_one()
-        return KeySnapshot(entries={}, any_key_exists=total > 0)
+        revoked = await load_revoked_keys_async(self._engine)
+        # An empty key table is refused with 503; a revoked key gets 401 saying so.
+        return KeySnapshot(
+            entries=index_keys(entries), any_key_exists=bool(entries or revoked), revoked=index_keys(revoked)
+        )
 
     @staticmethod
     def verify_key(plaintext: str, entries: Any) -> Any:

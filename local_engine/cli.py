@@ -186,7 +186,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"prefixscope engine: {error}", file=sys.stderr)
         return 2
     admin_token = args.admin_token or os.environ.get("PREFIXSCOPE_ENGINE_ADMIN_TOKEN")
-    server_config = ServerConfig(host=args.host, port=args.port, admin_token=admin_token, api_key=api_key)
+    try:
+        trace_export = trace_export_from(args.otlp_endpoint, os.environ)
+    except ValueError as error:
+        print(f"prefixscope engine: {error}", file=sys.stderr)
+        return 2
+    server_config = ServerConfig(host=args.host, port=args.port, admin_token=admin_token, api_key=api_key,
+                                 trace_export=trace_export)
     print(
         f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
         f"{engine.pool.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
@@ -209,6 +215,22 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         engine.stop()
     return 0
+
+
+def trace_export_from(otlp_endpoint: str | None, env):
+    """`--otlp-endpoint` wins; else the standard OTEL_* variables; None: no spans (or the variables turn them off).
+    Raises ValueError on malformed OTEL_EXPORTER_OTLP_HEADERS."""
+    from prefixscope.tracing import TraceExport, export_from_env, traces_url, tracing_disabled
+    from local_engine.api.tracing import SERVICE_NAME
+
+    if tracing_disabled(env):
+        return None
+    from_env = export_from_env(env, SERVICE_NAME)
+    if otlp_endpoint:
+        return TraceExport(traces_url=traces_url(otlp_endpoint),
+                           service_name=from_env.service_name if from_env else SERVICE_NAME,
+                           headers=from_env.headers if from_env else {})
+    return from_env
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -235,6 +257,11 @@ def register(commands, bench_commands) -> None:
         "--insecure", action="store_true", help="allow listening on a non-loopback address without an API key"
     )
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument(
+        "--otlp-endpoint", default=None, metavar="URL",
+        help="export request spans over OTLP/HTTP to this collector (base URL or full /v1/traces URL; default: the "
+             "OTEL_EXPORTER_OTLP_* variables, else no spans)",
+    )
     serve.add_argument(
         "--shutdown-grace-s", type=float, default=10.0,
         help="on SIGTERM, stop admitting and give in-flight requests this long to finish before cancelling them",

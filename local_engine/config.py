@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prefixscope.tracing import TraceExport
 
 from local_engine.kv_events.config import KvEventsConfig
 
@@ -78,3 +82,5 @@ class ServerConfig:
     admin_token: str | None = None  # required by the cache views (local_engine.api.access); flushing needs it
     api_key: str | None = None  # required on every endpoint but /health when set
     max_body_bytes: int = 8 * 1024 * 1024
+    # Where request spans go (`--otlp-endpoint` or the OTEL_* variables); None: no spans.
+    trace_export: TraceExport | None = None

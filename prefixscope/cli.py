@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from prefixscope.bench_report import describe_benchmarks
+
 # Modules with a `register(commands, bench_commands)` function. Listed by name so that a program whose optional
 # dependencies are missing does not break the others' commands.
 _PROGRAM_CLIS = (
@@ -40,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(commands, bench_commands)
+    describe_benchmarks(bench_commands)
     return parser
 
 

@@ -94,6 +94,8 @@ def plan(args: argparse.Namespace) -> list[Program]:
         port = args.engine_port + replica
         engine_url = f"http://{url_host}:{port}"
         options = _replica_options(_engine_options(args), replica, num_replicas)
+        if getattr(args, "otlp_endpoint", None):
+            options = [*options, "--otlp-endpoint", args.otlp_endpoint]
         engine_argv = command + ["engine", *options, "--host", host, "--port", str(port)]
         name = "engine" if num_replicas == 1 else f"engine{replica + 1}"
         replica_of = "engine" if num_replicas > 1 else None
@@ -224,6 +226,12 @@ def prepare(args: argparse.Namespace) -> int:
         return 2
     if args.database_url is None and not os.environ.get(ENV_DATABASE_URL) and config.database_url:
         args.database_url = config.database_url
+    # The engines export their spans where the gateway's `[telemetry]` says, unless the OTEL_* variables (which both
+    # read, and which win over the file) name a collector.
+    from prefixscope.tracing import ENV_ENDPOINT, ENV_TRACES_ENDPOINT
+
+    if config.telemetry.otlp_endpoint and not (os.environ.get(ENV_ENDPOINT) or os.environ.get(ENV_TRACES_ENDPOINT)):
+        args.otlp_endpoint = config.telemetry.otlp_endpoint
     return 0
 
 
@@ -253,7 +261,12 @@ def _up(args: argparse.Namespace) -> int:
         print(OPEN_BANNER, file=sys.stderr, flush=True)
         ready = OPEN_BANNER
     else:
-        ready = "the gateway requires API keys: prefixscope keys create --tenant NAME"
+        from prefixscope.invocation import typed_command
+
+        ready = (
+            f"the gateway requires API keys: {typed_command()} keys create --tenant NAME "
+            "(a new key works on its first request)"
+        )
     return supervise(with_secrets(programs, os.environ), args.start_timeout, ready_message=ready)
 
 

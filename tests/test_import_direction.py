@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterable, Iterator
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ FORBIDDEN = {
     "gateway": {"dashboard", "local_engine", "torch", "transformers", "streamlit"},
     "dashboard": {"gateway", "local_engine", "torch", "transformers"},
 }
-NEUTRAL = ("prefixscope/paths.py", "prefixscope/progress.py", "prefixscope/logs.py")
+NEUTRAL = ("prefixscope/paths.py", "prefixscope/progress.py", "prefixscope/logs.py", "prefixscope/tracing.py")
 PROGRAMS = {"db", "gateway", "dashboard", "local_engine"}
 # Programs whose rooms must not import each other in a circle.
 ACYCLIC = ("gateway", "db", "dashboard")
@@ -35,9 +36,14 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_names(path: Path) -> Iterator[tuple[str, int]]:
-    """Every name `path` imports, with its line: `from a.b import c` gives `a.b` and `a.b.c`."""
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+@cache
+def imported_names(path: Path) -> tuple[tuple[str, int], ...]:
+    """Every name `path` imports, with its line: `from a.b import c` gives `a.b` and `a.b.c` (parsed once)."""
+    return tuple(_imports(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))))
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from ((alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -53,3 +53,22 @@ def test_replica_ports_past_65535_are_refused():
     args = build_parser().parse_args(["up", "--replicas", "3", "--engine-port", "65534"])
     problems = port_problems("127.0.0.1", _port_requests(args, plan(args)))
     assert any("65536" in problem and "engine3" in problem and "--engine-port" in problem for problem in problems)
+
+
+def test_up_sends_the_engines_spans_where_the_gateway_config_sends_its_own(tmp_path, monkeypatch):
+    from prefixscope.stack import prepare
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    config = tmp_path / "prefixscope.toml"
+    config.write_text('[telemetry]\notlp_endpoint = "http://127.0.0.1:4318"\n')
+    args = build_parser().parse_args(["up", "--config", str(config), "--replicas", "2"])
+    assert prepare(args) == 0
+    for name, argv in ((p.name, p.argv) for p in plan(args)):
+        if name.startswith("engine"):
+            assert argv[argv.index("--otlp-endpoint") + 1] == "http://127.0.0.1:4318"
+    # The standard variables win: the engines read them themselves.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318")
+    args = build_parser().parse_args(["up", "--config", str(config)])
+    assert prepare(args) == 0
+    assert all("--otlp-endpoint" not in p.argv for p in plan(args))

@@ -208,8 +208,14 @@ def test_the_readme_works_from_a_clone() -> None:
     assert "docs/ARCHITECTURE.md" in links
     assert all((ROOT / link).exists() for link in links if "://" not in link), links
     assert "../shared" not in readme
-    for documented in ("--engine-port", "--gateway-port", "--dashboard-port", "ARGS=", "PREFIXSCOPE_HOME"):
+    for documented in ("--engine-port", "--gateway-port", "--dashboard-port", "ARGS="):
         assert documented in readme
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    for documented in ("--engine-port", "--gateway-port", "--dashboard-port", "ARGS=", "PREFIXSCOPE_HOME"):
+        assert documented in operations
+    for page in (ROOT / "docs").glob("*.md"):
+        targets = re.findall(r"\]\(([^)#]+)\)", page.read_text())
+        assert all((page.parent / t).exists() for t in targets if "://" not in t), (page.name, targets)
 
 
 def test_the_config_file_database_is_the_one_every_program_uses(

@@ -79,8 +79,8 @@ def render_totals(result: OverviewData) -> None:
     unknown = totals.requests - totals.requests_with_known_cache
     if unknown:
         st.caption(
-            f"{unknown:,} requests have no cached-token count (failed, or sent to an upstream that does not report "
-            "it); the hit rates leave them out."
+            f"{ui.count_of(unknown, 'request')} {'has' if unknown == 1 else 'have'} no cached-token count (failed, "
+            "or sent to an upstream that does not report it); the hit rates leave them out."
         )
     st.caption(ttft_caption(totals.ttft_ranges_ms))
 
@@ -106,7 +106,7 @@ def render_tiers(result: OverviewData, x_range: charts.XRange) -> None:
         "Mean cache load",
         ui.format_ms(totals.cache_load_ms_mean),
         help="Time the engine spent loading host and disk KV back to the device, per request that reported it "
-        f"({totals.requests_with_known_load:,} requests)",
+        f"({ui.count_of(totals.requests_with_known_load, 'request')})",
     )
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, data, ui
-from dashboard.explain import describe_divergence, describe_miss_kind, request_table_rows
+from dashboard.explain import (
+    describe_divergence,
+    describe_miss_kind,
+    describe_provider_diagnosis,
+    request_table_rows,
+)
 from db.records import MISS_KINDS, MISS_REASONS
 
 settings = ui.load_settings()
@@ -43,7 +48,11 @@ rows = ui.read_database(
 if not rows:
     ui.stop_with_info("No requests match these filters in this time range.")
 
-st.caption(f"The {len(rows):,} newest matching requests ({filters.label}). Select a row to see its detail.")
+st.caption(
+    f"The {ui.count_of(len(rows), 'newest matching request')} ({filters.label}). Select a row to see its detail."
+    if len(rows) > 1
+    else f"The one matching request ({filters.label})."
+)
 table = st.dataframe(
     request_table_rows(rows),
     hide_index=True,
@@ -52,10 +61,14 @@ table = st.dataframe(
     key="requests_table",
     column_config={
         "time (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss"),
-        "cached share": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
-        "prompt tokens": st.column_config.NumberColumn(format="localized"),
-        "cached tokens": st.column_config.NumberColumn(format="localized"),
-        "tokens lost": st.column_config.NumberColumn(format="localized", help="prompt tokens computed again"),
+        "tenant": st.column_config.TextColumn(width="small"),
+        "hit/miss": st.column_config.TextColumn(width="small"),
+        "cached share": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0, width="small"),
+        "prompt tokens": st.column_config.NumberColumn(format="localized", width="small"),
+        "cached tokens": st.column_config.NumberColumn(format="localized", width="small"),
+        "tokens lost": st.column_config.NumberColumn(
+            format="localized", help="prompt tokens computed again", width="small"
+        ),
         "offset": st.column_config.NumberColumn(help="character offset of the divergence inside the segment"),
     },
 )
@@ -116,6 +129,9 @@ why = describe_divergence(
     detail.divergence_source,
 )
 st.markdown(f"**Why:** {why}" if why else "**Why:** not explained (the upstream did not answer it)")
+provider = describe_provider_diagnosis(detail.upstream, detail.provider_miss_reason, detail.provider_missed_tokens)
+if provider:
+    st.markdown(f"**Provider's reason:** {provider}")
 rules = ", ".join(f"`{rule}`" for rule in detail.applied_rules) or "none (the request was already canonical)"
 st.markdown(f"**Normalization rules applied:** {rules}")
 st.markdown(

@@ -38,7 +38,8 @@ filters = ui.sidebar_filters(catalog.tenants, catalog.models, with_model=False, 
 result = ui.read_database(data_explain.why_misses, settings.database_url, filters.since, filters.until, filters.tenant)
 st.caption(
     f"{filters.label}{' · ' + filters.tenant if filters.tenant else ''} · {filters.since:%Y-%m-%d %H:%M} to "
-    f"{filters.until:%Y-%m-%d %H:%M} UTC · from the hourly rollups"
+    f"{filters.until:%Y-%m-%d %H:%M} UTC · totals from the hourly rollups, the chart in "
+    f"{ui.bucket_words(result.bucket)}"
 )
 if not result.totals:
     ui.stop_with_info(
@@ -98,12 +99,19 @@ else:
     hits = next((row.requests for row in result.totals if row.reason == "hit"), 0)
     st.caption(
         f"Tokens lost are prompt tokens prefilled again because the prompt diverged from what had been cached. "
-        f"{hits:,} more requests were served from cache as far as they could be (reason `hit`)."
+        f"{ui.count_of(hits, 'more request')} {'was' if hits == 1 else 'were'} served from cache as far as "
+        f"{'it' if hits == 1 else 'they'} could be (reason `hit`)."
     )
 
 st.subheader("Where prompts diverged")
 if not result.locations:
-    st.info("No request in this range recorded where its prompt first differed from the cached one.")
+    st.info(
+        f"The {ui.count_of(missed_requests, 'missed request')} in this range recorded no place where "
+        f"{'its prompt' if missed_requests == 1 else 'their prompts'} first differed from the cached one (the "
+        "upstream reported none)."
+        if missed_requests
+        else "No request in this range missed the cache, so none has a place where its prompt first differed."
+    )
 else:
     left, right = st.columns([3, 2])
     left.plotly_chart(charts_explain.divergence_figure(result.locations), width="stretch")
@@ -126,8 +134,9 @@ else:
     )
     st.caption(
         "The segment of the request (tools, system prompt, a message) and the character range inside it where the "
-        "prompt first differed from the cached prefix, in 64-character steps. A difference early in `tools` or "
-        "`system` invalidates everything after it."
+        "prompt first differed from the cached prefix, in 64-character steps, as the engine reported it: for a cold "
+        "miss, the start of the request; for a hit, where its new turn begins (no tokens lost). A difference early "
+        "in `tools` or `system` invalidates everything after it."
     )
 
 st.subheader("Examples")
@@ -169,7 +178,8 @@ if misses:
         rows = picked.selection.rows if picked is not None and hasattr(picked, "selection") else []
         chosen = examples[rows[0]] if rows else examples[0]
         st.caption(
-            f"The {len(examples)} newest requests with reason `{reason}`. Select one and open it with the button below."
+            f"The {ui.count_of(len(examples), 'newest request')} with reason `{reason}`. Select one and open it with "
+            "the button below."
         )
         if st.button(f"Open request {chosen.request_id} on the Requests page", key="why_misses_open"):
             st.session_state[REQUESTS_DETAIL_KEY] = chosen.request_id

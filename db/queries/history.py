@@ -24,21 +24,14 @@ from db.queries.totals import (
     summed_bins,
     summed_rollups,
 )
+from db.queries.groups import REJECTED_GROUP, group_label
 from db.queries.minutes import MINUTE_BUCKETS, minute_stats
 from db.rollups import DIMENSION_ERROR_TYPE, DIMENSION_MISS_KIND, DIMENSION_RETENTION
 from db.timeutil import as_utc, floor_hour, utc_now
 
 GroupBy = Literal["tenant", "model", "upstream"]
 GROUP_BY_CHOICES: Final = ("tenant", "model", "upstream")
-# The group name shown for requests rejected before routing (bad input, auth failures): the gateway records them
-# with an empty model and upstream, which would otherwise form a blank group.
-REJECTED_GROUP: Final = "(rejected)"
-
-
-def group_label(name: str | None) -> str | None:
-    """`name`, or `REJECTED_GROUP` for the empty name of requests that never reached an upstream."""
-    return REJECTED_GROUP if name == "" else name
-
+__all__ = ["REJECTED_GROUP", "group_label"]  # re-exported for callers of db.queries.history
 
 # Bucket sizes `stats` accepts. Sub-day buckets divide the day evenly; weeks start on Monday (ISO 8601).
 # Minute buckets (up to a day's range) are summed from the request rows (`db.queries.minutes`).
@@ -110,7 +103,7 @@ def stats(
 
     def key_of(row: Any) -> tuple[datetime, str | None]:
         bucket_start = datetime.fromtimestamp(int(row["bucket_index"]) * size_s + offset_s, UTC)
-        return bucket_start, group_label(row["grp"]) if group_by is not None else None
+        return bucket_start, group_label(row["grp"], group_by) if group_by is not None else None
 
     for row in summed_rollups(
         conn, rollup_filters(ROLLUPS, start, end, tenant=tenant, model=model), group_columns(ROLLUPS)
@@ -176,13 +169,13 @@ def totals_by(
     for row in summed_rollups(
         conn, rollup_filters(ROLLUPS, start, end, tenant=tenant), [ROLLUPS.c[group_by].label("grp")]
     ):
-        groups[group_label(row["grp"]) or ""].add_sums(row)
+        groups[group_label(row["grp"], group_by) or ""].add_sums(row)
     if quantiles:
         for row in summed_bins(conn, rollup_filters(BINS, start, end, tenant=tenant), [BINS.c[group_by].label("grp")]):
-            groups[group_label(row["grp"]) or ""].add_bin(*bin_args(row))
+            groups[group_label(row["grp"], group_by) or ""].add_bin(*bin_args(row))
     labels_where = rollup_filters(LABELS, start, end, tenant=tenant)
     for row in summed_labels(conn, DIMENSION_RETENTION, labels_where, [LABELS.c[group_by].label("grp")]):
-        groups[group_label(row["grp"]) or ""].add_retention(row["value"], row["requests"])
+        groups[group_label(row["grp"], group_by) or ""].add_retention(row["value"], row["requests"])
     return [
         GroupTotals(group=name, **totals.figures())
         for name, totals in sorted(groups.items())

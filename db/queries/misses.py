@@ -15,11 +15,12 @@ from sqlalchemy import BigInteger, ColumnElement, cast, func, select
 from db.dialect import bucket_index
 from db.models import HourlyDivergence, HourlyMissReason, table_of
 from db.queries.history import bucket_geometry, query_range
-from db.queries.minutes import MINUTE_BUCKETS
+from db.queries.minutes import MINUTE_BUCKETS, minute_miss_reasons
 from db.queries.requests import recent_requests
 from db.queries.results import DivergenceLocation, MissReasonRow, MissReasonTotal, NormalizationGains, RequestRow
 from db.queries.totals import ROLLUPS, Reader, rollup_filters
 from db.rollups import DIVERGENCE_BUCKET_CHARS
+from db.timeutil import as_utc, utc_now
 
 MISS_REASON_ROLLUPS = table_of(HourlyMissReason)
 DIVERGENCES = table_of(HourlyDivergence)
@@ -39,11 +40,11 @@ def miss_reasons_over_time(
 ) -> list[MissReasonRow]:
     """Requests and recomputed tokens per miss reason and time bucket, ordered by bucket then reason.
 
-    Buckets are the hourly ones of `db.queries.stats` (`1h` ... `1w`; minute buckets raise ValueError); a bucket
-    without requests of a reason has no row for it.
+    Buckets are those of `db.queries.stats`: `1h` ... `1w` from the hourly rollups, `1m`, `5m` and `15m` (ranges up
+    to a day) from the request rows (`db.queries.minutes`); a bucket without requests of a reason has no row for it.
     """
     if bucket in MINUTE_BUCKETS:
-        raise ValueError(f"miss reasons are rolled up per hour: {bucket!r} is too fine")
+        return minute_miss_reasons(conn, as_utc(since), as_utc(until or utc_now()), bucket, tenant)
     size_s, offset_s = bucket_geometry(bucket)
     start, end = query_range(since, until)
     table = MISS_REASON_ROLLUPS

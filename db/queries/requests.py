@@ -13,21 +13,19 @@ from sqlalchemy import ColumnElement, Row, func, select
 from db.models import RequestRecordRow, table_of
 from db.queries.results import RequestRow
 from db.queries.totals import Reader
+from db.record_schema import listed_fields
 from db.records import RequestRecord
-from db.store import CHAINS, row_to_chain, row_to_record
+from db.store import CHAINS, row_to_chain, row_to_record, row_values
 from db.timeutil import as_utc
 
 REQUESTS = table_of(RequestRecordRow)
-LISTED_COLUMNS = [column for column in REQUESTS.c if column.name not in ("prompt_text", "hash_key_version")]
+LISTED = listed_fields(RequestRecord)
+LISTED_COLUMNS = [REQUESTS.c[item.column] for item in LISTED]
 
 
 def request_row(row: Row[Any]) -> RequestRow:
     """A `RequestRow` from a result row of `LISTED_COLUMNS`."""
-    values = dict(row._mapping)
-    values["request_id"] = values.pop("id")
-    values["stream"] = bool(values["stream"])
-    values["applied_rules"] = tuple(values["applied_rules"] or ())
-    return RequestRow(**values)
+    return RequestRow(**row_values(row, LISTED))
 
 
 def recent_requests(

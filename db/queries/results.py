@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from db.records import is_hit
+from db.record_schema import listed_row
+from db.records import RequestRecord, is_hit
 
 
 @dataclass(frozen=True)
@@ -98,48 +99,10 @@ class Overview(CacheFigures):
     error_types: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@listed_row(RequestRecord)
 class RequestRow:
-    """A request as listed by `recent_requests` (the prompt text is only in `request_detail`)."""
-
-    request_id: str
-    created_at: datetime
-    tenant: str
-    key_id: str | None
-    endpoint: str
-    model: str
-    upstream: str
-    stream: bool
-    status_code: int
-    error_type: str | None
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    completion_tokens: int | None
-    ttft_ms: float | None
-    latency_ms: float
-    applied_rules: tuple[str, ...]
-    miss_kind: str | None
-    prefix_hash: str | None
-    diverged_at_token: int | None
-    miss_reason: str | None = None
-    divergence_segment: str | None = None
-    divergence_char_offset: int | None = None
-    recomputed_tokens: int | None = None
-    normalization_gain_tokens: int | None = None
-    ttft_source: str | None = None
-    divergence_source: str | None = None
-    template_tokens: int | None = None
-    cache_write_tokens: int | None = None
-    retention_class: str | None = None
-    replica: str | None = None
-    routing_policy: str | None = None
-    predicted_match_tokens: int | None = None
-    routing_index_source: str | None = None
-    # `cached_tokens` by the tier that served them and the engine's load time (ms); None when not reported.
-    cached_tokens_device: int | None = None
-    cached_tokens_host: int | None = None
-    cached_tokens_disk: int | None = None
-    cache_load_ms: float | None = None
+    """A request as listed by `recent_requests`: the `listed` fields of `db.records.RequestRecord`, which declares
+    them (`db.record_schema`); the prompt text and the key version are only in `request_detail`."""
 
     @property
     def cache_hit(self) -> bool | None:

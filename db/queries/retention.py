@@ -1,9 +1,9 @@
 """Retention advice from stored requests: each tenant's prefixes (by keyed `prefix_hash`), their use times and the
 class their requests asked for, handed to `db.retention.advice`.
 
-A prefix's length in tokens: when two or more of its requests carry a block hash chain, the leading blocks all of
-them share (block size x blocks, the part a cache could reuse between them); else the shortest prompt among them (the
-prefix cannot be longer). Reads at most `max_rows` answered requests (the latest), so the work is bounded whatever the
+A prefix's length in tokens: when two or more of its first `CHAINS_PER_PREFIX` requests carry a block hash chain, the
+leading blocks those chains share (block size x blocks, the part a cache could reuse between them); else the shortest
+prompt among its requests (the prefix cannot be longer). Reads at most `max_rows` answered requests (the latest), so the work is bounded whatever the
 range; requests without a prefix hash or prompt tokens (rejected, unknown usage) are skipped.
 """
 
@@ -26,6 +26,9 @@ from db.timeutil import as_utc, utc_now
 REQUESTS = table_of(RequestRecordRow)
 CHAINS = table_of(RequestChainRow)
 DEFAULT_MAX_ROWS = 200_000
+# A prefix's length comes from the chains of its first few requests (enough to find the blocks they share).
+CHAINS_PER_PREFIX = 4
+_ID_CHUNK = 500
 
 
 @dataclass
@@ -78,23 +81,31 @@ def load_prefix_uses(
     )
     stmt = (
         select(
-            REQUESTS.c.tenant, REQUESTS.c.prefix_hash, REQUESTS.c.created_at, REQUESTS.c.prompt_tokens,
-            REQUESTS.c.retention_class, REQUESTS.c.upstream, CHAINS.c.block_size, CHAINS.c.hash_ids,
+            REQUESTS.c.id, REQUESTS.c.tenant, REQUESTS.c.prefix_hash, REQUESTS.c.created_at, REQUESTS.c.prompt_tokens,
+            REQUESTS.c.retention_class, REQUESTS.c.upstream,
         )
         .join(latest, latest.c.id == REQUESTS.c.id)
-        .outerjoin(CHAINS, CHAINS.c.request_id == REQUESTS.c.id)
         .order_by(REQUESTS.c.created_at, REQUESTS.c.id)
     )
     found: dict[tuple[str, str], _Prefix] = defaultdict(_Prefix)
+    chain_ids: dict[str, _Prefix] = {}
     for row in conn.execute(stmt):
         prefix = found[(row.tenant, row.prefix_hash)]
+        if len(prefix.times) < CHAINS_PER_PREFIX:
+            chain_ids[row.id] = prefix
         prefix.times.append((as_utc(row.created_at) - start).total_seconds())
         prompt = int(row.prompt_tokens)
         prefix.shortest = prompt if prefix.shortest is None else min(prefix.shortest, prompt)
-        if row.hash_ids is not None:
-            prefix.chains.append((int(row.block_size), unpack_hash_ids(row.hash_ids)))
         prefix.classes[row.retention_class] += 1
         prefix.upstreams[row.upstream] += 1
+    ids = list(chain_ids)
+    for offset in range(0, len(ids), _ID_CHUNK):
+        chunk = ids[offset : offset + _ID_CHUNK]
+        chains = select(CHAINS.c.request_id, CHAINS.c.block_size, CHAINS.c.hash_ids).where(
+            CHAINS.c.request_id.in_(chunk)
+        )
+        for row in conn.execute(chains):
+            chain_ids[row.request_id].chains.append((int(row.block_size), unpack_hash_ids(row.hash_ids)))
     result: dict[str, list[tuple[PrefixUses, str]]] = defaultdict(list)
     for (name, prefix_hash), prefix in sorted(found.items()):
         shared = shared_chain_tokens(prefix.chains)
@@ -126,3 +137,4 @@ def retention_advice(
         model = prices(upstream)
         result.append(advise_tenant(name, [uses for uses, _ in items], model, days, end_s, top))
     return result
+

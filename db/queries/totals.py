@@ -12,26 +12,10 @@ from db.histogram import Range, merge, quantile, quantile_range
 from db.models import HourlyRollup, HourlyTtftBin, table_of
 from db.queries.results import CachedByTier
 from db.records import RETENTION_CLASSES
-from db.rollups import TIER_SUM_COLUMNS
+from db.rollups import ROLLUP_SUM_COLUMNS
 
-# Rollup columns summed by the history queries.
-SUMMED: Final = (
-    "requests",
-    "error_requests",
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
-    "cache_known_prompt_tokens",
-    "cache_known_cached_tokens",
-    "requests_with_known_cache",
-    "requests_with_hit",
-    "latency_ms_sum",
-    "ttft_hit_ms_sum",
-    "ttft_hit_count",
-    "ttft_miss_ms_sum",
-    "ttft_miss_count",
-    *TIER_SUM_COLUMNS,
-)
+# Rollup columns summed by the history queries: all of them.
+SUMMED: Final = ROLLUP_SUM_COLUMNS
 
 Reader = Connection | Session
 ROLLUPS = table_of(HourlyRollup)

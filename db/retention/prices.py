@@ -26,12 +26,23 @@ DEFAULT_KIND = "local_engine"
 class UpstreamPrices:
     """The cost model of each upstream name; an upstream the config does not name is priced as `default_kind`."""
 
-    def __init__(self, models: Mapping[str, CostModel], default_kind: str = DEFAULT_KIND) -> None:
+    def __init__(
+        self, models: Mapping[str, CostModel], default_kind: str = DEFAULT_KIND, overridden: Mapping[str, Any] | None = None
+    ) -> None:
         self._models = dict(models)
         self._default = CostModel.for_kind(default_kind)
+        self._overridden = {name: set(fields) for name, fields in (overridden or {}).items()}
 
-    def for_upstream(self, name: str) -> CostModel:
-        return self._models.get(name, self._default)
+    def for_upstream(self, name: str, measured_prefill_ms_per_token: float | None = None) -> CostModel:
+        """The upstream's cost model. For a local engine whose `prefill_ms_per_token` the config does not set, the
+        engine's measured prefill speed (`engine_contexts`), when given, replaces the default."""
+        model = self._models.get(name, self._default)
+        measured = measured_prefill_ms_per_token
+        if model.hosted or measured is None or measured <= 0:
+            return model
+        if "prefill_ms_per_token" in self._overridden.get(name, ()):
+            return model
+        return model.with_overrides({"prefill_ms_per_token": measured})
 
     @classmethod
     def from_config(cls, data: Mapping[str, Any], default_kind: str = DEFAULT_KIND) -> UpstreamPrices:
@@ -52,7 +63,7 @@ class UpstreamPrices:
         models = {name: CostModel.for_kind(kind, prices.get(name)) for name, kind in kinds.items()}
         for name in set(prices) - set(kinds):
             raise PriceError(f"[advice.cache_prices.{name}] names no upstream of the config")
-        return cls(models, default_kind)
+        return cls(models, default_kind, {name: set(values) for name, values in prices.items()})
 
     @classmethod
     def from_file(cls, path: Path | None, default_kind: str = DEFAULT_KIND) -> UpstreamPrices:

@@ -71,6 +71,13 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     )
     parser.add_argument("--ttl", default="none", help="idle times after which a block expires, e.g. none,5m,1h")
     parser.add_argument(
+        "--retention",
+        default=None,
+        help="instead: replay stored requests with a retention class per prefix, for each choice of none, 5m, 1h, "
+        "persistent (every prefix) or advised (each prefix's best class from the retention advice), e.g. "
+        "none,5m,1h,advised; unlimited capacity",
+    )
+    parser.add_argument(
         "--page",
         type=int,
         default=None,

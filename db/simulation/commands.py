@@ -160,6 +160,8 @@ def _describe(trace: Trace) -> dict[str, int]:
 
 @_guarded
 def simulate_command(args: argparse.Namespace) -> int:
+    if getattr(args, "retention", None):
+        return _simulate_retention(args)
     capacities = parse_list(args.capacity, parse_size)
     host_capacities = _host_capacities(args)
     policies = _selected_policies(args, host_capacities)
@@ -188,6 +190,28 @@ def simulate_command(args: argparse.Namespace) -> int:
     )
     print(_table(results, tiers=args.host_capacity is not None))
     return 0
+
+
+def _simulate_retention(args: argparse.Namespace) -> int:
+    from db.config import database_url_from_env
+    from db.engine import create_sync_engine_for
+    from db.readiness import require_schema
+    from db.simulation.retention_command import parse_choices, simulate_retention
+
+    if args.trace is not None:
+        raise ValueError("--retention replays stored requests (their prefixes are in the database), not a --trace file")
+    parse_choices(args.retention)
+    now = utc_now()
+    since = parse_moment(args.since or DEFAULT_SINCE, now)
+    until = parse_moment(args.until, now) if args.until else None
+    url = database_url_from_env(args.database_url)
+    require_schema(url, explicit=args.database_url is not None)
+    engine = create_sync_engine_for(url)
+    try:
+        with engine.connect() as conn:
+            return simulate_retention(args, since, until, conn)
+    finally:
+        engine.dispose()
 
 
 @_guarded
@@ -273,5 +297,11 @@ def bench_simulate(args: argparse.Namespace) -> int:
             "token_hit_rate": round(result.token_hit_rate or 0.0, 4),
         }
     figures["lru_sweep"] = _lru_sweep_figures(trace, sweep_capacities, ttl_s)
-    print(json.dumps(figures, indent=2))
-    return 0
+    agree = bool(figures["lru_sweep"]["agree"])
+    figures["verdicts"] = {
+        "lru_one_pass_agrees_with_replay": {"value": agree, "target": "true", "pass": agree},
+    }
+    figures["pass"] = agree
+    from prefixscope.bench_report import emit
+
+    return emit(figures)

@@ -18,7 +18,6 @@ Prints the table on standard error and one JSON document on standard output; exi
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -258,6 +257,7 @@ def run(config: BenchConfig) -> int:
         },
         "wall_s": round(time.perf_counter() - started, 1),
         "verdict": "pass" if passed else "fail",
+        "pass": passed,
     }
     if not config.json_only:
         print(_table(table), file=sys.stderr)
@@ -266,8 +266,9 @@ def run(config: BenchConfig) -> int:
             f"{100 * advisor_share:.1f}% of one core over {replay_s:.0f} s (budget {100 * DEFAULT_CPU_BUDGET:.0f}%)",
             file=sys.stderr,
         )
-    print(json.dumps(result, indent=2))
-    return 0 if passed else 1
+    from prefixscope.bench_report import emit
+
+    return emit(result)
 
 
 def _pct(value: float | None) -> str:

@@ -141,6 +141,18 @@ def _prices(config: str | None) -> Any:
     return UpstreamPrices.from_file(path)
 
 
+def _measured_prefill_ms_per_token(conn: Any) -> Any:
+    """upstream name -> ms per prefilled token from the engine's latest recorded context (None when unknown)."""
+    from db.engine_context import latest_engine_context
+
+    def speed(upstream: str) -> float | None:
+        context = latest_engine_context(conn, upstream)
+        rate = None if context is None else context.prefill_tokens_per_s
+        return 1000.0 / rate if rate else None
+
+    return speed
+
+
 def advise_command(args: argparse.Namespace) -> int:
     """Raises ValueError (bad options, prices), `db.errors.DatabaseError` or SQLAlchemyError (the caller prints)."""
     from db.config import database_url_from_env
@@ -164,7 +176,10 @@ def advise_command(args: argparse.Namespace) -> int:
     try:
         with engine.connect() as conn:
             found = advice(conn, since, tenant=args.tenant, min_samples=args.min_samples)
-            retention = retention_advice(conn, since, prices.for_upstream, tenant=args.tenant, top=args.top)
+            speeds = _measured_prefill_ms_per_token(conn)
+            retention = retention_advice(
+                conn, since, lambda name: prices.for_upstream(name, speeds(name)), tenant=args.tenant, top=args.top
+            )
             patterns = fleet_patterns(conn, since, tenant=args.tenant, top=args.top)
     finally:
         engine.dispose()

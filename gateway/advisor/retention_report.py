@@ -42,7 +42,7 @@ def prefix_lines(prefix: PrefixRetention, unit: str) -> list[str]:
     unread = "-" if prefix.unread_write_share is None else f"{100 * prefix.unread_write_share:.0f}%"
     best = prefix.best.retention
     return [
-        f"  prefix {prefix.prefix_hash[:16]} ({prefix.prefix_tokens} tokens, {prefix.uses} uses): "
+        f"  prefix {prefix.prefix_hash[:16]} ({prefix.prefix_tokens} tokens, {prefix.uses} use{'' if prefix.uses == 1 else 's'}): "
         f"today {prefix.today}, "
         f"best {best if best != 'none' else 'do not cache'} -> saves {_amount(prefix.saving_per_day, unit)} per day",
         f"    writes never read again today: {unread}; gaps between uses: {gap_line(prefix.gaps)}",

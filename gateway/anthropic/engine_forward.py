@@ -25,6 +25,7 @@ from gateway.anthropic.request import MessagesRequest
 from gateway.anthropic.stream import ChunkTranslator, error_event, message_start
 from gateway.anthropic.translate import matched_stop_of, message_content, stop_reason
 from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
+from gateway.chat_chunks import UpstreamStreamError, chat_chunks
 from gateway.errors import GatewayError
 from gateway.forwarding import map_transport_error, upstream_error_type
 from gateway.parsing import CHAT
@@ -33,6 +34,7 @@ from gateway.retention import retention_header
 from gateway.upstreams.base import UsageReport
 from gateway.upstreams.route import Route
 from gateway.upstreams.tiers import first_tokens
+from gateway.telemetry.request_span import with_trace_context
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +111,7 @@ class Exchange:
 
     async def open(self, *, stream: bool) -> httpx.Response:
         self.tracker.sending_upstream()
-        request = self.route.request(CHAT, self.payload)
+        request = with_trace_context(self.route.request(CHAT, self.payload), self.tracker.span)
         try:
             upstream = await self.client.send(request, stream=stream)
         except httpx.HTTPError as exc:
@@ -206,31 +208,10 @@ async def _pump(exchange: Exchange, upstream: httpx.Response, points: list[Cache
     translator = ChunkTranslator(exchange.request.body.get("stop_sequences"))
     usage: UsageReport | None = None
     error: tuple[str, str, int] | None = None  # message, error type, recorded status
-    data: list[str] = []
     try:
-        async for line in upstream.aiter_lines():
-            if line.startswith("data:"):
-                data.append(line[5:].removeprefix(" "))
-                continue
-            if line or not data:
-                continue
-            text, data = "\n".join(data), []
-            if text == "[DONE]":
-                break
-            try:
-                chunk = _DECODER.decode(text)
-            except msgspec.DecodeError:
-                continue
-            if not isinstance(chunk, dict):
-                continue
-            if isinstance(chunk.get("error"), dict):
-                failure = chunk["error"]
-                error_type = str(failure.get("type") or failure.get("code") or "upstream_error")
-                error = (
-                    str(failure.get("message") or "The upstream failed mid-stream."),
-                    error_type,
-                    upstream.status_code,
-                )
+        async for chunk in chat_chunks(upstream):
+            if isinstance(chunk, UpstreamStreamError):
+                error = (chunk.message, chunk.error_type, upstream.status_code)
                 break
             if exchange.route.adapter.has_usage(chunk):
                 usage = exchange.route.adapter.usage(chunk)

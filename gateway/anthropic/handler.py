@@ -55,12 +55,12 @@ _HEADERS = (_AUTHORIZATION, _X_API_KEY, _CONTENT_LENGTH, _VERSION, _BETA)
 ANTHROPIC_KIND = "anthropic"
 
 
-def authenticate(runtime: Runtime, headers: dict[bytes, str]) -> Principal:
+async def authenticate(runtime: Runtime, headers: dict[bytes, str]) -> Principal:
     """The caller, from `x-api-key` (Anthropic's header) or else `Authorization: Bearer`."""
     api_key = headers.get(_X_API_KEY, "").strip()
     authorization = headers.get(_AUTHORIZATION)
     try:
-        return runtime.keys.authenticate(f"Bearer {api_key}" if api_key else authorization)
+        return await runtime.keys.authenticate_now(f"Bearer {api_key}" if api_key else authorization)
     except Unauthorized:
         if api_key or authorization:
             raise
@@ -114,7 +114,7 @@ class MessagesProxy(CompletionProxy):
             raise MethodNotAllowed(f"Method {scope['method']} is not allowed here; use POST.")
         runtime = self._runtime
         headers = header_values(scope, *_HEADERS)
-        principal = authenticate(runtime, headers)
+        principal = await authenticate(runtime, headers)
         tracker.tenant = principal.tenant
         tracker.key_id = principal.key_id
         raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))
@@ -158,13 +158,22 @@ class MessagesProxy(CompletionProxy):
 
         if route.adapter.kind == ANTHROPIC_KIND:
             upstream_headers = passthrough.upstream_headers(route.upstream, headers.get(_VERSION), headers.get(_BETA))
+            upstream_body = normalized_body
+            asked = settings.diagnostics or "diagnostics" in normalized_body
+            if settings.diagnostics and "diagnostics" not in normalized_body:
+                # The provider's own cache diagnosis, compared with the tenant's latest message on this prefix.
+                baseline = runtime.baselines.latest(principal.tenant, route.name, tracker.prefix_hash)
+                upstream_body = {**normalized_body, "diagnostics": {"previous_message_id": baseline}}
             upstream_request = passthrough.upstream_request(
-                route, "messages", _passthrough_body(normalized_body), upstream_headers
+                route, "messages", _passthrough_body(upstream_body), upstream_headers
             )
+            answered = passthrough.Answered(runtime.baselines, principal.tenant, route.name, tracker.prefix_hash, asked)
             if request.stream:
-                work = passthrough.forward_stream(runtime.client, route, upstream_request, tracker, send, start_perf)
+                work = passthrough.forward_stream(
+                    runtime.client, route, upstream_request, tracker, send, start_perf, answered
+                )
             else:
-                work = passthrough.forward_plain(runtime.client, route, upstream_request, tracker, send)
+                work = passthrough.forward_plain(runtime.client, route, upstream_request, tracker, send, answered)
             return await run_until_disconnect(work, receive)
 
         positions = None
@@ -251,7 +260,7 @@ class CountTokens:
             raise MethodNotAllowed(f"Method {scope['method']} is not allowed here; use POST.")
         runtime = self._runtime
         headers = header_values(scope, *_HEADERS)
-        principal = authenticate(runtime, headers)
+        principal = await authenticate(runtime, headers)
         raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))
         request = parse_messages_request(raw, count_only=True)
         route = runtime.router.route(request.model)

@@ -4,6 +4,8 @@ The upstream's answer goes back as it came (status, body, events), with the gate
 read from Anthropic's fields (`input_tokens`, `cache_read_input_tokens`, `cache_creation_input_tokens`,
 `output_tokens`; in a stream from `message_start` and then `message_delta`, whose counts are cumulative). The upstream
 takes `x-api-key` (the upstream's configured key) and `anthropic-version` (the client's, else `DEFAULT_VERSION`).
+The provider's cache diagnosis (`diagnostics`, in the message or in `message_start` / `message_delta` when streamed)
+is recorded (`gateway.provider_diagnostics`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -21,9 +24,11 @@ from gateway.anthropic.stream import error_event
 from gateway.asgi_io import Send, send_response
 from gateway.config import UpstreamConfig
 from gateway.forwarding import map_transport_error
+from gateway.provider_diagnostics import Baselines, from_anthropic
 from gateway.recording import Outcome, RequestTracker
 from gateway.upstreams.base import UsageReport
 from gateway.upstreams.kinds import HEADER_MATCHED, HEADER_PROMPT, anthropic_usage
+from gateway.telemetry.request_span import with_trace_context
 from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,25 @@ def upstream_headers(upstream: UpstreamConfig, version: str | None, beta: str | 
 def upstream_request(route: Route, path: str, payload: bytes, headers: dict[str, str]) -> httpx.Request:
     url = f"{route.upstream.api_base}/{path}"
     return httpx.Request("POST", url, headers=headers, content=payload, extensions=route.extensions)
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """What to do with the upstream's message: read its cache diagnosis (`asked`: the request sent `diagnostics`) and
+    keep its id as the tenant's latest on this prefix, the baseline of the next diagnosis."""
+
+    baselines: Baselines
+    tenant: str
+    upstream: str
+    prefix: str | None
+    asked: bool
+
+    def message(self, tracker: RequestTracker, message: dict[str, Any]) -> None:
+        diagnosis = from_anthropic(message, self.asked)
+        if diagnosis is not None:
+            tracker.provider_diagnosis = diagnosis
+        if isinstance(message.get("id"), str):
+            self.baselines.update(self.tenant, self.upstream, self.prefix, message["id"])
 
 
 def _record_usage(tracker: RequestTracker, usage: Any) -> None:
@@ -96,7 +120,7 @@ async def _open(
 ) -> httpx.Response:
     tracker.sending_upstream()
     try:
-        upstream = await client.send(request, stream=stream)
+        upstream = await client.send(with_trace_context(request, tracker.span), stream=stream)
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     if tracker.explain is not None:
@@ -105,7 +129,12 @@ async def _open(
 
 
 async def forward_plain(
-    client: httpx.AsyncClient, route: Route, request: httpx.Request, tracker: RequestTracker, send: Send
+    client: httpx.AsyncClient,
+    route: Route,
+    request: httpx.Request,
+    tracker: RequestTracker,
+    send: Send,
+    answered: Answered | None = None,
 ) -> Outcome:
     upstream = await _open(client, route, request, tracker, stream=False)
     body = upstream.content
@@ -118,6 +147,8 @@ async def forward_plain(
             decoded = None
         if isinstance(decoded, dict):
             _record_usage(tracker, decoded.get("usage"))
+            if answered is not None:
+                answered.message(tracker, decoded)
         outcome = tracker.outcome = Outcome(upstream.status_code)
     headers = _headers(tracker, upstream)
     usage = tracker.usage
@@ -132,8 +163,9 @@ async def forward_plain(
 class EventReader:
     """Reads usage, the first content and errors out of Anthropic events as their bytes go by."""
 
-    def __init__(self, tracker: RequestTracker, start_perf: float) -> None:
+    def __init__(self, tracker: RequestTracker, start_perf: float, answered: Answered | None = None) -> None:
         self._tracker = tracker
+        self._answered = answered
         self._start_perf = start_perf
         self._buffer = b""
         self.error_type: str | None = None
@@ -160,8 +192,12 @@ class EventReader:
         kind = payload.get("type")
         if kind == "message_start" and isinstance(payload.get("message"), dict):
             _record_usage(self._tracker, payload["message"].get("usage"))
+            if self._answered is not None:
+                self._answered.message(self._tracker, payload["message"])
         elif kind == "message_delta":
             _record_usage(self._tracker, payload.get("usage"))
+            if self._answered is not None and "diagnostics" in payload:
+                self._answered.message(self._tracker, {"diagnostics": payload["diagnostics"]})
         elif kind == "content_block_delta" and self._tracker.ttft_ms is None:
             self._tracker.ttft_ms = (time.perf_counter() - self._start_perf) * 1000.0
         elif kind == "error":
@@ -178,6 +214,7 @@ async def forward_stream(
     tracker: RequestTracker,
     send: Send,
     start_perf: float,
+    answered: Answered | None = None,
 ) -> Outcome:
     upstream = await _open(client, route, request, tracker, stream=True)
     try:
@@ -192,7 +229,7 @@ async def forward_stream(
         await send(
             {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + _headers(tracker, upstream)}
         )
-        reader = EventReader(tracker, start_perf)
+        reader = EventReader(tracker, start_perf, answered)
         try:
             async for chunk in upstream.aiter_raw():
                 reader.feed(chunk)

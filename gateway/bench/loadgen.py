@@ -21,14 +21,19 @@ from urllib.parse import urlsplit
 
 @dataclass
 class Tally:
+    # Latencies of the successful (2xx) answers only: an error answer is neither throughput nor a served request.
     latencies_s: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
     sent: int = 0
     failed: int = 0  # transport failures (no HTTP status)
+    error_answers: int = 0  # answers with a 4xx or 5xx status
 
     def add(self, status: int, latency_s: float) -> None:
         self.statuses[status] = self.statuses.get(status, 0) + 1
-        self.latencies_s.append(latency_s)
+        if 200 <= status < 300:
+            self.latencies_s.append(latency_s)
+        else:
+            self.error_answers += 1
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -155,11 +160,12 @@ def summarize(tally: Tally, elapsed_s: float) -> dict[str, object]:
 
     return {
         "sent": tally.sent,
-        "completed": len(latencies),
+        "completed": len(latencies),  # 2xx answers
         "failed": tally.failed,
+        "error_answers": tally.error_answers,
         "statuses": {str(k): v for k, v in sorted(tally.statuses.items())},
         "elapsed_s": round(elapsed_s, 3),
-        "rate_per_s": round(len(latencies) / elapsed_s, 1) if elapsed_s > 0 else None,
+        "rate_per_s": round(len(latencies) / elapsed_s, 1) if elapsed_s > 0 else None,  # 2xx answers per second
         "latency_ms": {
             "p50": ms(percentile(latencies, 0.50)),
             "p90": ms(percentile(latencies, 0.90)),

@@ -99,7 +99,11 @@ def _engine_command(model: str, port: int, pool_tokens: int) -> list[str]:
 
 
 # routing name -> (policy, follow the KV events)
-ROUTINGS = {"events": ("cache_aware", True), "approximate": ("cache_aware", False), "round_robin": ("round_robin", False)}
+ROUTINGS = {
+    "events": ("cache_aware", True),
+    "approximate": ("cache_aware", False),
+    "round_robin": ("round_robin", False),
+}
 
 
 def _gateway_config(path: Path, engine_urls: list[str], policy: str, events: bool) -> Path:
@@ -144,6 +148,11 @@ def _replica_requests(metrics_text: str) -> dict[str, int]:
     return {url: int(float(value)) for url, value in found}
 
 
+def _events_synced(gateway_url: str) -> bool:
+    replicas = httpx.get(f"{gateway_url}/health", timeout=5).json()["upstreams"][0]["replicas"]
+    return all(r["events"] == "synced" for r in replicas)
+
+
 def _run_policy(
     routing: str, engine_urls: list[str], sequence: list[dict[str, Any]], workdir: Path
 ) -> dict[str, Any]:
@@ -161,9 +170,7 @@ def _run_policy(
         _wait_healthy(gateway_url, gateway)
         if events:  # the engines' events followed and their tokenizer loaded before the first request
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not all(
-                r["events"] == "synced" for r in httpx.get(f"{gateway_url}/health", timeout=5).json()["upstreams"][0]["replicas"]
-            ):
+            while time.monotonic() < deadline and not _events_synced(gateway_url):
                 time.sleep(0.5)
         time.sleep(1.0)
         ttfts, prompt_total, cached_total = [], 0, 0
@@ -268,5 +275,6 @@ def run(config: RoutingBenchConfig) -> int:
             for _, process in engines:
                 _stop(process)
     results["pass"] = passed
-    print(json.dumps(results, indent=2))
-    return 0 if passed else 1
+    from prefixscope.bench_report import emit
+
+    return emit(results)

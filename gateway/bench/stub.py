@@ -2,7 +2,8 @@
 
 It parses just enough HTTP (request line, Content-Length, keep-alive) to answer `/v1/chat/completions`,
 `/v1/completions` (plain or streamed), `/v1/cache/match`, `/v1/models` and `/health` with canned bodies, so that what
-a benchmark measures is the gateway, not the upstream. Like the local engine, its answers carry the `prefix_cache`
+a benchmark measures is the gateway, not the upstream. It also takes OTLP/HTTP span exports (`POST /v1/traces`) for
+the traced run of `bench gateway --tracing`. Like the local engine, its answers carry the `prefix_cache`
 object with a block hash chain (which the gateway records and removes from what the client sees).
 
 Run: `python -m gateway.bench.stub --port 9001`.
@@ -76,6 +77,8 @@ _STREAMED_CHAINED = _response(_stream_events({**_REPORT, "hash_chain": _CHAIN}),
 _MODELS_RESPONSE = _response(_MODELS, b"application/json")
 _MATCH_RESPONSE = _response(_MATCH, b"application/json")
 _NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
+# An OTLP/HTTP collector's answer to `POST /v1/traces`: an empty ExportTraceServiceResponse (all spans accepted).
+_TRACES_ACCEPTED = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n"
 
 
 class StubProtocol(asyncio.Protocol):
@@ -120,6 +123,8 @@ class StubProtocol(asyncio.Protocol):
                 self._transport.write(_PLAIN_CHAINED if chained else _PLAIN)
         elif path.endswith(b"/models") or path == b"/health":
             self._transport.write(_MODELS_RESPONSE)
+        elif path == b"/v1/traces":
+            self._transport.write(_TRACES_ACCEPTED)
         else:
             self._transport.write(_NOT_FOUND)
 

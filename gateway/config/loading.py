@@ -1,4 +1,4 @@
-"""Reading `prefixscope.toml` (see the example in `gateway.config`) and the command line into a `GatewayConfig`.
+"""Reading `prefixscope.toml` (see `examples/prefixscope.toml`) and the command line into a `GatewayConfig`.
 
 Nothing here reads the process environment: the CLI reads it once and passes values in. Every error is a
 `ConfigError` that names the section and key.
@@ -17,12 +17,17 @@ from db.retention.costs import PriceError
 from db.retention.prices import UpstreamPrices
 from db.writer_config import WriterConfig
 from gateway.config.messages import parse_messages_settings
+from gateway.config.responses import parse_responses_settings
 from gateway.config.router import parse_policy, parse_replica_events, parse_replicas, parse_router_settings
 from gateway.config.settings import AUTH_MODES, UPSTREAM_KINDS, ConfigOverrides, GatewayConfig, UpstreamConfig
+from gateway.config.telemetry import parse_telemetry_settings
 from gateway.config.tenant import TenantSettings, parse_tenant
 from gateway.errors import ConfigError
 
-SECTIONS = frozenset({"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages"})
+SECTIONS = frozenset(
+    {"gateway", "upstreams", "routes", "tenant_defaults", "tenants", "recorder", "auth", "messages", "responses",
+     "telemetry"}
+)
 # `[advice]` is read by `prefixscope advise` (db.retention.prices); it is checked here so a bad one is refused at start.
 ADVICE_SECTION = "advice"
 
@@ -103,6 +108,8 @@ def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
         tenants=tenants,
         recorder=recorder,
         messages=parse_messages_settings(dict(data.get("messages", {}))),
+        responses=parse_responses_settings(dict(data.get("responses", {}))),
+        telemetry=parse_telemetry_settings(dict(data.get("telemetry", {}))),
         **kwargs,
     )
 

@@ -5,7 +5,8 @@ Read from an `[[upstreams]]` entry of `prefixscope.toml`::
     [[upstreams]]
     name = "local"
     replicas = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]   # or, with KV events (docs/fleets.md):
-    # replicas = [{ url = "http://10.0.0.1:8000", kv_events = "tcp://10.0.0.1:5557", kv_events_replay = "tcp://10.0.0.1:5558" }, ...]
+    # replicas = [{ url = "http://10.0.0.1:8000", kv_events = "tcp://10.0.0.1:5557",
+    #               kv_events_replay = "tcp://10.0.0.1:5558" }, ...]
     routing = "cache_aware"             # cache_aware (default for several replicas) | round_robin | least_loaded
     [upstreams.router]                  # all optional
     balance_abs_threshold = 8           # in-flight requests: route by load when max - min load exceeds this ...

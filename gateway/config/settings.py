@@ -1,6 +1,6 @@
 """The gateway's settings as frozen values: the listen address, upstreams, routes, tenants, recorder and auth.
 
-Build them with `gateway.config.load_config`; the example `prefixscope.toml` is in `gateway.config`'s docstring.
+Build them with `gateway.config.load_config`; the example `prefixscope.toml` is `examples/prefixscope.toml`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from pathlib import Path
 
 from db.writer_config import WriterConfig
 from gateway.config.messages import MessagesSettings
+from gateway.config.responses import ResponsesSettings
 from gateway.config.router import ReplicaEvents, RouterSettings
+from gateway.config.telemetry import TelemetrySettings
 from gateway.config.tenant import TenantSettings
 from gateway.errors import ConfigError
 
@@ -74,6 +76,8 @@ class GatewayConfig:
     max_key_staleness_s: float = 60.0
     key_snapshot_path: Path | None = DEFAULT_KEY_SNAPSHOT_PATH
     messages: MessagesSettings = MessagesSettings()
+    responses: ResponsesSettings = ResponsesSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()  # `[telemetry]`: where request spans go (off by default)
 
     @property
     def open_mode(self) -> bool:

@@ -10,6 +10,7 @@ Example (in `prefixscope.toml`)::
     hash_chain = true                   # record each prompt's block hash chain
     hash_block_size = 16                # tokens per hashed block
     max_cache_retention = "1h"          # the longest retention class a request may get (see retention.py here)
+    diagnostics = false                 # ask OpenAI/Anthropic upstreams for their own cache diagnostics
 
     [tenants.acme]
     rules = { tool_order = false, hoist_volatile = true }
@@ -52,6 +53,8 @@ class TenantSettings:
     hash_block_size: int = 16
     cache_retention: str | None = None
     max_cache_retention: str = LONGEST_CLASS
+    # Ask upstream providers for their own prompt-cache diagnostics (`gateway.provider_diagnostics`).
+    diagnostics: bool = False
 
     @property
     def retention(self) -> RetentionPolicy:
@@ -79,6 +82,9 @@ def parse_tenant(values: dict[str, Any], base: TenantSettings) -> TenantSettings
     store_prompt_text = bool(values.pop("store_prompt_text", base.store_prompt_text))
     explain = _parse_explain(values, base)
     retention = parse_retention(values, base.retention)
+    diagnostics = values.pop("diagnostics", base.diagnostics)
+    if not isinstance(diagnostics, bool):
+        raise ConfigError("diagnostics must be true or false")
     if values:
         raise ConfigError(f"unknown tenant settings: {sorted(values)}")
     return TenantSettings(
@@ -88,6 +94,7 @@ def parse_tenant(values: dict[str, Any], base: TenantSettings) -> TenantSettings
         store_prompt_text=store_prompt_text,
         cache_retention=retention.default,
         max_cache_retention=retention.maximum,
+        diagnostics=diagnostics,
         **explain,
     )
 

@@ -2,7 +2,7 @@
 
 An engine that reports the divergence (`CacheReport.divergence_segment` / `divergence_char_offset`, and the count of
 leading tokens its template always produces) has located the first uncached token exactly. The recorded segment and
-offset are the engine's. The reason comes from the earlier requests that shared everything before that segment:
+offset are the engine's, whatever the reason (a hit's new turn, a cold miss at `system` offset 0). The reason comes from the earlier requests that shared everything before that segment:
 
 1. The engine matched everything it could: `hit`, or `below_page` when a tail shorter than a page was left.
 2. `evicted` / `expired` when the engine's ghost index says so.
@@ -15,8 +15,8 @@ offset are the engine's. The reason comes from the earlier requests that shared 
      The same segment text sent before but not matched: `evicted` (dropped without a trace in the ghost index).
      Never `new_prefix`: part of the prompt was cached.
 4. Nothing beyond the template's opening matched: the history method (`reasons.classify` on `compare`) decides, with a
-   zero match: `new_prefix` (no location) when nothing earlier is like it, `model_changed` (located at the model, by
-   history: the engine cannot see another model's cache), else the reason with the engine's location.
+   zero match: `new_prefix` when nothing earlier is like it (at the engine's location), `model_changed` (located at
+   the model, by history: the engine cannot see another model's cache), else the reason with the engine's location.
 """
 
 from __future__ import annotations
@@ -136,13 +136,15 @@ def explain_located(
 ) -> Explanation:
     """The explanation of a request whose engine reported where its match ended (see the module docstring)."""
     uncached = _uncached(engine)
+    # Where the engine's match ended is recorded whatever the reason (a hit's new turn, a cold miss at offset 0):
+    # the rows then say what the engine said.
     location = (engine.divergence_segment, engine.divergence_char_offset)
     if engine_hit(engine):
         if uncached is not None and uncached > 1:
-            return Explanation(BELOW_PAGE, recomputed_tokens=uncached, source=ENGINE)
-        return Explanation(HIT, recomputed_tokens=0, source=ENGINE)
+            return Explanation(BELOW_PAGE, *location, recomputed_tokens=uncached, source=ENGINE)
+        return Explanation(HIT, *location, recomputed_tokens=0, source=ENGINE)
     if engine.miss_kind in (EVICTED, EXPIRED):
-        return Explanation(engine.miss_kind, recomputed_tokens=uncached, source=ENGINE)
+        return Explanation(engine.miss_kind, *location, recomputed_tokens=uncached, source=ENGINE)
     names = [segment.name for segment in current.segments]
     index = names.index(engine.divergence_segment) if engine.divergence_segment in names else None
     reused = (engine.matched_tokens or 0) > (engine.template_tokens or 0)
@@ -150,7 +152,7 @@ def explain_located(
         if index is None:
             reason = _reason_by_kind(engine.divergence_segment or "")
         elif index >= current.turn_start or _only_adds(nearest, index):
-            return Explanation(HIT, recomputed_tokens=0, source=ENGINE)
+            return Explanation(HIT, *location, recomputed_tokens=0, source=ENGINE)
         else:
             reason = _why(current, index, history)
         return Explanation(reason, *location, recomputed_tokens=uncached, source=ENGINE)
@@ -163,7 +165,7 @@ def explain_located(
             reason = _why(current, index, history, similar)
             return Explanation(reason, *location, recomputed_tokens=uncached, source=ENGINE)
     if approximate.reason == NEW_PREFIX:
-        return Explanation(NEW_PREFIX, recomputed_tokens=uncached, source=ENGINE)
+        return Explanation(NEW_PREFIX, *location, recomputed_tokens=uncached, source=ENGINE)
     if approximate.reason == MODEL_CHANGED or engine.divergence_segment is None:
         # Another model's cache: what differs first is the model, which the engine cannot see.
         return replace(approximate, recomputed_tokens=uncached, source=HISTORY)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from db.records import MISS_REASONS
 from gateway.explain.segments import MODEL, SYSTEM, TOOLS
 from gateway.upstreams.base import CacheReport
 
@@ -39,19 +40,7 @@ NEW_PREFIX = "new_prefix"
 EVICTED = "evicted"
 EXPIRED = "expired"
 BELOW_PAGE = "below_page"
-REASONS = (
-    HIT,
-    MODEL_CHANGED,
-    TOOLS_CHANGED,
-    SYSTEM_CHANGED,
-    MESSAGES_CHANGED,
-    VOLATILE_VALUE,
-    REORDERED,
-    NEW_PREFIX,
-    EVICTED,
-    EXPIRED,
-    BELOW_PAGE,
-)
+REASONS = MISS_REASONS  # declared with the record's fields; the names above are its members
 
 # How a prompt relates to the nearest earlier one.
 UNSEEN = "unseen"  # no earlier request shares anything

@@ -13,7 +13,7 @@ from gateway.upstreams.base import UsageReport
 from gateway.upstreams.route import Route
 
 MAX_ATTEMPTS = 2
-Outcome = TypeVar("Outcome")
+Outcome = TypeVar("Outcome")  # what `forward` answers (`gateway.recording.Outcome`), passed through
 
 
 class _Started(Protocol):

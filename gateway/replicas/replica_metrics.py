@@ -43,8 +43,9 @@ class ReplicaMetrics:
         self.requests.labels(*labels).inc()
         # Only where the engine reported what matched, as the dashboard's router accuracy counts, so that predicted
         # and actual cached tokens compare: a refused request's prediction has nothing to be compared with.
+        predicted = self.predicted_tokens.labels(*labels)  # served from the replica's first request on, even at 0
         if record.predicted_match_tokens and record.cached_tokens is not None and record.status_code < 400:
-            self.predicted_tokens.labels(*labels).inc(record.predicted_match_tokens)
+            predicted.inc(record.predicted_match_tokens)
         if record.cached_tokens:
             self.cached_tokens.labels(*labels).inc(record.cached_tokens)
         if record.prompt_tokens:

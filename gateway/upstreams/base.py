@@ -18,8 +18,6 @@ from gateway.upstreams.tiers import TierSplit
 # and sets only the salt it derived itself.
 CLIENT_SALT_FIELDS = ("cache_salt", "salt", "extra_key", "prompt_cache_key")
 
-MISS_KINDS = frozenset({"hit", "partial", "cold", "evicted", "expired"})
-
 
 @dataclass(frozen=True, slots=True)
 class UsageReport:

@@ -8,8 +8,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from db.records import MISS_KINDS
 from gateway.retention import REQUEST_FIELD as RETENTION_FIELD
-from gateway.upstreams.base import MISS_KINDS, CacheReport, UpstreamAdapter, UsageReport, _int_or_none
+from gateway.upstreams.base import CacheReport, UpstreamAdapter, UsageReport, _int_or_none
+from gateway.upstreams.prompt_cache_key import FIELD as PROMPT_CACHE_KEY
+from gateway.upstreams.prompt_cache_key import derive_prompt_cache_key
 from gateway.upstreams.tiers import HEADER_TIERS, load_ms_from_prefix_cache, tiers_from_header, tiers_from_prefix_cache
 
 
@@ -24,9 +27,18 @@ class OpenAICompatibleAdapter(UpstreamAdapter):
 
     No retention class is sent: OpenAI's own `prompt_cache_retention` takes other classes (`in_memory`, `24h`), only
     some models accept `24h`, and other OpenAI-compatible servers know neither field, so no mapping is safe.
+
+    In place of the client's `prompt_cache_key` the gateway sends one derived per tenant and prefix
+    (`gateway.upstreams.prompt_cache_key`): a tenant's long prefixes stay on the same cache machines, apart from
+    other tenants'.
     """
 
     kind = "openai"
+
+    def apply_salt(self, request: dict[str, Any], salt: str) -> dict[str, Any]:
+        cleaned = super().apply_salt(request, salt)
+        cleaned[PROMPT_CACHE_KEY] = derive_prompt_cache_key(salt, request)
+        return cleaned
 
 
 class VLLMAdapter(UpstreamAdapter):

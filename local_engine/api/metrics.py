@@ -1,5 +1,6 @@
 """Prometheus exposition of the engine's counters (monotonic) and the pool's state (gauges), with the per-tier
-figures (device, host, disk) under the label `tier`."""
+figures (device, host, disk) under the label `tier`, followed by the same figures under vLLM's names
+(`local_engine.telemetry.vllm_metrics`) for the boards and alerts written for vLLM."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from local_engine.cache import MissKind
+from local_engine.telemetry.vllm_metrics import vllm_families
+from prefixscope.tracing import ExportMetrics, Tracing
+from local_engine.kv_events.metrics import kv_event_metrics
 
 # (metric name, documentation, key in each tier's stats, scale): gauges then counters, labelled by `tier`.
 _TIER_GAUGES = (
@@ -63,6 +67,8 @@ class _EngineCollector:
         for name, documentation, value in gauges:
             yield GaugeMetricFamily(name, documentation, value=value)
         yield from _tier_metrics(stats["tiers"])
+        yield from vllm_families(self.engine.loaded.model_id, counters, stats)
+        yield from kv_event_metrics(stats.get("kv_events"))
 
 
 def _tier_metrics(tiers: dict[str, dict]):
@@ -78,7 +84,9 @@ def _tier_metrics(tiers: dict[str, dict]):
     )
 
 
-def render_metrics(engine) -> bytes:
+def render_metrics(engine, tracing: Tracing | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_EngineCollector(engine))
+    if tracing is not None:
+        registry.register(ExportMetrics("prefixscope_engine", tracing))
     return generate_latest(registry)

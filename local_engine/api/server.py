@@ -43,14 +43,29 @@ from local_engine.api.responses import (
     new_response_id,
     tool_call_stream,
 )
+from local_engine.api.tracing import EngineSpans, RequestTrace
+from prefixscope.tracing import Tracing
 
 _MAX_TREE_NODES = 5000
 log = logging.getLogger(__name__)
 
 
 async def _generate(request: Request, state: State, endpoint: str) -> Response | Stream:
+    """A completion, with its spans when the engine exports them (`local_engine.api.tracing`)."""
+    trace = state.spans.begin(request.headers, endpoint) if state.spans is not None else None
+    try:
+        return await _complete(request, state, endpoint, trace)
+    except Exception as exc:
+        if trace is not None:
+            trace.fail(getattr(exc, "error_type", type(exc).__name__), str(exc))
+        raise
+
+
+async def _complete(request: Request, state: State, endpoint: str, trace: RequestTrace | None) -> Response | Stream:
     engine: Engine = state.engine
     parsed = parse_request(parse_json_body(await request.body()), endpoint, engine.loaded)
+    if trace is not None:
+        trace.submitted(parsed.model)
     handle = await engine.submit(
         GenerationRequest(parsed.prompt_token_ids, parsed.sampling, parsed.namespace, retention=parsed.retention)
     )
@@ -69,6 +84,8 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
             handle.cancel()  # a no-op once finished; releases everything if the client went away
         choices = collector.best(parsed.sampling.n)
         headers[HEADER_TTFT_MS] = f"{choices[0].finished.timings.ttft_ms:.3f}"
+        if trace is not None:
+            trace.finish(choices[0].finished, report, response_id)
         body = completion_body(parsed, response_id, choices, report, tools, strings, collector.prompt, collector.ends)
         return Response(body, headers=headers)
 
@@ -89,15 +106,21 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
                     yield writer.prompt(event)
                 elif isinstance(event, Finished):
                     ends.append(event)
+                    if trace is not None:
+                        trace.finish(event, report, response_id)  # the first sequence to end (`n` > 1)
                     yield writer.final(event)
             if parsed.include_usage:
                 yield writer.usage(sorted(ends, key=lambda end: end.index), report)
             yield writer.done()
         except EngineError as exc:
+            if trace is not None:
+                trace.fail(exc.error_type, exc.message)
             yield writer.error(exc.body())
         finally:
             # Runs when the client disconnects mid-stream too: the engine then frees the request's locks and slots.
             handle.cancel()
+            if trace is not None:
+                trace.fail("cancelled", "the client went away")  # a no-op once the request finished
 
     return Stream(events(), media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
 
@@ -148,7 +171,7 @@ async def health(state: State) -> dict:
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(state: State) -> bytes:
-    return render_metrics(state.engine)
+    return render_metrics(state.engine, state.spans.tracing if state.spans is not None else None)
 
 
 @get("/v1/cache")
@@ -216,12 +239,17 @@ def _unexpected_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(engine: Engine, config: ServerConfig) -> Litestar:
-    """The ASGI app; the caller starts and stops the engine."""
+    """The ASGI app; the caller starts and stops the engine. With `config.trace_export` it exports spans, and
+    exports what is queued when the app stops."""
+    spans = None
+    if config.trace_export is not None:
+        spans = EngineSpans(Tracing(config.trace_export), engine.loaded.model_id)
     return Litestar(
         route_handlers=[chat_completions, completions, models, health, metrics, cache_stats, cache_tree, cache_match,
                         cache_flush, openapi, cache_events, tokenizer_description],
         state=State({"engine": engine, "server_config": config, "started_at": int(time.time()),
-                     "openapi": openapi_document(), "token_strings": TokenStrings(engine.loaded.tokenizer)}),
+                     "openapi": openapi_document(), "token_strings": TokenStrings(engine.loaded.tokenizer),
+                     "spans": spans}),
         openapi_config=None,
         exception_handlers={EngineError: _engine_error, HTTPException: _http_error, Exception: _unexpected_error},
         guards=[access_guard(config.api_key, config.admin_token)],

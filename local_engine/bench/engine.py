@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -195,5 +194,6 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
         "verdicts": verdicts,
         "pass": all(v["pass"] for v in verdicts.values()),
     }
-    print(json.dumps(report, indent=2))
-    return 0
+    from prefixscope.bench_report import emit
+
+    return emit(report)

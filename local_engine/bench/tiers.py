@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import tempfile
 from contextlib import contextmanager
@@ -222,8 +221,9 @@ def run_tiers_benchmark(args: argparse.Namespace) -> int:
         "verdicts": checks,
         "pass": all(v["pass"] for v in checks.values()),
     }
-    print(json.dumps(report, indent=2))
-    return 0
+    from prefixscope.bench_report import emit
+
+    return emit(report)
 
 
 def _at_least(low: int):

@@ -172,7 +172,8 @@ class BlockEvents:
                 key = (namespace, chain[index])
                 if tiers:
                     parent = chain[index - 1] if index else None
-                    self._announced[key] = _Announced(tiers, index, parent, tuple(path[index * size : (index + 1) * size]))
+                    tokens = tuple(path[index * size : (index + 1) * size])
+                    self._announced[key] = _Announced(tiers, index, parent, tokens)
                 else:
                     self._announced.pop(key, None)
             if events and self._sink is not None:

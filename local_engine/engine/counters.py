@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from local_engine.cache import MissKind
 from local_engine.engine.types import RequestTimings
+from local_engine.telemetry.vllm_metrics import ServingHistograms
 
 
 @dataclass
@@ -25,6 +26,8 @@ class EngineCounters:
     decode_s: float = 0.0
     engine_busy_s: float = 0.0
     preemptions: int = 0  # running requests sent back to the queue because the pool ran dry
+    # Latency histograms under vLLM's names (`local_engine.telemetry.vllm_metrics`).
+    serving: ServingHistograms = field(default_factory=ServingHistograms)
 
     def count_admission(self, miss_kind: MissKind, prompt_tokens: int, cached_tokens: int) -> None:
         self.requests_by_miss_kind[miss_kind.value] += 1
@@ -35,7 +38,12 @@ class EngineCounters:
         self.prefill_tokens += num_tokens
         self.prefill_s += seconds
 
-    def count_finish(self, completion_tokens: int, timings: RequestTimings) -> None:
+    def count_inter_token(self, seconds: float) -> None:
+        self.serving.inter_token.observe(seconds)
+
+    def count_finish(self, completion_tokens: int, timings: RequestTimings, finish_reason: str) -> None:
+        self.serving.observe_finish(finish_reason, timings.queued_ms / 1000, timings.prefill_ms / 1000,
+                                    timings.ttft_ms / 1000, timings.decode_ms / 1000, completion_tokens)
         self.finished_requests += 1
         self.completion_tokens += completion_tokens
         self.bookkeeping_s += timings.bookkeeping_ms / 1000

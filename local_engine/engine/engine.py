@@ -290,6 +290,9 @@ class Engine:
         if sequence.num_generated == 0:
             sequence.first_token_s = now
             sequence.prefill_s = now - sequence.admitted_s
+        else:
+            self.counters.count_inter_token(now - sequence.last_token_s)
+        sequence.last_token_s = now
         sequence.token_ids.append(token_id)
         sequence.cumulative_logprob += sampled.logprob
         params = sequence.request.sampling
@@ -325,7 +328,7 @@ class Engine:
             self.kv.release(sequence)
         self.scheduler.remove(sequence)
         timings = sequence.timings()
-        self.counters.count_finish(sequence.num_generated, timings)
+        self.counters.count_finish(sequence.num_generated, timings, reason)
         sequence.handle._emit(
             Finished(
                 reason,

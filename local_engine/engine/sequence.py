@@ -47,6 +47,7 @@ class Sequence:
     # timings, in seconds
     admitted_s: float = 0.0
     first_token_s: float = 0.0
+    last_token_s: float = 0.0
     bookkeeping_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0

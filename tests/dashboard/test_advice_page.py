@@ -99,6 +99,7 @@ def test_each_tenant_shows_its_candidates_with_sample_sizes(run_page, advice_url
     # Three samples say nothing either way: the page must not claim that no rule would help.
     assert not any("Nothing to recommend" in info.value for info in app.info)
     assert any("Not enough sampled requests yet to advise: 3 of the 10" in info.value for info in app.info)
+    assert any("so 7 more requests" in info.value for info in app.info)
 
 
 def test_lower_minimum_shows_the_small_sample_and_recommends_nothing(run_page, advice_url) -> None:

@@ -34,6 +34,18 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 STARTUP_TIMEOUT_S = 60
+VIEWS = Path(__file__).resolve().parents[2] / "dashboard" / "views"
+
+
+def every_page_path() -> list[str]:
+    """The URL path of every page in `dashboard/views/` (the Overview is the root), as `dashboard/app.py` names them."""
+    app = (VIEWS.parent / "app.py").read_text()
+    paths = []
+    for view in sorted(VIEWS.glob("*.py")):
+        path = "" if view.stem == "overview" else view.stem.replace("_", "-")
+        assert path == "" or f'url_path="{path}"' in app, f"dashboard/app.py serves {view.name} elsewhere"
+        paths.append(path)
+    return paths
 PAGE_TIMEOUT_MS = 30_000
 
 
@@ -190,6 +202,8 @@ def test_overview_in_a_browser_shows_the_databases_hit_rate(
         ("prefixes", '[data-testid="stDataFrame"]'),
         ("engine", ".js-plotly-plot"),
         ("cost", '[data-testid="stMetric"]'),
+        ("advice", "h1"),
+        ("replicas", "h1"),
     ],
 )
 def test_every_page_renders_in_a_browser(
@@ -235,7 +249,9 @@ def test_the_dashboard_works_offline_no_request_leaves_127_0_0_1(browser_page, d
     """A tour of every page: nothing is fetched from another host (fonts, icons, analytics), and the page icon
     the browser would fetch is served by the dashboard itself."""
     page = browser_page
-    for path in ("", "requests", "prefixes", "why-misses", "what-if", "engine", "cost"):
+    paths = every_page_path()
+    assert len(paths) == 9, paths
+    for path in paths:
         page.goto(f"{dashboard_url}/{path}")
         _wait_until_rendered(page)
         icons = page.eval_on_selector_all('link[rel~="icon"]', "links => links.map(link => link.href)")

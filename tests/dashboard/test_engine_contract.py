@@ -5,14 +5,14 @@ The dashboard itself never imports the engine; this test does, to pin the JSON s
 
 from __future__ import annotations
 
-import pytest
+# Plain imports, never `importorskip`: the engine is part of this repository and installed by `make install`, so a
+# missing or moved module must fail this contract, not skip it (under CI a skip would hide the break).
+import torch  # noqa: F401 - the engine's cache needs it; imported first so its absence reads as such
 
+import local_engine.cache.radix_cache as radix
+import local_engine.cache.slot_allocator as allocator_module
 from dashboard.cache_tree import flatten_tree
 from dashboard.engine_client import CacheStats, stats_from_payload
-
-torch = pytest.importorskip("torch")
-radix = pytest.importorskip("local_engine.cache.radix_cache")
-allocator_module = pytest.importorskip("local_engine.cache.slot_allocator")
 
 
 def test_real_radix_cache_views_are_understood() -> None:

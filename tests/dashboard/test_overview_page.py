@@ -167,9 +167,9 @@ def test_a_fresh_install_opens_on_a_short_range_with_minute_points(run_page, tmp
     ]
     app = run_page("overview", create_database(tmp_path / "fresh.db", fresh))
     assert app.sidebar.selectbox[0].value in ("Last hour", "Last 6 hours")  # the oldest row's hour is covered
-    assert bucket_for_span(timedelta(hours=1), minutes=True) == "1m"
-    assert bucket_for_span(timedelta(hours=6), minutes=True) == "5m"
-    assert bucket_for_span(timedelta(days=7), minutes=True) == "4h"
+    assert bucket_for_span(timedelta(hours=1)) == "1m"
+    assert bucket_for_span(timedelta(hours=6)) == "5m"
+    assert bucket_for_span(timedelta(days=7)) == "4h"
     hit_rate = json.loads(app.get("plotly_chart")[0].proto.spec)
     points = [x for trace in hit_rate["data"] for x in trace.get("x", [])]
     assert len(set(points)) >= 2  # minutes apart, not one dot at the edge of a week

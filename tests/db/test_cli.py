@@ -146,7 +146,7 @@ def test_stats_prints_cached_tokens_by_tier(
     assert table[2].split()[2:] == ["acme", "50", "30", "10", "20", "4.0"]
     assert table[3].split()[2:] == ["beta", "-", "-", "-", "7", "-"]  # no tier reported: unknown, not zero
     assert table[4].split() == ["TOTAL", "50", "30", "10", "27", "4.0"]
-    assert "requests by retention class: 1h 1, none 3" in out
+    assert "requests by retention class: 5m 0, 1h 1, persistent 0, none 3" in out
 
     code, out, _ = _run(capsys, "stats", "--since", "1d", "--by", "tenant", "--json", "--database-url", db_url)
     rows = {row["group"]: row for row in json.loads(out)}

@@ -19,7 +19,9 @@ from db.engine import create_sync_engine_for
 from db.keys import key_id_of, load_active_keys, verify_key
 from db.store import store_records
 from prefixscope.cli import main
+from prefixscope.invocation import typed_command
 from prefixscope.paths import ENV_HOME
+
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,8 +62,8 @@ def test_read_commands_on_a_fresh_machine_say_what_to_run_and_create_nothing(
     database = home / "prefixscope.db"
     assert code == 2 and out == ""
     assert err.strip() == (
-        f"prefixscope: error: no database at {database}: start the gateway (`prefixscope up` or "
-        "`prefixscope gateway`) or run `prefixscope db upgrade`, or point --database-url / "
+        f"prefixscope: error: no database at {database}: start the gateway (`{typed_command()} up` or "
+        f"`{typed_command()} gateway`) or run `{typed_command()} db upgrade`, or point --database-url / "
         "$PREFIXSCOPE_DATABASE_URL at your database"
     )
     assert not database.exists() and not (tmp_path / "prefixscope.db").exists()
@@ -83,12 +85,12 @@ def test_a_database_without_tables_names_the_upgrade_command(
     assert code == 2
     assert err.strip() == (
         f"prefixscope: error: the database at {path} has no prefixscope tables: "
-        f"run `prefixscope db upgrade --database-url {url}`"
+        f"run `{typed_command()} db upgrade --database-url {url}`"
     )
     code, _, err = _run(capsys, "stats", "--database-url", f"sqlite:///{tmp_path / 'missing.db'}")
     assert code == 2 and err.strip() == (
         f"prefixscope: error: no database at {tmp_path / 'missing.db'}: "
-        f"run `prefixscope db upgrade --database-url sqlite:///{tmp_path / 'missing.db'}`"
+        f"run `{typed_command()} db upgrade --database-url sqlite:///{tmp_path / 'missing.db'}`"
     )
     assert not (tmp_path / "missing.db").exists()
 

@@ -102,7 +102,6 @@ def test_demo_names_are_the_gateway_s(empty_db_url: str) -> None:
 
     from gateway.config.tenant import ALL_RULES
     from gateway.explain.reasons import REASONS
-    from gateway.upstreams.base import MISS_KINDS as GATEWAY_MISS_KINDS
 
     write_demo_data(empty_db_url, rows=2000, seed=7, days=1, now=NOW)
     engine = create_sync_engine_for(empty_db_url)
@@ -115,7 +114,7 @@ def test_demo_names_are_the_gateway_s(empty_db_url: str) -> None:
         engine.dispose()
     assert rules and rules <= set(ALL_RULES)
     assert {row.miss_reason for row in rows if row.miss_reason} <= set(REASONS)
-    assert {row.miss_kind for row in rows if row.miss_kind} <= set(GATEWAY_MISS_KINDS)
+    assert {row.miss_kind for row in rows if row.miss_kind} <= set(MISS_KINDS)
     assert all(re.fullmatch(r"req_[0-9a-f]{24}", row.id) for row in rows)
     for row in rows:
         if row.miss_reason not in (None, "hit") and row.cached_tokens is not None:

@@ -23,7 +23,7 @@ TABLES = TABLES_0001 | {"request_chains", "hourly_prefix_rollups", "hourly_miss_
     "engine_contexts",
 }
 TABLES |= {"hourly_advice"}  # 0003
-TABLES |= {"prompt_signatures"}  # 0013
+TABLES |= {"prompt_signatures"}  # 0010
 
 
 def _tables(url: str) -> set[str]:

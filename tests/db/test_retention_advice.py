@@ -3,6 +3,7 @@ brute-force replay of the cost model, and the advisor and the what-if simulator 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -18,6 +19,7 @@ from db.retention.replay import replay_class
 from db.simulation.retention import RetentionRequest, replay_retention
 from db.records import RequestRecord
 from db.store import store_records
+from prefixscope.cli import main
 
 BASE_TIME = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)
 
@@ -115,7 +117,9 @@ def test_gap_histogram_bins() -> None:
     assert histogram.total == 4
 
 
-def test_advice_and_simulator_agree_on_a_recorded_trace(db_url: str, make_record: Callable[..., RequestRecord]) -> None:
+def test_advice_and_simulator_agree_on_a_recorded_trace(
+    db_url: str, make_record: Callable[..., RequestRecord], capsys: pytest.CaptureFixture[str]
+) -> None:
     """Each request: its prefix's blocks, then blocks of its own. Stored, then read back by both."""
     block = 16
     prefix_blocks = {name: tuple(range(1000 * (i + 1), 1000 * (i + 1) + tokens // block))
@@ -163,3 +167,30 @@ def test_advice_and_simulator_agree_on_a_recorded_trace(db_url: str, make_record
     advised = replay_retention(trace, lambda name: by_name[name].best.retention)
     assert advised.prefixes["every_20m"].hit_tokens == by_name["every_20m"].best.hit_tokens > 0
     assert advised.prefixes["once"].hit_tokens == 0
+
+    # `prefixscope simulate --retention` replays the stored requests the same way.
+    argv = ["simulate", "--database-url", db_url, "--since", BASE_TIME.isoformat(), "--retention", "none,5m,1h,advised",
+            "--json"]
+    assert main(argv) == 0
+    rows = {row["retention"]: row for row in json.loads(capsys.readouterr().out)["retention"]}
+    for retention in ("none", "5m", "1h"):
+        expected = sum(next(o for o in p.outcomes if o.retention == retention).hit_tokens for p in by_name.values())
+        assert rows[retention]["hit_tokens"] == expected and rows[retention]["requests"] == len(records)
+    # `advised`: each prefix under its best class, priced as a local engine (the cache the replay models).
+    engine = create_sync_engine_for(db_url)
+    try:
+        with engine.connect() as conn:
+            (local,) = retention_advice(conn, BASE_TIME, lambda _: CostModel.for_kind("local_engine"), top=10)
+    finally:
+        engine.dispose()
+    best = {p.prefix_hash: p.best.retention for p in local.prefixes}
+    assert rows["advised"]["hit_tokens"] == replay_retention(trace, best.__getitem__).hit_tokens
+
+
+def test_a_local_engine_is_priced_at_its_measured_prefill_speed_unless_the_config_sets_one() -> None:
+    data = {"upstreams": [{"name": "a", "kind": "local_engine"}, {"name": "b", "kind": "local_engine"}],
+            "advice": {"cache_prices": {"b": {"prefill_ms_per_token": 3.0}}}}
+    prices = UpstreamPrices.from_config(data)
+    assert prices.for_upstream("a", 0.25).prefill_ms_per_token == 0.25
+    assert prices.for_upstream("a").prefill_ms_per_token == 0.5
+    assert prices.for_upstream("b", 0.25).prefill_ms_per_token == 3.0

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+STUB_MISSED_TOKENS = 4321
 STUB_USAGE = {
     "input_tokens": 7,
     "cache_creation_input_tokens": 30,
@@ -60,7 +61,14 @@ class AnthropicStub:
             error = {"type": "error", "error": {"type": "overloaded_error", "message": "stub is overloaded"}}
             await self._json(send, int(body["model"][4:]), error)
             return
-        message_id = "msg_stub1"
+        message_id = f"msg_stub{len(self.state.requests)}"
+        # Cache diagnostics (Anthropic's "Cache diagnostics"): asked for with `diagnostics`; no divergence on a first
+        # turn (null), `system_changed` when compared with an earlier message.
+        diagnostics: dict[str, Any] = {}
+        if isinstance(body.get("diagnostics"), dict):
+            previous = body["diagnostics"].get("previous_message_id")
+            reason = {"type": "system_changed", "cache_missed_input_tokens": STUB_MISSED_TOKENS}
+            diagnostics["diagnostics"] = None if previous is None else {"cache_miss_reason": reason}
         if not body.get("stream"):
             answer = {
                 "id": message_id,
@@ -71,6 +79,7 @@ class AnthropicStub:
                 "stop_reason": "end_turn",
                 "stop_sequence": None,
                 "usage": STUB_USAGE,
+                **diagnostics,
             }
             await self._json(send, 200, answer)
             return
@@ -85,6 +94,7 @@ class AnthropicStub:
             "stop_reason": None,
             "stop_sequence": None,
             "usage": start_usage,
+            **diagnostics,
         }
         events = [
             _event("message_start", {"type": "message_start", "message": message}),

@@ -166,7 +166,8 @@ class FakeStorage:
 
     async def load_keys(self) -> KeySnapshot:
         active = {k.key_id: k for k in self.keys.values() if k.key_id not in self.revoked}
-        return KeySnapshot(entries=active, any_key_exists=bool(self.keys))
+        revoked = {k.key_id: k for k in self.keys.values() if k.key_id in self.revoked}
+        return KeySnapshot(entries=active, any_key_exists=bool(self.keys), revoked=revoked)
 
     @staticmethod
     def verify_key(plaintext: str, entries: Any) -> Any:

@@ -19,6 +19,7 @@ class StubState:
 
     requests: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
+    request_headers: list[dict[str, str]] = field(default_factory=list)  # of each completion request
     match_requests: list[dict[str, Any]] = field(default_factory=list)  # bodies sent to `/v1/cache/match`
     match_matched_tokens: int = 1  # what the dry-run match answers
     match_status: int = 200  # the dry-run match's status (an OpenAI-shaped error body when not 200)
@@ -91,6 +92,7 @@ class StubUpstream:
             return
         self.state.requests.append(body)
         self.state.paths.append(path)
+        self.state.request_headers.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         model = body.get("model", "")
         if model == "slow":
             await asyncio.sleep(self.state.slow_seconds)

@@ -173,12 +173,11 @@ def test_secret_file_with_loose_mode_is_tightened(tmp_path: Path):
 
 
 def test_the_documented_example_config_loads(tmp_path: Path) -> None:
-    """The README sends users to the example in gateway/config/__init__.py's docstring: copied as is, it must load."""
-    import gateway.config
-
-    example = gateway.config.__doc__.split("Example `prefixscope.toml`::", 1)[1]
-    path = tmp_path / "prefixscope.toml"
-    path.write_text("\n".join(line[4:] for line in example.splitlines()))
+    """The README and docs/gateway.md send users to examples/prefixscope.toml: as it is, it must load."""
+    root = Path(__file__).resolve().parents[2]
+    path = root / "examples" / "prefixscope.toml"
+    assert "examples/prefixscope.toml" in (root / "README.md").read_text()
+    assert "examples/prefixscope.toml" in (root / "docs" / "gateway.md").read_text()
     config = load_config(path)
     assert config.default_upstream == "local"
     assert "acme" in config.tenants

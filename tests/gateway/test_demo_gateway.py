@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from gateway_testkit import FakeStorage, gateway_config, running_gateway, serve_in_thread
 
-from db.records import MISS_REASONS
+from db.records import MISS_KINDS, MISS_REASONS
 from gateway.config import UpstreamConfig
 from gateway.config.tenant import ALL_RULES
 from gateway.demo.engine_model import SimulatedEngine, local_engine_response, render
@@ -22,7 +22,6 @@ from gateway.demo.replay import HOST_TIER_PAGES, LOCAL_MODEL, LOCAL_UPSTREAM, UP
 from gateway.demo.traffic import TENANTS
 from gateway.explain.reasons import REASONS
 from gateway.explain.segments import chat_segments
-from gateway.upstreams.base import MISS_KINDS
 
 MODEL = LOCAL_MODEL
 UPSTREAM = LOCAL_UPSTREAM
@@ -127,7 +126,7 @@ def test_demo_names_are_the_gateway_s_and_lost_tokens_are_counted() -> None:
     records = replay_pool(5, stamps, [f"req_{index:024x}" for index in range(1500)])
     assert {rule for record in records for rule in record.applied_rules} <= set(ALL_RULES)
     assert {record.miss_reason for record in records} - {None} <= set(REASONS) <= set(MISS_REASONS)
-    assert {record.miss_kind for record in records} - {None} <= MISS_KINDS
+    assert {record.miss_kind for record in records} - {None} <= set(MISS_KINDS)
     assert {record.model for record in records} == set(UPSTREAMS)
     assert all(record.upstream in UPSTREAMS[record.model] for record in records)
     segments = {record.divergence_segment for record in records} - {None}

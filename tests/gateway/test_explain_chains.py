@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from db.chains import RequestChain
@@ -61,6 +61,7 @@ def test_approximate_chains_share_hashes_exactly_as_far_as_the_text():
     assert approximate_chain(base, "other tenant", block_size, None).hash_ids[0] != a.hash_ids[0]
 
 
+@settings(deadline=None)  # no timing assertion: a slow machine is not a failure
 @given(st.text(max_size=400), st.integers(1, 32))
 def test_approximate_chain_length_and_range(text, block_size):
     chain = approximate_chain(text, "s", block_size, None)

@@ -155,7 +155,8 @@ def test_a_match_of_the_template_opening_alone_is_not_a_hit(deployment: Deployme
     other = deployment.chat("opening", messages=unrelated)
     row = deployment.row(other)
     assert row["template_tokens"] == 3 and row["cached_tokens"] == 3  # <|im_start|> system \n
-    assert (row["miss_kind"], row["miss_reason"], row["divergence_segment"]) == ("cold", "new_prefix", None)
+    assert (row["miss_kind"], row["miss_reason"], row["divergence_segment"]) == ("cold", "new_prefix", "system")
+    assert row["divergence_char_offset"] == 0  # the engine's report, recorded for a cold miss too
 
 
 def test_non_streamed_requests_record_the_engine_s_ttft(deployment: Deployment):

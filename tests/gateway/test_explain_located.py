@@ -79,16 +79,16 @@ def test_the_same_text_not_matched_was_dropped_and_a_new_turn_is_a_hit():
     history.add(chat_segments(body), 500)
     assert explain(history, body, located(50, "system", 120)).reason == "evicted"
     follow_up = chat(SYSTEM, "My order is late.", "Sorry.", "Can I cancel it?")
-    assert explain(history, follow_up, located(450, "messages[3]", 0)) == Explanation("hit", recomputed_tokens=0,
-                                                                                       source="engine")
+    assert explain(history, follow_up, located(450, "messages[3]", 0)) == Explanation(
+        "hit", "messages[3]", 0, recomputed_tokens=0, source="engine")  # where the engine's match ended, recorded
 
 
 def test_matching_only_the_template_opening_uses_the_history_to_say_why():
     history = TenantHistory()
     first = explain(history, chat(SYSTEM, "Hi"), CacheReport("cold", 0, 500, 3, "system", 0))
-    assert (first.reason, first.segment) == ("new_prefix", None)
+    assert (first.reason, first.segment, first.char_offset) == ("new_prefix", "system", 0)  # as the engine said
     unrelated = explain(history, chat("Translate into French.", "Good day"), located(3, "system", 0, miss="cold"))
-    assert (unrelated.reason, unrelated.segment) == ("new_prefix", None)
+    assert (unrelated.reason, unrelated.segment, unrelated.char_offset) == ("new_prefix", "system", 0)
     again = explain(history, chat(SYSTEM, "Hi"), located(3, "system", 0, miss="cold"))
     assert (again.reason, again.recomputed_tokens) == ("evicted", 497)
 

@@ -64,7 +64,9 @@ def test_array_like_batches_decode_with_namespaces_tiers_and_unroutable_events_l
 
 
 def test_the_older_six_field_and_the_map_layouts_decode_too():
-    older = msgspec.msgpack.encode([1.0, [["BlockStored", [7], None, list(range(16)), 16, None], ["BlockRemoved", [7]]]])
+    older = msgspec.msgpack.encode(
+        [1.0, [["BlockStored", [7], None, list(range(16)), 16, None], ["BlockRemoved", [7]]]]
+    )
     assert decode_batch(older) == [Stored((7,), None, list(range(16)), 16, DEVICE, ""), Removed((7,), DEVICE)]
     digest = b"\x01" * 32  # vLLM's raw SHA-256 block hashes
     as_maps = msgspec.msgpack.encode({"ts": 1.0, "events": [
@@ -118,7 +120,8 @@ def test_replicas_take_kv_events_endpoints_and_a_tokenizer_from_the_config():
     assert upstream.replicas == ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
     assert upstream.replica_events == (ReplicaEvents("tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558"), None)
     assert upstream.router.tokenizer == "/models/llama"
-    for bad in ('{ url = "http://a:1", kv_events = "http://a:2" }', '{ url = "http://a:1", kv_events_replay = "tcp://a:2" }',
+    for bad in ('{ url = "http://a:1", kv_events = "http://a:2" }',
+                '{ url = "http://a:1", kv_events_replay = "tcp://a:2" }',
                 '{ url = "http://a:1", kv_event = "tcp://a:2" }'):
         with pytest.raises(ConfigError):
             parse_config(tomllib.loads(f'[[upstreams]]\nname = "f"\nreplicas = [{bad}]\n'))
@@ -222,10 +225,12 @@ def test_a_vllm_fleet_is_routed_by_its_kv_events(tmp_path):
         assert wait_until(lambda: replica_states(gateway.url)[2]["event_blocks"]["device"] == 4, 10)
         ask(gateway, "w301")
         record = gateway.wait_records(2)[1]
-        assert (record.replica, record.routing_index_source, record.predicted_match_tokens) == (fleet.urls[2], "events", 64)
+        assert (record.replica, record.routing_index_source) == (fleet.urls[2], "events")
+        assert record.predicted_match_tokens == 64
         # The same blocks on replica 1's device, while replica 2 demoted them to host memory: the device hit wins.
         fleet.store(1, tokens[:66], salt)
-        fleet.publish(2, [stored(list(range(1000, 1004)), None, tokens[:64], "CPU", salt), BlockRemoved(list(range(1000, 1004)), "GPU")])
+        demoted = list(range(1000, 1004))  # replica 2's hashes of those four blocks
+        fleet.publish(2, [stored(demoted, None, tokens[:64], "CPU", salt), BlockRemoved(demoted, "GPU")])
         assert wait_until(lambda: replica_states(gateway.url)[2]["event_blocks"]["host"] == 4, 10)
         ask(gateway, "w302")
         assert gateway.wait_records(3)[2].replica == fleet.urls[1]
@@ -249,8 +254,7 @@ def test_a_replica_whose_events_are_missing_is_predicted_approximately(tmp_path)
         config = type(config)(**{**config.__dict__, "upstreams": (
             type(upstream)(**{**upstream.__dict__, "replica_events": (dead, dead, dead)}),)})
         gateway = stack.enter_context(running_gateway(config))
-        time.sleep(1.5)  # longer than the replay timeout
-        assert {r["events"] for r in replica_states(gateway.url)} == {"unsynced"}
+        assert wait_until(lambda: {r["events"] for r in replica_states(gateway.url)} == {"unsynced"}, 10)
         body = {"model": "llama", "max_tokens": 2, "messages": [{"role": "user", "content": "w1 w2 w3"}]}
         assert httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
         assert gateway.wait_records(1)[0].routing_index_source == "approximate"

@@ -6,6 +6,9 @@ engine's evictions. Every test uses fresh prompt text (a nonce) so that nothing 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -13,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 from gateway_testkit import FakeStorage, TcpProxy, free_port, gateway_config, running_gateway, wait_until
 from replica_kit import EngineProcess, save_tiny_model
 
@@ -274,25 +278,72 @@ def test_a_gap_in_the_live_events_is_replayed(fresh):
         proxy.close()
 
 
-def test_two_gateways_route_the_same_prefix_to_the_same_replica(fresh):
-    """Two gateway processes in front of one fleet, each following the engines' events: a prefix one of them sent
-    somewhere is found there by the other."""
+def _gateway_process(port: int, config: Path, database_url: str, log: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "prefixscope", "gateway", "--port", str(port), "--config", str(config),
+               "--database-url", database_url, "--log-level", "warning", "--open"]
+    with open(log, "ab") as handle:
+        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT)
+
+
+def test_two_gateway_processes_route_the_same_prefix_to_the_same_replica(fresh, postgres_database, tmp_path):
+    """Two gateway processes sharing one PostgreSQL database in front of one fleet, each following the engines'
+    events: a prefix one of them sent somewhere is found there by the other."""
     urls = [p.url for p in fresh]
-    with running_gateway(replica_config(urls)) as first, running_gateway(replica_config(urls)) as second:
-        wait_synced(first.url)
-        wait_synced(second.url)
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[[upstreams]]\nname = "pool"\nkind = "local_engine"\nrouting = "cache_aware"\n'
+        f"replicas = [{', '.join(json.dumps(url) for url in urls)}]\n"
+        "[upstreams.router]\nhealth_interval = 0.5\n"
+    )
+    database_url = f"postgresql://root@127.0.0.1:5432/{postgres_database}"
+    ports = [free_port(), free_port()]
+    gateways = [_gateway_process(port, config, database_url, tmp_path / f"gateway-{port}.log") for port in ports]
+    gateway_urls = [f"http://127.0.0.1:{port}" for port in ports]
+    try:
+        for url, process in zip(gateway_urls, gateways):
+            assert wait_until(lambda: process.poll() is None and _healthy(url), 120), f"{url} did not start"
+            wait_synced(url)
         nonce = uuid.uuid4().hex[:8]
         systems = [system_prompt(f"{nonce}-{i}") for i in range(3)]
         for system in systems:
-            chat(first.url, system, "from the first gateway")
-        homes = [r.replica for r in first.wait_records(3)]
-        assert sorted(homes) == sorted(urls)
-        for i, system in enumerate(systems):
-            assert wait_until(lambda: sum(r["event_blocks"]["device"] for r in replicas_state(second.url)) > 0, 10)
-            chat(second.url, system, "from the second gateway")
-            record = last_record(second, i + 1)
-            assert (record.replica, record.routing_index_source) == (homes[i], "events")
-            assert record.predicted_match_tokens > 0
+            chat(gateway_urls[0], system, "from the first gateway")
+        for system in systems:
+            chat(gateway_urls[1], system, "from the second gateway")
+        engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://"))
+        try:
+            query = text("SELECT replica, routing_index_source, predicted_match_tokens, cached_tokens FROM requests "
+                         "ORDER BY created_at")
+
+            def stored_rows() -> list:
+                with engine.connect() as conn:
+                    return conn.execute(query).all()
+
+            assert wait_until(lambda: len(stored_rows()) == 6, 30)
+            rows = stored_rows()
+        finally:
+            engine.dispose()
+        first, second = rows[:3], rows[3:]
+        assert sorted(row.replica for row in first) == sorted(urls)
+        for sent, found in zip(first, second):
+            assert found.replica == sent.replica
+            assert found.routing_index_source == "events" and found.predicted_match_tokens > 0
+            assert found.predicted_match_tokens == found.cached_tokens - found.cached_tokens % 16
+    finally:
+        for process in gateways:
+            process.terminate()
+        for process in gateways:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_round_robin_and_least_loaded_are_recorded(fresh):

@@ -92,6 +92,18 @@ def test_the_openapi_document_describes_the_hot_endpoints(gateway):
         "since", "until", "bucket", "group_by", "tenant"}
 
 
+def test_the_openapi_document_describes_the_responses_endpoints(gateway):
+    document = httpx.get(f"{gateway.url}/openapi.json").json()
+    post = document["paths"]["/v1/responses"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ResponsesRequest"}
+    schema = document["components"]["schemas"]["ResponsesRequest"]
+    assert schema["required"] == ["model", "input"]
+    assert {"previous_response_id", "store", "text", "prompt_cache_key", "prompt_cache_retention"} <= set(
+        schema["properties"])
+    assert set(document["paths"]["/v1/responses/{response_id}"]) == {"get", "delete"}
+
+
 def test_the_openapi_document_describes_the_messages_endpoints(gateway):
     document = httpx.get(f"{gateway.url}/openapi.json").json()
     schemas = document["components"]["schemas"]

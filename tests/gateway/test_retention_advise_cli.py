@@ -64,7 +64,7 @@ def test_advise_prints_retention_per_prefix_with_the_toml_lines(
     prefixes = out.split("retention for tenant bots")[1]
     assert "prefix aaaaaaaaaaaaaaaa (3000 tokens, 50 uses): today 5m, best 5m" in prefixes
     assert "prefix bbbbbbbbbbbbbbbb (2000 tokens, 8 uses): today 5m, best 1h" in prefixes
-    assert "prefix cccccccccccccccc (5000 tokens, 1 uses): today 5m, best do not cache" in prefixes
+    assert "prefix cccccccccccccccc (5000 tokens, 1 use): today 5m, best do not cache" in prefixes
     assert "writes never read again today: 100%; gaps between uses: <=30m:7; median 20m" in prefixes
     assert '    [tenants.bots]\n    cache_retention = "1h"' in prefixes
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.upstreams import adapter_for
+from gateway.tenancy import derive_salt
 from gateway.upstreams.base import CLIENT_SALT_FIELDS
+from gateway.upstreams.prompt_cache_key import derive_prompt_cache_key
 
 CLIENT_BODY = {
     "model": "m",
@@ -26,10 +28,36 @@ def test_salted_kinds_replace_client_salt(kind):
     assert CLIENT_BODY["cache_salt"] == "client-chosen"  # input untouched
 
 
-def test_openai_kind_sends_no_salt_at_all():
+def test_openai_kind_sends_no_client_salt_only_the_derived_prompt_cache_key():
     body = adapter_for("openai").apply_salt(CLIENT_BODY, "derived")
-    assert not set(CLIENT_SALT_FIELDS) & set(body)
+    assert not (set(CLIENT_SALT_FIELDS) - {"prompt_cache_key"}) & set(body)
+    assert body["prompt_cache_key"] == derive_prompt_cache_key("derived", CLIENT_BODY)
+    assert body["prompt_cache_key"].startswith("ps-") and "z" != body["prompt_cache_key"]
     assert body["messages"] == CLIENT_BODY["messages"]
+
+
+SYSTEM = {"role": "system", "content": "You are the support assistant of a bicycle shop. " * 20}
+
+
+def test_derived_prompt_cache_key_is_per_tenant_and_prefix():
+    salt_a, salt_b = derive_salt("secret", "acme"), derive_salt("secret", "beta")
+    first = {"model": "gpt", "messages": [SYSTEM, {"role": "user", "content": "When are you open?"}]}
+    second = {"model": "gpt", "messages": [SYSTEM, {"role": "user", "content": "Can you fix a flat tyre?"}]}
+    other_prefix = {"model": "gpt", "messages": [{"role": "system", "content": "Other."}, first["messages"][1]]}
+    # One tenant, one prefix: one key, whatever follows the prefix.
+    assert derive_prompt_cache_key(salt_a, first) == derive_prompt_cache_key(salt_a, second)
+    # Another tenant with the very same prompt never shares it; another prefix gets another key.
+    assert derive_prompt_cache_key(salt_a, first) != derive_prompt_cache_key(salt_b, first)
+    assert derive_prompt_cache_key(salt_a, first) != derive_prompt_cache_key(salt_a, other_prefix)
+    # The client's own key splits the tenant's traffic further, never across tenants.
+    keyed = {**first, "prompt_cache_key": "user-42"}
+    assert derive_prompt_cache_key(salt_a, keyed) != derive_prompt_cache_key(salt_a, first)
+    assert derive_prompt_cache_key(salt_a, keyed) != derive_prompt_cache_key(salt_b, keyed)
+    # A Responses body with the same instructions keys by the same rule.
+    responses = {"model": "gpt", "instructions": SYSTEM["content"], "input": "When are you open?"}
+    assert derive_prompt_cache_key(salt_a, responses) == derive_prompt_cache_key(
+        salt_a, {**responses, "input": "Can you fix a flat tyre?"}
+    )
 
 
 def test_openai_shape_usage_and_null_when_absent():

@@ -37,7 +37,8 @@ def tree_blocks(cache, size: int = SIZE) -> set[tuple[str, tuple[int, ...], str]
                 block_mask = 0b111
                 for value in masks[i * size : (i + 1) * size]:
                     block_mask &= value
-                held.update((namespace, tuple(path[: (i + 1) * size]), MEDIUM[t]) for t in range(3) if block_mask >> t & 1)
+                prefix = tuple(path[: (i + 1) * size])
+                held.update((namespace, prefix, MEDIUM[t]) for t in range(3) if block_mask >> t & 1)
             stack.extend((child, path, masks) for child in node.children.values())
     return held
 
@@ -203,5 +204,8 @@ def test_a_serving_engine_publishes_over_zeromq_and_replays_from_any_held_sequen
             view = httpx.get(f"{url}/v1/cache/events", params={"after": len(live.batches) - 2}).json()
             assert [b["seq"] for b in view["batches"]] == [len(live.batches) - 1] and view["gap"] is False
             assert httpx.get(f"{url}/v1/cache").json()["kv_events"]["endpoint"] == publisher.bound_endpoint
+            metrics = httpx.get(f"{url}/metrics").text
+            assert f"prefixscope_engine_kv_event_batches_total {float(len(live.batches))}" in metrics
+            assert "prefixscope_engine_kv_events_lost_total 0.0" in metrics
         finally:
             live.close()

@@ -84,7 +84,15 @@ def test_streaming_sends_headers_chunks_usage_and_done(client):
 
 def test_streaming_without_include_usage_sends_no_usage_chunk(client):
     with client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response:
-        chunks = [e for e in sse_events(response) if e != "[DONE]"]
+        assert response.status_code == 200
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    # A whole stream (an empty one would pass the checks below vacuously): the role, the text, the finish.
+    assert len(chunks) >= 3
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert all(chunk["choices"] for chunk in chunks)
     assert all("usage" not in chunk for chunk in chunks)
 

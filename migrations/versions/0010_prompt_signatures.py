@@ -1,6 +1,6 @@
 """`prompt_signatures`: keyed block hashes of sampled prompts, for the fleet-wide prompt patterns.
 
-Revision ID: 0013
+Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-01
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013"
+revision: str = "0010"
 down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

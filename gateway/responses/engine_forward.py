@@ -1,0 +1,208 @@
+"""Responses requests to an upstream that speaks the chat API (the local engine, vLLM, SGLang).
+
+The request was translated (`translate.to_chat_body`) and normalized as a chat request; the answer is translated back:
+a Response for a plain request, the Responses event sequence for a streamed one. Usage reports the engine's prompt
+and cached tokens (`input_tokens_details.cached_tokens`; from the match headers when the body has none). When the
+response is complete, `Exchange.on_complete` receives it (to keep it for `previous_response_id` and `GET`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+
+from gateway.anthropic.engine_forward import SSE_HEADERS, UpstreamBadAnswer
+from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
+from gateway.chat_chunks import UpstreamStreamError, chat_chunks
+from gateway.forwarding import map_transport_error, upstream_error_type
+from gateway.parsing import CHAT
+from gateway.recording import Outcome, RequestTracker
+from gateway.responses.stream import EventWriter
+from gateway.responses.translate import finish_status, output_items, response_object, usage_object
+from gateway.retention import retention_header
+from gateway.upstreams.route import Route
+from gateway.upstreams.base import UsageReport
+
+log = logging.getLogger(__name__)
+
+_DECODER = msgspec.json.Decoder()
+_ENCODER = msgspec.json.Encoder()
+
+
+@dataclass
+class Exchange:
+    """One Responses request on its way to a chat upstream."""
+
+    client: httpx.AsyncClient
+    route: Route
+    body: dict[str, Any]  # the Responses body as the client sent it (echoed in the Response)
+    payload: bytes  # the chat body as sent
+    tracker: RequestTracker
+    send: Send
+    response_id: str
+    start_perf: float
+    retention: str | None
+    on_complete: Callable[[dict[str, Any]], None]
+    created_at: int = field(default_factory=lambda: int(time.time()))  # one time for every event of the response
+
+    def response(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None,
+        incomplete_reason: str | None = None,
+    ) -> dict[str, Any]:
+        return response_object(
+            self.body,
+            self.response_id,
+            status=status,
+            output=output,
+            usage=usage,
+            incomplete_reason=incomplete_reason,
+            created_at=self.created_at,
+        )
+
+    def headers(self, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
+        headers = [(b"x-request-id", self.tracker.request_id.encode()), *retention_header(self.retention)]
+        for name in self.route.adapter.passthrough_headers:
+            value = upstream.headers.get(name)
+            if value is not None:
+                headers.append((name.encode(), value.encode("latin-1")))
+        return headers
+
+    def usage(self, usage: UsageReport) -> dict[str, Any]:
+        """Responses `usage` for what the upstream reported (the match headers fill in what the body lacks); the
+        record takes the same figures."""
+        report = self.tracker.cache_report
+        prompt = usage.prompt_tokens if usage.prompt_tokens is not None else (report and report.prompt_tokens)
+        cached = usage.cached_tokens if usage.cached_tokens is not None else (report and report.matched_tokens)
+        self.tracker.usage = usage
+        return usage_object(int(prompt or 0), int(cached or 0), int(usage.completion_tokens or 0))
+
+    async def open(self, *, stream: bool) -> httpx.Response:
+        self.tracker.sending_upstream()
+        try:
+            upstream = await self.client.send(self.route.request(CHAT, self.payload), stream=stream)
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, self.route) from None
+        self.tracker.cache_report = self.route.adapter.cache_report(upstream.headers)
+        if self.tracker.explain is not None:
+            self.tracker.explain.upstream_status = upstream.status_code
+        return upstream
+
+    async def relay_error(self, upstream: httpx.Response, headers: list[tuple[bytes, bytes]]) -> Outcome:
+        """The chat upstream's error, OpenAI-shaped already, passed on with its status (naming the Responses field
+        where the chat field has another name)."""
+        body = responses_error(upstream.content)
+        outcome = self.tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
+        await send_response(self.send, upstream.status_code, body, [*headers, JSON_CONTENT_TYPE])
+        return outcome
+
+
+# Chat fields the translation renamed: an upstream's error naming one names the Responses field instead.
+RESPONSES_PARAMS = {"response_format": "text.format", "max_tokens": "max_output_tokens"}
+
+
+def responses_error(body: bytes) -> bytes:
+    """An OpenAI-shaped error body with `error.param` named as on the Responses API (`RESPONSES_PARAMS`; a
+    sub-field such as `response_format.json_schema` keeps its tail); other bodies unchanged."""
+    try:
+        payload = _DECODER.decode(body)
+    except msgspec.DecodeError:
+        return body
+    error = payload.get("error") if isinstance(payload, dict) else None
+    param = error.get("param") if isinstance(error, dict) else None
+    if not isinstance(param, str):
+        return body
+    head, dot, tail = param.partition(".")
+    if head not in RESPONSES_PARAMS:
+        return body
+    assert isinstance(payload, dict) and isinstance(error, dict)
+    return _ENCODER.encode({**payload, "error": {**error, "param": RESPONSES_PARAMS[head] + dot + tail}})
+
+
+async def forward_plain(exchange: Exchange) -> Outcome:
+    upstream = await exchange.open(stream=False)
+    headers = exchange.headers(upstream)
+    if upstream.status_code >= 400:
+        return await exchange.relay_error(upstream, headers)
+    try:
+        payload = _DECODER.decode(upstream.content)
+    except msgspec.DecodeError:
+        payload = None
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise UpstreamBadAnswer(f"The upstream {exchange.route.name!r} answered without a chat completion.")
+    assert isinstance(payload, dict)
+    explain = exchange.tracker.explain
+    if explain is not None and isinstance(payload.get("prefix_cache"), dict):
+        explain.prefix_cache = payload["prefix_cache"]
+    usage = exchange.usage(exchange.route.adapter.usage(payload))
+    message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
+    status, reason = finish_status(choices[0].get("finish_reason"))
+    response = exchange.response(status, output_items(message), usage, reason)
+    outcome = exchange.tracker.outcome = Outcome(upstream.status_code)
+    await send_response(exchange.send, 200, _ENCODER.encode(response), [*headers, JSON_CONTENT_TYPE])
+    exchange.on_complete(response)
+    return outcome
+
+
+async def forward_stream(exchange: Exchange) -> Outcome:
+    upstream = await exchange.open(stream=True)
+    try:
+        headers = exchange.headers(upstream)
+        if upstream.status_code >= 400:
+            try:
+                await upstream.aread()
+            except httpx.HTTPError as exc:
+                raise map_transport_error(exc, exchange.route) from None
+            return await exchange.relay_error(upstream, headers)
+        writer = EventWriter(exchange.response)
+        await exchange.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
+        await exchange.send({"type": "http.response.body", "body": writer.start(), "more_body": True})
+        return await _pump(exchange, upstream, writer)
+    finally:
+        await upstream.aclose()
+
+
+async def _pump(exchange: Exchange, upstream: httpx.Response, writer: EventWriter) -> Outcome:
+    tracker = exchange.tracker
+    adapter = exchange.route.adapter
+    usage = UsageReport()
+    error: tuple[str, str, int] | None = None  # message, error type, recorded status
+    try:
+        async for chunk in chat_chunks(upstream):
+            if isinstance(chunk, UpstreamStreamError):
+                error = (chunk.message, chunk.error_type, upstream.status_code)
+                break
+            if adapter.has_usage(chunk):
+                usage = adapter.usage(chunk)
+                if tracker.explain is not None and isinstance(chunk.get("prefix_cache"), dict):
+                    tracker.explain.prefix_cache = chunk["prefix_cache"]
+            out = writer.feed(chunk)
+            if tracker.ttft_ms is None and writer.saw_content:
+                tracker.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
+            if out:
+                await exchange.send({"type": "http.response.body", "body": out, "more_body": True})
+    except httpx.HTTPError as exc:
+        failure = map_transport_error(exc, exchange.route)
+        log.warning("upstream stream from %s broke: %s", exchange.route.name, failure.message)
+        error = (failure.message, failure.error_type, failure.status_code)
+    if error is not None:
+        message, error_type, status_code = error
+        tracker.outcome = Outcome(status_code, error_type)
+        failed = writer.fail(message, error_type)
+        await exchange.send({"type": "http.response.body", "body": failed, "more_body": False})
+        return tracker.outcome
+    status, reason = finish_status(writer.finish_reason)
+    closing, response = writer.finish(status, exchange.usage(usage), reason)
+    tracker.outcome = Outcome(upstream.status_code)
+    await exchange.send({"type": "http.response.body", "body": closing, "more_body": False})
+    exchange.on_complete(response)
+    return tracker.outcome

@@ -1,0 +1,194 @@
+"""Responses requests to an upstream of kind `openai`: the normalized body goes to `POST {api_base}/responses`, and the
+answer comes back as it came (status, body, events), with the gateway's request id added.
+
+Read on the way (OpenAI's API reference, "Responses" and "Responses: streaming events"): the response's `id`,
+`usage.input_tokens`, `usage.input_tokens_details.cached_tokens`, `usage.output_tokens` and `prompt_cache_diagnostics`,
+from the body or, streamed, from the `response` of `response.completed` / `response.incomplete` / `response.failed`;
+the first `response.output_text.delta` (or function-call arguments delta) sets the TTFT; an `error` event is
+recorded as the outcome's error type. `on_answer` receives the final Response object.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import msgspec
+
+from gateway.asgi_io import Send, send_response
+from gateway.forwarding import map_transport_error, upstream_error_type
+from gateway.provider_diagnostics import from_openai
+from gateway.recording import Outcome, RequestTracker
+from gateway.upstreams.route import Route
+from gateway.upstreams.base import UsageReport, _int_or_none
+
+log = logging.getLogger(__name__)
+
+_DECODER = msgspec.json.Decoder()
+_BOUNDARY = re.compile(rb"\r\n\r\n|\n\n")
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_CONTENT_EVENTS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
+
+
+def upstream_request(route: Route, path: str, method: str = "POST", payload: bytes = b"") -> httpx.Request:
+    """A request to the upstream's Responses API (`{api_base}/{path}`) with its configured key."""
+    url = f"{route.upstream.api_base}/{path}"
+    return httpx.Request(method, url, headers=route.headers, content=payload, extensions=route.extensions)
+
+
+def responses_usage(usage: Any) -> UsageReport:
+    """A Responses `usage` object as a `UsageReport` (cached = `input_tokens_details.cached_tokens`)."""
+    if not isinstance(usage, dict):
+        return UsageReport()
+    details = usage.get("input_tokens_details")
+    cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return UsageReport(_int_or_none(usage.get("input_tokens")), cached, _int_or_none(usage.get("output_tokens")))
+
+
+def _read_answer(tracker: RequestTracker, response: dict[str, Any]) -> None:
+    tracker.usage = responses_usage(response.get("usage"))
+    diagnosis = from_openai(response.get("prompt_cache_diagnostics"))
+    if diagnosis is not None:
+        tracker.provider_diagnosis = diagnosis
+
+
+def _headers(tracker: RequestTracker, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
+    headers = [(b"x-request-id", tracker.request_id.encode())]
+    content_type = upstream.headers.get("content-type")
+    if content_type and not content_type.startswith("text/event-stream"):
+        headers.append((b"content-type", content_type.encode("latin-1")))
+    return headers
+
+
+async def _open(client: httpx.AsyncClient, route: Route, request: httpx.Request, tracker: RequestTracker,
+                stream: bool) -> httpx.Response:
+    tracker.sending_upstream()
+    try:
+        upstream = await client.send(request, stream=stream)
+    except httpx.HTTPError as exc:
+        raise map_transport_error(exc, route) from None
+    if tracker.explain is not None:
+        tracker.explain.upstream_status = upstream.status_code
+    return upstream
+
+
+async def forward_plain(
+    client: httpx.AsyncClient,
+    route: Route,
+    payload: bytes,
+    tracker: RequestTracker,
+    send: Send,
+    on_answer: Callable[[dict[str, Any]], None],
+) -> Outcome:
+    upstream = await _open(client, route, upstream_request(route, "responses", payload=payload), tracker, False)
+    body = upstream.content
+    answer: Any = None
+    if upstream.status_code >= 400:
+        outcome = tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
+    else:
+        try:
+            answer = _DECODER.decode(body)
+        except msgspec.DecodeError:
+            answer = None
+        if isinstance(answer, dict):
+            _read_answer(tracker, answer)
+        outcome = tracker.outcome = Outcome(upstream.status_code)
+    await send_response(send, upstream.status_code, body, _headers(tracker, upstream))
+    if isinstance(answer, dict):
+        on_answer(answer)
+    return outcome
+
+
+class EventReader:
+    """Reads the final response, the first content and errors out of Responses events as their bytes go by."""
+
+    def __init__(self, tracker: RequestTracker, start_perf: float) -> None:
+        self._tracker = tracker
+        self._start_perf = start_perf
+        self._buffer = b""
+        self.final: dict[str, Any] | None = None
+        self.error_type: str | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._buffer + chunk
+        position = 0
+        for match in _BOUNDARY.finditer(data):
+            self._event(data[position : match.start()])
+            position = match.end()
+        self._buffer = data[position:]
+
+    def _event(self, event: bytes) -> None:
+        lines = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
+        if not lines:
+            return
+        try:
+            payload = _DECODER.decode(b"\n".join(lines))
+        except msgspec.DecodeError:
+            return
+        if not isinstance(payload, dict):
+            return
+        kind = payload.get("type")
+        if kind in _CONTENT_EVENTS and self._tracker.ttft_ms is None:
+            self._tracker.ttft_ms = (time.perf_counter() - self._start_perf) * 1000.0
+        elif kind in _FINAL_EVENTS and isinstance(payload.get("response"), dict):
+            self.final = payload["response"]
+            _read_answer(self._tracker, self.final)
+            if kind == "response.failed":
+                error = self.final.get("error")
+                self.error_type = str(error.get("code") or "response_failed") if isinstance(error, dict) else "failed"
+        elif kind == "error":
+            self.error_type = str(payload.get("code") or "upstream_error")
+
+
+async def forward_stream(
+    client: httpx.AsyncClient,
+    route: Route,
+    payload: bytes,
+    tracker: RequestTracker,
+    send: Send,
+    start_perf: float,
+    on_answer: Callable[[dict[str, Any]], None],
+) -> Outcome:
+    upstream = await _open(client, route, upstream_request(route, "responses", payload=payload), tracker, True)
+    try:
+        if upstream.status_code >= 400:
+            try:
+                body = await upstream.aread()
+            except httpx.HTTPError as exc:
+                raise map_transport_error(exc, route) from None
+            outcome = tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
+            await send_response(send, upstream.status_code, body, _headers(tracker, upstream))
+            return outcome
+        headers = _SSE_HEADERS + _headers(tracker, upstream)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        reader = EventReader(tracker, start_perf)
+        try:
+            async for chunk in upstream.aiter_raw():
+                reader.feed(chunk)
+                if reader.final is not None or reader.error_type is not None:
+                    tracker.outcome = Outcome(upstream.status_code, reader.error_type)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            error = map_transport_error(exc, route)
+            log.warning("upstream stream from %s broke: %s", route.name, error.message)
+            if tracker.outcome is None:
+                tracker.outcome = Outcome(error.status_code, error.error_type)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return tracker.outcome
+        if tracker.outcome is None:
+            tracker.outcome = Outcome(upstream.status_code, reader.error_type)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if reader.final is not None:
+            on_answer(reader.final)
+        return tracker.outcome
+    finally:
+        await upstream.aclose()

@@ -1,0 +1,232 @@
+"""OpenTelemetry trace export shared by the gateway and the engine: where spans go, and what became of them.
+
+Spans are exported over OTLP/HTTP (protobuf) by the SDK's `BatchSpanProcessor`: ending a span only appends it to a
+bounded in-memory queue, and a background thread encodes and posts batches. A slow or unreachable collector therefore
+costs the request path nothing; what it costs is counted here: spans exported, spans whose export failed (after the
+exporter's own retries), and spans dropped because the queue was full.
+
+Where spans go comes from the program's config or from the standard environment variables of the OpenTelemetry
+specification (`export_from_env`): `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL) or
+`OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL to which `/v1/traces` is added), `OTEL_EXPORTER_OTLP_HEADERS`
+(or `..._TRACES_HEADERS`), `OTEL_SERVICE_NAME`, and `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none` to turn
+tracing off.
+
+A neutral module: it imports nothing from the programs. Each program builds its own `TracerProvider` (never the
+process-global one), so several gateways or engines in one test process keep their spans apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.propagators.textmap import DefaultGetter
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+TRACES_PATH = "/v1/traces"
+ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENV_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
+ENV_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
+ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
+ENV_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+
+# W3C Trace Context (`traceparent`, `tracestate`), the propagation format every OpenTelemetry SDK speaks by default.
+PROPAGATOR = TraceContextTextMapPropagator()
+HEADER_GETTER = DefaultGetter()
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TraceExport:
+    """Where and how one program exports its spans.
+
+    `traces_url` is the collector's OTLP/HTTP traces URL (`http://host:4318/v1/traces`); `headers` are sent with
+    each export (an API key for a hosted backend). The batch settings are the SDK's defaults; `export_timeout_s`
+    bounds one export with its retries.
+    """
+
+    traces_url: str
+    service_name: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    export_timeout_s: float = 5.0
+    max_queue_size: int = 2048
+    max_export_batch_size: int = 512
+    schedule_delay_ms: int = 500
+
+
+def traces_url(endpoint: str) -> str:
+    """The traces URL for an OTLP/HTTP base endpoint (`http://collector:4318` -> `http://collector:4318/v1/traces`),
+    as the specification defines `OTEL_EXPORTER_OTLP_ENDPOINT`; an endpoint already ending in `/v1/traces` is kept."""
+    base = endpoint.rstrip("/")
+    return base if base.endswith(TRACES_PATH) else base + TRACES_PATH
+
+
+def parse_headers(text: str) -> dict[str, str]:
+    """`key1=value1,key2=value2` (values URL-encoded), the format of `OTEL_EXPORTER_OTLP_HEADERS`.
+    Raises ValueError on an entry without `=`."""
+    headers = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"OTLP header {item.strip()!r} is not name=value")
+        headers[unquote(name.strip()).lower()] = unquote(value.strip())
+    return headers
+
+
+def tracing_disabled(env: Mapping[str, str]) -> bool:
+    """Whether the environment turns tracing off (`OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`)."""
+    return (env.get(ENV_SDK_DISABLED, "").strip().lower() == "true"
+            or env.get(ENV_TRACES_EXPORTER, "").strip().lower() == "none")
+
+
+def export_from_env(env: Mapping[str, str], default_service_name: str) -> TraceExport | None:
+    """The export the standard OpenTelemetry environment variables ask for, or None when they name no endpoint or
+    turn tracing off. Raises ValueError on malformed headers."""
+    if tracing_disabled(env):
+        return None
+    url = env.get(ENV_TRACES_ENDPOINT, "").strip()
+    if not url:
+        base = env.get(ENV_ENDPOINT, "").strip()
+        if not base:
+            return None
+        url = traces_url(base)
+    headers = parse_headers(env.get(ENV_TRACES_HEADERS) or env.get(ENV_HEADERS) or "")
+    service_name = env.get(ENV_SERVICE_NAME, "").strip() or default_service_name
+    return TraceExport(traces_url=url, service_name=service_name, headers=headers)
+
+
+class ExportCounts:
+    """What became of the spans one program ended; read by its `/metrics`. Updated from the request path (ended,
+    dropped) and from the export thread (exported, failed), each under the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ended = 0
+        self.exported = 0
+        self.failed = 0  # spans in batches the collector did not take, after the exporter's retries
+        self.dropped = 0  # spans not queued because the export queue was full
+        self.failed_exports = 0  # batches
+
+    def add(self, name: str, value: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + value)
+
+
+class _CountingExporter(SpanExporter):
+    """The OTLP exporter, counting what each batch export achieved."""
+
+    def __init__(self, inner: SpanExporter, counts: ExportCounts) -> None:
+        self._inner = inner
+        self._counts = counts
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self._inner.export(spans)
+        except Exception:  # noqa: BLE001 - a broken export must not kill the export thread
+            log.warning("span export failed", exc_info=True)
+            result = SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            self._counts.add("exported", len(spans))
+        else:
+            self._counts.add("failed", len(spans))
+            self._counts.add("failed_exports")
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class _CountingBatchProcessor(BatchSpanProcessor):
+    """The SDK's batch processor, counting ended spans and those the full queue turned away."""
+
+    def __init__(self, exporter: SpanExporter, counts: ExportCounts, export: TraceExport) -> None:
+        super().__init__(
+            exporter,
+            max_queue_size=export.max_queue_size,
+            max_export_batch_size=export.max_export_batch_size,
+            schedule_delay_millis=export.schedule_delay_ms,
+            export_timeout_millis=export.export_timeout_s * 1000,
+        )
+        self._counts = counts
+        self._max_queue_size = export.max_queue_size
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._counts.add("ended")
+        if queue_length(self) >= self._max_queue_size:
+            self._counts.add("dropped")
+        super().on_end(span)
+
+
+def queue_length(processor: BatchSpanProcessor) -> int:
+    """Spans waiting in a batch processor's queue (0 where this SDK version does not say)."""
+    batch = getattr(processor, "_batch_processor", None)
+    queue = getattr(batch, "_queue", None)
+    return len(queue) if queue is not None else 0
+
+
+class Tracing:
+    """One program's tracer and its export. `shutdown` exports what is queued (bounded by the export timeout)."""
+
+    def __init__(self, export: TraceExport) -> None:
+        self.export = export
+        self.counts = ExportCounts()
+        self.provider = TracerProvider(resource=Resource.create({SERVICE_NAME: export.service_name}))
+        exporter = OTLPSpanExporter(
+            endpoint=export.traces_url, headers=dict(export.headers), timeout=export.export_timeout_s
+        )
+        self._processor = _CountingBatchProcessor(_CountingExporter(exporter, self.counts), self.counts, export)
+        self.provider.add_span_processor(self._processor)
+        self.tracer: Tracer = self.provider.get_tracer("prefixscope")
+
+    @property
+    def queued(self) -> int:
+        return queue_length(self._processor)
+
+    def force_flush(self, timeout_s: float = 5.0) -> bool:
+        return self.provider.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+class ExportMetrics(Collector):
+    """`<prefix>_trace_spans{outcome}` (counter: `exported`, `failed`, `dropped`) and `<prefix>_trace_spans_queued`
+    (gauge), read from a `Tracing` at scrape time."""
+
+    def __init__(self, prefix: str, tracing: Tracing) -> None:
+        self._prefix = prefix
+        self._tracing = tracing
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self._tracing.counts
+        spans = CounterMetricFamily(
+            f"{self._prefix}_trace_spans",
+            "Spans ended, by what became of them: exported, failed (the collector did not take them after retries) "
+            "or dropped (the export queue was full).",
+            labels=["outcome"],
+        )
+        for outcome in ("exported", "failed", "dropped"):
+            spans.add_metric([outcome], getattr(counts, outcome))
+        yield spans
+        yield GaugeMetricFamily(
+            f"{self._prefix}_trace_spans_queued", "Spans waiting in the export queue.", value=self._tracing.queued
+        )
