@@ -18,8 +18,6 @@ import threading
 import time
 from collections import deque
 
-import torch
-
 from local_engine.cache import KVPool, NoPrefixCache, RadixCache, RadixCacheConfig, SlotAllocator
 from local_engine.cache.block_events import BlockEvents
 from local_engine.cache.protocol import PrefixCache
@@ -149,9 +147,7 @@ class Engine:
         if not request.prompt_token_ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
         if request.retention is not None and request.retention not in RETENTION_CLASSES:
-            raise InvalidRequest(
-                f"cache_retention must be one of {list(RETENTION_CLASSES)}", param="cache_retention"
-            )
+            raise InvalidRequest(f"cache_retention must be one of {list(RETENTION_CLASSES)}", param="cache_retention")
         self.check_fits_window(len(request.prompt_token_ids), request.sampling.max_tokens)
         if len(request.prompt_token_ids) > self.allocator.num_slots:
             raise _too_big(len(request.prompt_token_ids), self.allocator.num_slots)
