@@ -16,10 +16,12 @@ import msgspec
 from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
 from gateway.explain.chains import body_without_hash_chain
-from gateway.recording import Outcome, RequestTracker
+from gateway.recording import RequestTracker
+from gateway.request_stages import Answered, Outcome
 from gateway.retention import retention_header
 from gateway.sse import SSERelay
 from gateway.telemetry.request_span import with_trace_context
+from gateway.upstreams.base import CacheReport
 from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
@@ -82,21 +84,26 @@ def upstream_error_type(body: bytes) -> str:
 
 
 async def _relay_upstream_error(
-    send: Send, upstream: httpx.Response, headers: list[tuple[bytes, bytes]], tracker: RequestTracker
+    send: Send,
+    upstream: httpx.Response,
+    headers: list[tuple[bytes, bytes]],
+    tracker: RequestTracker,
+    cache_report: CacheReport,
 ) -> Outcome:
     """Pass an upstream error status and body through unchanged."""
     body = upstream.content
     content_type = upstream.headers.get("content-type", "application/json").encode("latin-1")
-    outcome = tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
+    outcome = Outcome(upstream.status_code, upstream_error_type(body))
+    tracker.answered(Answered(outcome, cache_report=cache_report))
     await send_response(send, upstream.status_code, body, [*headers, (b"content-type", content_type)])
     return outcome
 
 
-def _answered(tracker: RequestTracker, route: Route, upstream: httpx.Response) -> None:
+def _match_report(tracker: RequestTracker, route: Route, upstream: httpx.Response) -> CacheReport:
     """What the response headers say: the match report, and (for the explanation) that the upstream answered."""
-    tracker.cache_report = route.adapter.cache_report(upstream.headers)
     if tracker.explain is not None:
         tracker.explain.upstream_status = upstream.status_code
+    return route.adapter.cache_report(upstream.headers)
 
 
 async def forward_plain(
@@ -108,13 +115,14 @@ async def forward_plain(
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     headers = _response_headers(route, upstream, tracker)
-    _answered(tracker, route, upstream)
+    cache_report = _match_report(tracker, route, upstream)
     if upstream.status_code >= 400:
-        return await _relay_upstream_error(send, upstream, headers, tracker)
+        return await _relay_upstream_error(send, upstream, headers, tracker, cache_report)
     body = upstream.content
     envelope = _decode_envelope(body)
+    usage = None
     if envelope is not None:
-        tracker.usage = route.adapter.usage(
+        usage = route.adapter.usage(
             {"usage": envelope.usage, "meta_info": envelope.meta_info, "prefix_cache": envelope.prefix_cache}
         )
         if tracker.span is not None:
@@ -124,7 +132,8 @@ async def forward_plain(
             explain.prefix_cache = envelope.prefix_cache
             if not explain.client_wants_chain and "hash_chain" in envelope.prefix_cache:
                 body = body_without_hash_chain(body)
-    outcome = tracker.outcome = Outcome(upstream.status_code)
+    outcome = Outcome(upstream.status_code)
+    tracker.answered(Answered(outcome, usage=usage, cache_report=cache_report))
     content_type = upstream.headers.get("content-type")
     type_header = (b"content-type", content_type.encode("latin-1")) if content_type else JSON_CONTENT_TYPE
     await send_response(send, upstream.status_code, body, [*headers, type_header])
@@ -149,13 +158,13 @@ async def forward_stream(
         raise map_transport_error(exc, route) from None
     try:
         headers = _response_headers(route, upstream, tracker)
-        _answered(tracker, route, upstream)
+        cache_report = _match_report(tracker, route, upstream)
         if upstream.status_code >= 400:
             try:
                 await upstream.aread()
             except httpx.HTTPError as exc:
                 raise map_transport_error(exc, route) from None
-            return await _relay_upstream_error(send, upstream, headers, tracker)
+            return await _relay_upstream_error(send, upstream, headers, tracker, cache_report)
         explain = tracker.explain
         relay = SSERelay(
             route.adapter,
@@ -163,13 +172,15 @@ async def forward_stream(
             start_perf=start_perf,
             forward_hash_chain=explain is None or explain.client_wants_chain,
         )
-        await send({"type": "http.response.start", "status": upstream.status_code, "headers": _SSE_HEADERS + headers})
         try:
-            return await _pump(upstream, relay, send, route, tracker)
+            await send(
+                {"type": "http.response.start", "status": upstream.status_code, "headers": _SSE_HEADERS + headers}
+            )
+            return await _pump(upstream, relay, send, route, tracker, cache_report)
         finally:
             # Also on cancellation (client gone): whatever was learnt so far goes into the record.
-            tracker.usage = relay.usage
-            tracker.ttft_ms = relay.ttft_ms
+            if tracker.answer is None:
+                tracker.answered(Answered(None, relay.usage, cache_report, relay.ttft_ms))
             if tracker.span is not None:
                 relay.response.copy_to(tracker.span.response)
             if explain is not None:
@@ -179,12 +190,24 @@ async def forward_stream(
 
 
 async def _pump(
-    upstream: httpx.Response, relay: SSERelay, send: Send, route: Route, tracker: RequestTracker
+    upstream: httpx.Response,
+    relay: SSERelay,
+    send: Send,
+    route: Route,
+    tracker: RequestTracker,
+    cache_report: CacheReport,
 ) -> Outcome:
     """Relay the stream. The client's response ends as soon as `[DONE]` has gone out (what follows upstream is
     only the end of the chunked body, read so the connection can be reused). After the first byte went out,
-    upstream failures become a final SSE error event."""
+    upstream failures become a final SSE error event. The answered stage is set just before the last byte goes
+    out."""
+
+    def answered(outcome: Outcome) -> Outcome:
+        tracker.answered(Answered(outcome, relay.usage, cache_report, relay.ttft_ms))
+        return outcome
+
     finished = False
+    outcome: Outcome | None = None
     try:
         async for chunk in upstream.aiter_raw():
             if finished:
@@ -192,21 +215,20 @@ async def _pump(
             out = relay.feed(chunk)
             if relay.saw_done:
                 finished = True
-                tracker.outcome = Outcome(upstream.status_code, relay.error_type)
+                outcome = answered(Outcome(upstream.status_code, relay.error_type))
                 await send({"type": "http.response.body", "body": out + relay.flush(), "more_body": False})
             elif out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
     except httpx.HTTPError as exc:
-        if finished and tracker.outcome is not None:
-            return tracker.outcome
+        if outcome is not None:
+            return outcome
         error = map_transport_error(exc, route)
         log.warning("upstream stream from %s broke: %s", route.name, error.message)
-        tracker.outcome = Outcome(error.status_code, error.error_type)
+        outcome = answered(Outcome(error.status_code, error.error_type))
         tail = relay.flush() + b"data: " + error.body() + b"\n\n"
         await send({"type": "http.response.body", "body": tail, "more_body": False})
-        return tracker.outcome
-    if not finished:
-        tracker.outcome = Outcome(upstream.status_code, relay.error_type)
+        return outcome
+    if outcome is None:
+        outcome = answered(Outcome(upstream.status_code, relay.error_type))
         await send({"type": "http.response.body", "body": relay.flush(), "more_body": False})
-    assert tracker.outcome is not None
-    return tracker.outcome
+    return outcome

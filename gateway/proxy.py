@@ -29,8 +29,9 @@ from gateway.explain.explainer import ExplainContext
 from gateway.fingerprint import prefix_hash, prompt_text
 from gateway.forwarding import forward_plain, forward_stream
 from gateway.parsing import parse_request
-from gateway.recording import Outcome, RequestTracker
+from gateway.recording import RequestTracker
 from gateway.replicas.dispatch import forward_routed
+from gateway.request_stages import Admitted, Outcome, Parsed, Prepared, Routed
 from gateway.runtime import Runtime
 from gateway.upstreams.route import Route
 
@@ -71,15 +72,15 @@ class CompletionProxy:
         start_perf = time.perf_counter()
         runtime = self._runtime
         request_id = "req_" + secrets.token_hex(12)
-        tracker = RequestTracker(runtime.recorder, request_id, self._endpoint, start_perf)
-        if runtime.spans is not None:
-            tracker.span = runtime.spans.start(scope, self._endpoint)
+        span = runtime.spans.start(scope, self._endpoint) if runtime.spans is not None else None
+        tracker = RequestTracker(runtime.recorder, request_id, self._endpoint, start_perf, span=span)
         tracked_send = _TrackedSend(send)
         try:
             outcome = await self._handle(scope, receive, tracked_send, tracker, start_perf)
             tracker.finish(outcome.status_code, outcome.error_type)
         except ClientDisconnected as exc:
-            outcome = tracker.outcome
+            answer = tracker.answer
+            outcome = None if answer is None else answer.outcome
             if tracked_send.complete and outcome is not None:
                 # The client had its whole response (say, a stream up to [DONE]) and left before we were done.
                 tracker.finish(outcome.status_code, outcome.error_type)
@@ -112,32 +113,26 @@ class CompletionProxy:
         runtime = self._runtime
         headers = header_values(scope, _AUTHORIZATION, _CONTENT_LENGTH)
         principal = await runtime.keys.authenticate_now(headers.get(_AUTHORIZATION))
-        tracker.tenant = principal.tenant
-        tracker.key_id = principal.key_id
+        tracker.admitted(Admitted(principal.tenant, principal.key_id))
         raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))
         parsed = parse_request(self._endpoint, raw)
-        tracker.model = parsed.model
-        tracker.stream = parsed.stream
+        tracker.parsed(Parsed(parsed.model, parsed.stream))
         route = runtime.router.route(parsed.model)
-        tracker.upstream = route.name
+        tracker.routed(Routed(route.name))
 
         try:
             normalized = runtime.pipeline_for(principal.tenant).apply(parsed.body)
         except RecursionError:
             raise too_deep(parsed.body) from None
-        tracker.applied_rules = normalized.applied_rules
         settings = runtime.config.tenant_settings(principal.tenant)
         salt = runtime.salts.salt_for(principal.tenant)
         body = route.adapter.apply_salt(normalized.request, salt)
-        if route.adapter.salt_field is not None:
-            tracker.namespace_label = runtime.salts.label_for(principal.tenant)
         # The class asked for (or the tenant's default), lowered to the tenant's maximum; sent only to upstreams
         # that take one, and recorded as sent.
         retention = settings.retention.effective(parsed.cache_retention)
         if route.adapter.retention_field is None:
             retention = None
         route.adapter.apply_retention(body, retention)
-        tracker.retention_class = retention
         if parsed.stream:
             # Ask for usage on the client's behalf; the relay drops that chunk again if the client did not ask.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
@@ -145,13 +140,22 @@ class CompletionProxy:
         client_wants_chain = parsed.body.get("return_hash_chain") is True
         if settings.hash_chain:
             route.adapter.ask_for_hash_chain(body, settings.hash_block_size)
-        tracker.explain = ExplainContext(
-            settings, self._endpoint, principal.tenant, normalized.request, parsed.body, salt, route, client_wants_chain
-        )
         record_key = runtime.recorder.hash_key(principal.tenant)
-        tracker.prefix_hash = prefix_hash(self._endpoint, normalized.request, record_key)
-        if settings.store_prompt_text:
-            tracker.prompt_text = prompt_text(self._endpoint, normalized.request)
+        tracker.prepared(
+            Prepared(
+                applied_rules=normalized.applied_rules,
+                prefix_hash=prefix_hash(self._endpoint, normalized.request, record_key),
+                prompt_text=prompt_text(self._endpoint, normalized.request) if settings.store_prompt_text else None,
+                namespace_label=(
+                    runtime.salts.label_for(principal.tenant) if route.adapter.salt_field is not None else None
+                ),
+                retention_class=retention,
+                explain=ExplainContext(
+                    settings, self._endpoint, principal.tenant, normalized.request, parsed.body, salt, route,
+                    client_wants_chain,
+                ),
+            )
+        )
         payload = _ENCODER.encode(body)
 
         def forward(target: Route) -> Awaitable[Outcome]:

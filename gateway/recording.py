@@ -1,7 +1,8 @@
 """Turning one request into one `RequestRecord`, handed to the background writer without waiting.
 
-A `RequestTracker` follows a request through the proxy, collecting what is known as it becomes known; `finish`
-builds the record exactly once, whatever path the request took (success, upstream error, bad input, client
+A `RequestTracker` follows a request through the proxy in named stages (`Admitted`, `Parsed`, `Routed`, `Prepared`,
+`Placed`, `Answered`: frozen values, each set once as the request path learns it); `finish` adds the explained stage
+and builds the record exactly once, whatever path the request took (success, upstream error, bad input, client
 disconnect), so every request is recorded. For an answered request the record carries the miss explanation and the
 prompt's hash chain; when the request was sampled for rule advice or a normalization uplift check, their background
 tasks submit the record once they have their answers. Meanwhile the writer holds it (`RecordSink.hold`: journaled
@@ -17,15 +18,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from db.chains import RequestChain
-from db.records import UNAUTHENTICATED_TENANT, RequestRecord
+from db.records import RequestRecord
 from gateway.metrics import GatewayMetrics
-from gateway.provider_diagnostics import ProviderDiagnosis
 from gateway.record_keys import KEY_VERSION, RecordHasher
+from gateway.request_stages import (
+    NOT_ADMITTED,
+    NOT_PARSED,
+    NOT_PLACED,
+    NOT_PREPARED,
+    NOT_ROUTED,
+    Admitted,
+    Answered,
+    ExplainContextLike,
+    Parsed,
+    Placed,
+    Prepared,
+    Routed,
+    StageSetTwice,
+)
 from gateway.upstreams.base import CacheReport, UsageReport
 
 if TYPE_CHECKING:
@@ -36,14 +51,6 @@ log = logging.getLogger(__name__)
 # Where a recorded TTFT comes from: the gateway's clock (first streamed content byte) or the engine's report.
 TTFT_GATEWAY = "gateway"
 TTFT_ENGINE = "engine"
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a request ended, as recorded: the status code sent to the client and the error type, if any."""
-
-    status_code: int
-    error_type: str | None = None
 
 
 class HeldRecordLike(Protocol):
@@ -60,12 +67,6 @@ class RecordSink(Protocol):
     def hold(self, record: RequestRecord) -> HeldRecordLike: ...
 
     def counters(self) -> Any: ...
-
-
-class ExplainContextLike(Protocol):
-    """What the recorder reads or tells about a request's explain context (`gateway.explain.ExplainContext`)."""
-
-    route: Any  # the route the request took: a replica set's placement replaces it
 
 
 class ExplainedAnswer(Protocol):
@@ -159,7 +160,11 @@ class Recorder:
 
 
 class RequestTracker:
-    """Mutable per-request state; `finish` turns it into a record once."""
+    """One request's record, built in named stages as the request path learns them: admitted -> parsed -> routed ->
+    prepared -> (placed) -> answered, each a frozen value set once through its method (a second set raises
+    `StageSetTwice`); `finish` adds the explained stage (the recorder's explainer) and builds the `RequestRecord`
+    once. A stage never reached keeps its empty value, so a request that failed early is recorded with what was
+    known."""
 
     __slots__ = (
         "_recorder",
@@ -167,83 +172,118 @@ class RequestTracker:
         "request_id",
         "created_at",
         "endpoint",
-        "tenant",
-        "key_id",
-        "model",
-        "upstream",
-        "stream",
-        "applied_rules",
-        "prefix_hash",
-        "prompt_text",
-        "usage",
-        "cache_report",
-        "ttft_ms",
-        "outcome",
-        "finished",
-        "explain",
-        "namespace_label",
-        "cache_write_tokens",
-        "retention_class",
-        "replica",
-        "routing_policy",
-        "predicted_match_tokens",
-        "routing_index_source",
-        "failovers",
-        "provider_diagnosis",
         "span",
+        "_admitted",
+        "_parsed",
+        "_routed",
+        "_prepared",
+        "_placed",
+        "_answered",
+        "finished",
     )
 
-    def __init__(self, recorder: Recorder, request_id: str, endpoint: str, start_perf: float) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        request_id: str,
+        endpoint: str,
+        start_perf: float,
+        *,
+        created_at: datetime | None = None,
+        span: RequestSpan | None = None,
+    ) -> None:
         self._recorder = recorder
         self._start_perf = start_perf
         self.request_id = request_id
-        self.created_at = datetime.now(UTC)
+        self.created_at = created_at if created_at is not None else datetime.now(UTC)
         self.endpoint = endpoint
-        self.tenant = UNAUTHENTICATED_TENANT
-        self.key_id: str | None = None
-        self.model = ""
-        self.upstream = ""
-        self.stream = False
-        self.applied_rules: tuple[str, ...] = ()
-        self.prefix_hash: str | None = None
-        self.prompt_text: str | None = None
-        self.usage: UsageReport | None = None
-        self.cache_report: CacheReport | None = None
-        self.ttft_ms: float | None = None
-        # Set just before the last response byte is sent, so a client that leaves right after the end of its
-        # response (it saw `[DONE]`) is still recorded with the real outcome.
-        self.outcome: Outcome | None = None
+        self.span = span  # the request's OpenTelemetry span, when the gateway exports them
+        self._admitted = NOT_ADMITTED
+        self._parsed = NOT_PARSED
+        self._routed = NOT_ROUTED
+        self._prepared = NOT_PREPARED
+        self._placed = NOT_PLACED
+        self._answered: Answered | None = None
         self.finished = False
-        self.explain: ExplainContextLike | None = None  # what the explainer knows of the request
-        self.namespace_label: str | None = None  # the engine's label of the tenant's cache namespace
-        # Messages API only: prompt tokens written to the cache.
-        self.cache_write_tokens: int | None = None
-        # The retention class sent upstream (`gateway.retention`), or on the Messages API the one its breakpoints ask
-        # for; None when none applies.
-        self.retention_class: str | None = None
-        self.replica: str | None = None
-        self.routing_policy: str | None = None
-        self.predicted_match_tokens: int | None = None
-        self.routing_index_source: str | None = None
-        self.failovers = 0
-        # The upstream provider's own prompt-cache diagnosis, when it returned one (`gateway.provider_diagnostics`).
-        self.provider_diagnosis: ProviderDiagnosis | None = None
-        self.span: RequestSpan | None = None  # the request's OpenTelemetry span, when the gateway exports them
 
-    def placed(self, placement: Any) -> None:
-        """A replica set chose where this request goes (`gateway.replicas.replica_set.Placement`)."""
-        self.replica = placement.replica.url if placement.replica is not None else None
-        self.routing_policy = placement.policy
-        self.predicted_match_tokens = placement.predicted_match_tokens
-        self.routing_index_source = placement.index_source
-        if self.explain is not None:
-            self.explain.route = placement.route  # the uplift check asks the replica that served the request
+    def _unset(self, current: object, empty: object, stage: str) -> None:
+        if current is not empty:
+            raise StageSetTwice(f"request {self.request_id}: the {stage} stage was already recorded")
+
+    def admitted(self, stage: Admitted) -> None:
+        self._unset(self._admitted, NOT_ADMITTED, "admitted")
+        self._admitted = stage
+
+    def parsed(self, stage: Parsed) -> None:
+        self._unset(self._parsed, NOT_PARSED, "parsed")
+        self._parsed = stage
+
+    def routed(self, stage: Routed) -> None:
+        self._unset(self._routed, NOT_ROUTED, "routed")
+        self._routed = stage
+
+    def prepared(self, stage: Prepared) -> None:
+        self._unset(self._prepared, NOT_PREPARED, "prepared")
+        self._prepared = stage
+
+    def placed(self, stage: Placed) -> None:
+        self._unset(self._placed, NOT_PLACED, "placed")
+        self._placed = stage
+
+    def answered(self, stage: Answered) -> None:
+        self._unset(self._answered, None, "answered")
+        self._answered = stage
+
+    # What the request path reads back (stages are read-only once set).
+    @property
+    def tenant(self) -> str:
+        return self._admitted.tenant
+
+    @property
+    def model(self) -> str:
+        return self._parsed.model
+
+    @property
+    def prefix_hash(self) -> str | None:
+        return self._prepared.prefix_hash
+
+    @property
+    def retention_class(self) -> str | None:
+        """The class sent upstream, else the one the request asked for (Messages API), else None."""
+        sent = self._prepared.retention_class
+        return sent if sent is not None else self._parsed.retention_class
+
+    @property
+    def explain(self) -> ExplainContextLike | None:
+        return self._prepared.explain
+
+    @property
+    def answer(self) -> Answered | None:
+        """The answered stage (None until the upstream's answer was relayed)."""
+        return self._answered
 
     def sending_upstream(self) -> None:
         """The request is about to go upstream: look up its nearest earlier request while the upstream works."""
         explainer = self._recorder.explainer
-        if explainer is not None and self.explain is not None:
-            explainer.prepare_soon(self.explain)
+        explain = self._prepared.explain
+        if explainer is not None and explain is not None:
+            explainer.prepare_soon(explain)
+
+    def _explained(self, status_code: int, report: CacheReport, prompt_tokens: int | None,
+                   cached_tokens: int | None) -> ExplainedAnswer | None:
+        """The explained stage: the recorder's explainer's answer (None without an explainer or explain context)."""
+        explainer = self._recorder.explainer
+        explain = self._prepared.explain
+        if explainer is None or explain is None:
+            return None
+        engine = replace(
+            report,
+            matched_tokens=report.matched_tokens if report.matched_tokens is not None else cached_tokens,
+            prompt_tokens=report.prompt_tokens if report.prompt_tokens is not None else prompt_tokens,
+        )
+        return explainer.explain(
+            explain, recorded_status=status_code, engine=engine, applied_rules=self._prepared.applied_rules
+        )
 
     def finish(self, status_code: int, error_type: str | None = None) -> None:
         """Record the request (only the first call counts)."""
@@ -251,37 +291,31 @@ class RequestTracker:
             return
         self.finished = True
         latency_ms = (time.perf_counter() - self._start_perf) * 1000.0
-        usage = self.usage or UsageReport()
-        report = self.cache_report or CacheReport()
+        admitted, parsed, prepared, placed = self._admitted, self._parsed, self._prepared, self._placed
+        answer = self._answered
+        usage = (answer.usage if answer is not None else None) or UsageReport()
+        report = (answer.cache_report if answer is not None else None) or CacheReport()
+        gateway_ttft = answer.ttft_ms if answer is not None else None
+        diagnosis = answer.provider_diagnosis if answer is not None else None
         prompt_tokens = usage.prompt_tokens if usage.prompt_tokens is not None else report.prompt_tokens
         cached_tokens = usage.cached_tokens if usage.cached_tokens is not None else report.matched_tokens
         # The body's split (or the usage chunk's) wins over the header's; the load time is only ever in the body.
         tiers = usage.tiers if usage.tiers is not None else report.tiers
-        explainer = self._recorder.explainer
-        explained: ExplainedAnswer | None = None
-        if explainer is not None and self.explain is not None:
-            engine = replace(
-                report,
-                matched_tokens=report.matched_tokens if report.matched_tokens is not None else cached_tokens,
-                prompt_tokens=report.prompt_tokens if report.prompt_tokens is not None else prompt_tokens,
-            )
-            explained = explainer.explain(
-                self.explain, recorded_status=status_code, engine=engine, applied_rules=self.applied_rules
-            )
-        ttft_ms, ttft_source = self.ttft_ms, TTFT_GATEWAY if self.ttft_ms is not None else None
-        if ttft_ms is None and not self.stream and report.ttft_ms is not None and status_code < 400:
+        explained = self._explained(status_code, report, prompt_tokens, cached_tokens)
+        ttft_ms, ttft_source = gateway_ttft, TTFT_GATEWAY if gateway_ttft is not None else None
+        if ttft_ms is None and not parsed.stream and report.ttft_ms is not None and status_code < 400:
             ttft_ms, ttft_source = report.ttft_ms, TTFT_ENGINE  # the engine's own queue + prefill time
         hasher = self._recorder.hasher
         chain = None if explained is None else explained.chain
         record = RequestRecord(
             request_id=self.request_id,
             created_at=self.created_at,
-            tenant=self.tenant,
-            key_id=self.key_id,
+            tenant=admitted.tenant,
+            key_id=admitted.key_id,
             endpoint=self.endpoint,
-            model=self.model,
-            upstream=self.upstream,
-            stream=self.stream,
+            model=parsed.model,
+            upstream=self._routed.upstream,
+            stream=parsed.stream,
             status_code=status_code,
             error_type=error_type,
             prompt_tokens=prompt_tokens,
@@ -290,26 +324,26 @@ class RequestTracker:
             ttft_ms=ttft_ms,
             ttft_source=ttft_source,
             latency_ms=latency_ms,
-            applied_rules=self.applied_rules,
+            applied_rules=prepared.applied_rules,
             miss_kind=report.miss_kind,
-            prefix_hash=self.prefix_hash,
-            prompt_text=self.prompt_text,
+            prefix_hash=prepared.prefix_hash,
+            prompt_text=prepared.prompt_text,
             template_tokens=report.template_tokens,
-            namespace_label=self.namespace_label,
-            chain=chain if hasher is None else hasher.chain(self.tenant, chain),
+            namespace_label=prepared.namespace_label,
+            chain=chain if hasher is None else hasher.chain(admitted.tenant, chain),
             hash_key_version=None if hasher is None else KEY_VERSION,
-            cache_write_tokens=self.cache_write_tokens,
+            cache_write_tokens=answer.cache_write_tokens if answer is not None else None,
             retention_class=self.retention_class,
             cached_tokens_device=None if tiers is None else tiers.device_tokens,
             cached_tokens_host=None if tiers is None else tiers.host_tokens,
             cached_tokens_disk=None if tiers is None else tiers.disk_tokens,
             cache_load_ms=usage.cache_load_ms,
-            replica=self.replica,
-            routing_policy=self.routing_policy,
-            predicted_match_tokens=self.predicted_match_tokens,
-            routing_index_source=self.routing_index_source,
-            provider_miss_reason=None if self.provider_diagnosis is None else self.provider_diagnosis.reason,
-            provider_missed_tokens=None if self.provider_diagnosis is None else self.provider_diagnosis.missed_tokens,
+            replica=placed.replica,
+            routing_policy=placed.routing_policy,
+            predicted_match_tokens=placed.predicted_match_tokens,
+            routing_index_source=placed.routing_index_source,
+            provider_miss_reason=None if diagnosis is None else diagnosis.reason,
+            provider_missed_tokens=None if diagnosis is None else diagnosis.missed_tokens,
             **({} if explained is None else explained.record_fields(report)),
         )
         if self.span is not None:

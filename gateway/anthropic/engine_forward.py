@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -29,9 +29,10 @@ from gateway.chat_chunks import UpstreamStreamError, chat_chunks
 from gateway.errors import GatewayError
 from gateway.forwarding import map_transport_error, upstream_error_type
 from gateway.parsing import CHAT
-from gateway.recording import Outcome, RequestTracker
+from gateway.recording import RequestTracker
+from gateway.request_stages import Answered, Outcome
 from gateway.retention import retention_header
-from gateway.upstreams.base import UsageReport
+from gateway.upstreams.base import CacheReport, UsageReport
 from gateway.upstreams.route import Route
 from gateway.upstreams.tiers import first_tokens
 from gateway.telemetry.request_span import with_trace_context
@@ -62,6 +63,18 @@ class Exchange:
     positions: asyncio.Task[list[CachePoint]] | None
     start_perf: float
     retention: str | None = None  # the retention class sent upstream (`gateway.retention`), if any
+    # What the answer says so far, for the request's answered stage (set once, when the answer ends).
+    cache_report: CacheReport | None = field(default=None, init=False)
+    usage: UsageReport | None = field(default=None, init=False)  # as recorded: Anthropic's split of the prompt
+    cache_write_tokens: int | None = field(default=None, init=False)
+    ttft_ms: float | None = field(default=None, init=False)
+
+    def answered(self, outcome: Outcome | None) -> Outcome | None:
+        """Set the request's answered stage from what the answer said (None: it was cut off before its end)."""
+        self.tracker.answered(
+            Answered(outcome, self.usage, self.cache_report, self.ttft_ms, cache_write_tokens=self.cache_write_tokens)
+        )
+        return outcome
 
     def response_headers(self, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
         request_id = self.tracker.request_id.encode()
@@ -84,8 +97,8 @@ class Exchange:
         return None
 
     def cache_usage(self, usage: UsageReport, points: list[CachePoint] | None) -> CacheUsage:
-        """Anthropic's prompt-side usage for what the upstream reported; also fills in the record."""
-        report = self.tracker.cache_report
+        """Anthropic's prompt-side usage for what the upstream reported; also kept for the record."""
+        report = self.cache_report
         prompt = usage.prompt_tokens if usage.prompt_tokens is not None else (report and report.prompt_tokens)
         matched = usage.cached_tokens if usage.cached_tokens is not None else (report and report.matched_tokens)
         prompt, matched = int(prompt or 0), int(matched or 0)
@@ -100,13 +113,13 @@ class Exchange:
         # cached tokens, so the split recorded is theirs (one over the cached tokens would count as unknown). The
         # load time stays the match's.
         tiers = usage.tiers if usage.tiers is not None else (report.tiers if report is not None else None)
-        self.tracker.usage = replace(
+        self.usage = replace(
             usage,
             prompt_tokens=split.prompt_tokens if known_prompt else None,
             cached_tokens=split.cache_read_input_tokens if known_prompt else None,
             tiers=first_tokens(tiers, split.cache_read_input_tokens) if known_prompt and tiers is not None else None,
         )
-        self.tracker.cache_write_tokens = split.cache_creation_input_tokens if known_prompt else None
+        self.cache_write_tokens = split.cache_creation_input_tokens if known_prompt else None
         return split
 
     async def open(self, *, stream: bool) -> httpx.Response:
@@ -116,14 +129,15 @@ class Exchange:
             upstream = await self.client.send(request, stream=stream)
         except httpx.HTTPError as exc:
             raise map_transport_error(exc, self.route) from None
-        self.tracker.cache_report = self.route.adapter.cache_report(upstream.headers)
+        self.cache_report = self.route.adapter.cache_report(upstream.headers)
         if self.tracker.explain is not None:
             self.tracker.explain.upstream_status = upstream.status_code
         return upstream
 
     async def relay_error(self, upstream: httpx.Response, headers: list[tuple[bytes, bytes]]) -> Outcome:
         body = upstream.content
-        outcome = self.tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
+        outcome = Outcome(upstream.status_code, upstream_error_type(body))
+        self.answered(outcome)
         translated = translate_upstream_error(upstream.status_code, body)
         await send_response(self.send, upstream.status_code, translated, [*headers, JSON_CONTENT_TYPE])
         return outcome
@@ -162,7 +176,8 @@ async def forward_plain(exchange: Exchange) -> Outcome:
         "stop_sequence": sequence,
         "usage": split.as_dict(usage.completion_tokens or 0),
     }
-    outcome = exchange.tracker.outcome = Outcome(upstream.status_code)
+    outcome = Outcome(upstream.status_code)
+    exchange.answered(outcome)
     await send_response(exchange.send, 200, _ENCODER.encode(body), [*headers, JSON_CONTENT_TYPE])
     return outcome
 
@@ -176,7 +191,7 @@ class UpstreamBadAnswer(GatewayError):
 
 def _stream_start_usage(exchange: Exchange, points: list[CachePoint] | None) -> dict[str, Any]:
     """The prompt-side usage for `message_start`, from the match headers (zeros when the upstream sends none)."""
-    report = exchange.tracker.cache_report
+    report = exchange.cache_report
     usage = UsageReport(
         prompt_tokens=report.prompt_tokens if report is not None else None,
         cached_tokens=report.matched_tokens if report is not None else None,
@@ -196,9 +211,13 @@ async def forward_stream(exchange: Exchange) -> Outcome:
             return await exchange.relay_error(upstream, headers)
         points = await exchange.points()
         start = message_start(exchange.message_id, exchange.request.model, _stream_start_usage(exchange, points))
-        await exchange.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
-        await exchange.send({"type": "http.response.body", "body": start, "more_body": True})
-        return await _pump(exchange, upstream, points)
+        try:
+            await exchange.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
+            await exchange.send({"type": "http.response.body", "body": start, "more_body": True})
+            return await _pump(exchange, upstream, points)
+        finally:
+            if exchange.tracker.answer is None:  # cut off (client gone): what was learnt so far is recorded
+                exchange.answered(None)
     finally:
         await upstream.aclose()
 
@@ -218,8 +237,8 @@ async def _pump(exchange: Exchange, upstream: httpx.Response, points: list[Cache
                 if tracker.explain is not None and isinstance(chunk.get("prefix_cache"), dict):
                     tracker.explain.prefix_cache = chunk["prefix_cache"]
             out = translator.feed(chunk)
-            if tracker.ttft_ms is None and translator.saw_content:
-                tracker.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
+            if exchange.ttft_ms is None and translator.saw_content:
+                exchange.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
             if out:
                 await exchange.send({"type": "http.response.body", "body": out, "more_body": True})
     except httpx.HTTPError as exc:
@@ -228,13 +247,15 @@ async def _pump(exchange: Exchange, upstream: httpx.Response, points: list[Cache
         error = (failure_error.message, failure_error.error_type, failure_error.status_code)
     if error is not None:
         message, error_type, status_code = error
-        tracker.outcome = Outcome(status_code, error_type)
+        outcome = Outcome(status_code, error_type)
+        exchange.answered(outcome)
         body = error_event(message, error_type_for_status(status_code if status_code >= 400 else 500))
         await exchange.send({"type": "http.response.body", "body": body, "more_body": False})
-        return tracker.outcome
+        return outcome
     split = exchange.cache_usage(usage or UsageReport(), points)
     final = split.as_dict((usage.completion_tokens if usage else None) or 0)
     final.pop("cache_creation")
-    tracker.outcome = Outcome(upstream.status_code)
+    outcome = Outcome(upstream.status_code)
+    exchange.answered(outcome)
     await exchange.send({"type": "http.response.body", "body": translator.finish(final), "more_body": False})
-    return tracker.outcome
+    return outcome

@@ -40,7 +40,8 @@ from gateway.fingerprint import prefix_hash, prompt_text
 from gateway.forwarding import map_transport_error
 from gateway.parsing import CHAT
 from gateway.proxy import CompletionProxy
-from gateway.recording import Outcome, RequestTracker
+from gateway.recording import RequestTracker
+from gateway.request_stages import Admitted, Outcome, Parsed, Prepared, Routed
 from gateway.runtime import Runtime
 from gateway.upstreams.base import CLIENT_SALT_FIELDS
 from gateway.upstreams.route import Route
@@ -115,15 +116,12 @@ class MessagesProxy(CompletionProxy):
         runtime = self._runtime
         headers = header_values(scope, *_HEADERS)
         principal = await authenticate(runtime, headers)
-        tracker.tenant = principal.tenant
-        tracker.key_id = principal.key_id
+        tracker.admitted(Admitted(principal.tenant, principal.key_id))
         raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))
         request = parse_messages_request(raw)
-        tracker.model = request.model
-        tracker.stream = request.stream
-        tracker.retention_class = request.retention_class
+        tracker.parsed(Parsed(request.model, request.stream, retention_class=request.retention_class))
         route = runtime.router.route(request.model)
-        tracker.upstream = route.name
+        tracker.routed(Routed(route.name))
         try:
             return await self._forward(request, principal, route, headers, receive, send, tracker, start_perf)
         except RecursionError:
@@ -143,7 +141,7 @@ class MessagesProxy(CompletionProxy):
     ) -> Outcome:
         runtime = self._runtime
         settings = runtime.config.tenant_settings(principal.tenant)
-        normalized_body, tracker.applied_rules = normalize(request.body, settings)
+        normalized_body, applied_rules = normalize(request.body, settings)
         normalized = replace(request, body=normalized_body)
         if route.adapter.kind != ANTHROPIC_KIND:
             check_chat_upstream(normalized_body, route)
@@ -151,12 +149,25 @@ class MessagesProxy(CompletionProxy):
         chat_body = to_chat_body(normalized_body, stream=request.stream, style=style)
         salt = runtime.salts.salt_for(principal.tenant)
         raw_chat = to_chat_body(request.body, stream=request.stream, style=style)
-        tracker.explain = ExplainContext(settings, CHAT, principal.tenant, chat_body, raw_chat, salt, route, False)
-        tracker.prefix_hash = prefix_hash(CHAT, chat_body, runtime.recorder.hash_key(principal.tenant))
-        if settings.store_prompt_text:
-            tracker.prompt_text = prompt_text(CHAT, chat_body)
+        # The breakpoints' class (or the tenant's default), lowered to the tenant's maximum, goes to upstreams that
+        # take one and is recorded as sent; for the others the record keeps the class the breakpoints asked for.
+        passthrough_route = route.adapter.kind == ANTHROPIC_KIND
+        retention = (
+            settings.retention.effective(request.retention_class)
+            if not passthrough_route and route.adapter.retention_field
+            else None
+        )
+        tracker.prepared(
+            Prepared(
+                applied_rules=applied_rules,
+                prefix_hash=prefix_hash(CHAT, chat_body, runtime.recorder.hash_key(principal.tenant)),
+                prompt_text=prompt_text(CHAT, chat_body) if settings.store_prompt_text else None,
+                retention_class=retention,
+                explain=ExplainContext(settings, CHAT, principal.tenant, chat_body, raw_chat, salt, route, False),
+            )
+        )
 
-        if route.adapter.kind == ANTHROPIC_KIND:
+        if passthrough_route:
             upstream_headers = passthrough.upstream_headers(route.upstream, headers.get(_VERSION), headers.get(_BETA))
             upstream_body = normalized_body
             asked = settings.diagnostics or "diagnostics" in normalized_body
@@ -167,13 +178,15 @@ class MessagesProxy(CompletionProxy):
             upstream_request = passthrough.upstream_request(
                 route, "messages", _passthrough_body(upstream_body), upstream_headers
             )
-            answered = passthrough.Answered(runtime.baselines, principal.tenant, route.name, tracker.prefix_hash, asked)
+            diagnosed = passthrough.DiagnosisBaseline(
+                runtime.baselines, principal.tenant, route.name, tracker.prefix_hash, asked
+            )
             if request.stream:
                 work = passthrough.forward_stream(
-                    runtime.client, route, upstream_request, tracker, send, start_perf, answered
+                    runtime.client, route, upstream_request, tracker, send, start_perf, diagnosed
                 )
             else:
-                work = passthrough.forward_plain(runtime.client, route, upstream_request, tracker, send, answered)
+                work = passthrough.forward_plain(runtime.client, route, upstream_request, tracker, send, diagnosed)
             return await run_until_disconnect(work, receive)
 
         positions = None
@@ -185,7 +198,9 @@ class MessagesProxy(CompletionProxy):
             )
             positions.add_done_callback(_retrieve)
         try:
-            exchange = self._exchange(route, normalized, chat_body, salt, tracker, send, positions, start_perf)
+            exchange = self._exchange(
+                route, normalized, chat_body, salt, retention, tracker, send, positions, start_perf
+            )
             forward = engine_forward.forward_stream if request.stream else engine_forward.forward_plain
             return await run_until_disconnect(forward(exchange), receive)
         finally:
@@ -198,6 +213,7 @@ class MessagesProxy(CompletionProxy):
         request: MessagesRequest,
         chat_body: dict[str, Any],
         salt: str,
+        retention: str | None,
         tracker: RequestTracker,
         send: Send,
         positions: asyncio.Task[Any] | None,
@@ -206,12 +222,7 @@ class MessagesProxy(CompletionProxy):
         runtime = self._runtime
         settings = runtime.config.tenant_settings(tracker.tenant)
         body = route.adapter.apply_salt(chat_body, salt)
-        # The breakpoints' class (or the tenant's default), lowered to the tenant's maximum, goes to upstreams that
-        # take one and is recorded as sent; for the others the record keeps the class the breakpoints asked for.
-        retention = settings.retention.effective(request.retention_class) if route.adapter.retention_field else None
         route.adapter.apply_retention(body, retention)
-        if retention is not None:
-            tracker.retention_class = retention
         if route.adapter.kind == "openai":
             body.pop("top_k", None)  # OpenAI's chat API has no top_k (vLLM and SGLang take it)
         if request.stream:

@@ -24,8 +24,10 @@ from gateway.anthropic.stream import error_event
 from gateway.asgi_io import Send, send_response
 from gateway.config import UpstreamConfig
 from gateway.forwarding import map_transport_error
-from gateway.provider_diagnostics import Baselines, from_anthropic
-from gateway.recording import Outcome, RequestTracker
+from gateway import request_stages
+from gateway.provider_diagnostics import Baselines, ProviderDiagnosis, from_anthropic
+from gateway.recording import RequestTracker
+from gateway.request_stages import Outcome
 from gateway.upstreams.base import UsageReport
 from gateway.upstreams.kinds import HEADER_MATCHED, HEADER_PROMPT, anthropic_usage
 from gateway.telemetry.request_span import with_trace_context
@@ -63,7 +65,7 @@ def upstream_request(route: Route, path: str, payload: bytes, headers: dict[str,
 
 
 @dataclass(frozen=True, slots=True)
-class Answered:
+class DiagnosisBaseline:
     """What to do with the upstream's message: read its cache diagnosis (`asked`: the request sent `diagnostics`) and
     keep its id as the tenant's latest on this prefix, the baseline of the next diagnosis."""
 
@@ -73,26 +75,26 @@ class Answered:
     prefix: str | None
     asked: bool
 
-    def message(self, tracker: RequestTracker, message: dict[str, Any]) -> None:
-        diagnosis = from_anthropic(message, self.asked)
-        if diagnosis is not None:
-            tracker.provider_diagnosis = diagnosis
+    def message(self, message: dict[str, Any]) -> ProviderDiagnosis | None:
+        """The message's cache diagnosis (None: it has none); keeps its id as the next baseline."""
         if isinstance(message.get("id"), str):
             self.baselines.update(self.tenant, self.upstream, self.prefix, message["id"])
+        return from_anthropic(message, self.asked)
 
 
-def _record_usage(tracker: RequestTracker, usage: Any) -> None:
+def _usage(previous: UsageReport | None, usage: Any) -> tuple[UsageReport | None, int | None]:
+    """The usage after one of Anthropic's usage objects (a `message_delta`'s counts are cumulative and may leave the
+    prompt side out: then it is kept from `message_start`), and the cache writes it reports (None: not reported)."""
     report, writes = anthropic_usage(usage)
     if report.prompt_tokens is None and report.completion_tokens is None:
-        return
-    previous = tracker.usage or UsageReport()
-    tracker.usage = UsageReport(
+        return previous, None
+    previous = previous or UsageReport()
+    merged = UsageReport(
         prompt_tokens=report.prompt_tokens if report.prompt_tokens is not None else previous.prompt_tokens,
         cached_tokens=report.cached_tokens if report.prompt_tokens is not None else previous.cached_tokens,
         completion_tokens=report.completion_tokens,
     )
-    if writes is not None:
-        tracker.cache_write_tokens = writes
+    return merged, writes
 
 
 def _error_type(body: bytes, status_code: int) -> str:
@@ -134,24 +136,27 @@ async def forward_plain(
     request: httpx.Request,
     tracker: RequestTracker,
     send: Send,
-    answered: Answered | None = None,
+    baseline: DiagnosisBaseline | None = None,
 ) -> Outcome:
     upstream = await _open(client, route, request, tracker, stream=False)
     body = upstream.content
+    usage = writes = diagnosis = None
     if upstream.status_code >= 400:
-        outcome = tracker.outcome = Outcome(upstream.status_code, _error_type(body, upstream.status_code))
+        outcome = Outcome(upstream.status_code, _error_type(body, upstream.status_code))
     else:
         try:
             decoded = _DECODER.decode(body)
         except msgspec.DecodeError:
             decoded = None
         if isinstance(decoded, dict):
-            _record_usage(tracker, decoded.get("usage"))
-            if answered is not None:
-                answered.message(tracker, decoded)
-        outcome = tracker.outcome = Outcome(upstream.status_code)
+            usage, writes = _usage(None, decoded.get("usage"))
+            if baseline is not None:
+                diagnosis = baseline.message(decoded)
+        outcome = Outcome(upstream.status_code)
+    tracker.answered(
+        request_stages.Answered(outcome, usage, cache_write_tokens=writes, provider_diagnosis=diagnosis)
+    )
     headers = _headers(tracker, upstream)
-    usage = tracker.usage
     if usage is not None and usage.prompt_tokens is not None:
         # The match headers every gateway response carries, from the upstream's usage (it reports no miss kind).
         headers.append((HEADER_MATCHED.encode(), str(usage.cached_tokens or 0).encode()))
@@ -161,15 +166,38 @@ async def forward_plain(
 
 
 class EventReader:
-    """Reads usage, the first content and errors out of Anthropic events as their bytes go by."""
+    """Reads usage, the first content, the cache diagnosis and errors out of Anthropic events as their bytes go by;
+    `answer` makes the request's answered stage of them."""
 
-    def __init__(self, tracker: RequestTracker, start_perf: float, answered: Answered | None = None) -> None:
-        self._tracker = tracker
-        self._answered = answered
+    def __init__(self, start_perf: float, baseline: DiagnosisBaseline | None = None) -> None:
+        self._baseline = baseline
         self._start_perf = start_perf
         self._buffer = b""
         self.error_type: str | None = None
         self.stopped = False
+        self.usage: UsageReport | None = None
+        self.cache_write_tokens: int | None = None
+        self.ttft_ms: float | None = None  # the gateway's clock: the first content delta
+        self.diagnosis: ProviderDiagnosis | None = None
+
+    def answer(self, outcome: Outcome | None) -> request_stages.Answered:
+        return request_stages.Answered(
+            outcome,
+            self.usage,
+            ttft_ms=self.ttft_ms,
+            cache_write_tokens=self.cache_write_tokens,
+            provider_diagnosis=self.diagnosis,
+        )
+
+    def _read_usage(self, usage: Any) -> None:
+        self.usage, writes = _usage(self.usage, usage)
+        if writes is not None:
+            self.cache_write_tokens = writes
+
+    def _read_diagnosis(self, message: dict[str, Any]) -> None:
+        diagnosis = self._baseline.message(message) if self._baseline is not None else None
+        if diagnosis is not None:
+            self.diagnosis = diagnosis
 
     def feed(self, chunk: bytes) -> None:
         data = self._buffer + chunk
@@ -191,15 +219,14 @@ class EventReader:
             return
         kind = payload.get("type")
         if kind == "message_start" and isinstance(payload.get("message"), dict):
-            _record_usage(self._tracker, payload["message"].get("usage"))
-            if self._answered is not None:
-                self._answered.message(self._tracker, payload["message"])
+            self._read_usage(payload["message"].get("usage"))
+            self._read_diagnosis(payload["message"])
         elif kind == "message_delta":
-            _record_usage(self._tracker, payload.get("usage"))
-            if self._answered is not None and "diagnostics" in payload:
-                self._answered.message(self._tracker, {"diagnostics": payload["diagnostics"]})
-        elif kind == "content_block_delta" and self._tracker.ttft_ms is None:
-            self._tracker.ttft_ms = (time.perf_counter() - self._start_perf) * 1000.0
+            self._read_usage(payload.get("usage"))
+            if "diagnostics" in payload:
+                self._read_diagnosis({"diagnostics": payload["diagnostics"]})
+        elif kind == "content_block_delta" and self.ttft_ms is None:
+            self.ttft_ms = (time.perf_counter() - self._start_perf) * 1000.0
         elif kind == "error":
             error = payload.get("error")
             self.error_type = str(error.get("type")) if isinstance(error, dict) else "api_error"
@@ -214,7 +241,7 @@ async def forward_stream(
     tracker: RequestTracker,
     send: Send,
     start_perf: float,
-    answered: Answered | None = None,
+    baseline: DiagnosisBaseline | None = None,
 ) -> Outcome:
     upstream = await _open(client, route, request, tracker, stream=True)
     try:
@@ -223,30 +250,41 @@ async def forward_stream(
                 body = await upstream.aread()
             except httpx.HTTPError as exc:
                 raise map_transport_error(exc, route) from None
-            outcome = tracker.outcome = Outcome(upstream.status_code, _error_type(body, upstream.status_code))
+            outcome = Outcome(upstream.status_code, _error_type(body, upstream.status_code))
+            tracker.answered(request_stages.Answered(outcome))
             await send_response(send, upstream.status_code, body, _headers(tracker, upstream))
             return outcome
-        await send(
-            {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + _headers(tracker, upstream)}
-        )
-        reader = EventReader(tracker, start_perf, answered)
+        reader = EventReader(start_perf, baseline)
         try:
-            async for chunk in upstream.aiter_raw():
-                reader.feed(chunk)
-                if reader.stopped or reader.error_type is not None:
-                    tracker.outcome = Outcome(upstream.status_code, reader.error_type)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:
-            error = map_transport_error(exc, route)
-            log.warning("upstream stream from %s broke: %s", route.name, error.message)
-            if tracker.outcome is None:
-                tracker.outcome = Outcome(error.status_code, error.error_type)
-                tail = error_event(error.message, error_type_for_status(error.status_code))
-                await send({"type": "http.response.body", "body": tail, "more_body": False})
-                return tracker.outcome
-        if tracker.outcome is None:
-            tracker.outcome = Outcome(upstream.status_code, reader.error_type)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return tracker.outcome
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + _headers(tracker, upstream)}
+            )
+            return await _relay_events(upstream, reader, route, send, tracker)
+        finally:
+            if tracker.answer is None:  # cut off (client gone): what was learnt so far is recorded
+                tracker.answered(reader.answer(None))
     finally:
         await upstream.aclose()
+
+
+async def _relay_events(
+    upstream: httpx.Response, reader: EventReader, route: Route, send: Send, tracker: RequestTracker
+) -> Outcome:
+    """Pass the events through as they come; the outcome is fixed (the answered stage set) before the last byte."""
+    try:
+        async for chunk in upstream.aiter_raw():
+            reader.feed(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except httpx.HTTPError as exc:
+        error = map_transport_error(exc, route)
+        log.warning("upstream stream from %s broke: %s", route.name, error.message)
+        if not reader.stopped and reader.error_type is None:
+            outcome = Outcome(error.status_code, error.error_type)
+            tracker.answered(reader.answer(outcome))
+            tail = error_event(error.message, error_type_for_status(error.status_code))
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            return outcome
+    outcome = Outcome(upstream.status_code, reader.error_type)
+    tracker.answered(reader.answer(outcome))
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return outcome

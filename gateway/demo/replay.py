@@ -30,6 +30,7 @@ from gateway.normalize.pipeline import Pipeline, build_pipeline
 from gateway.parsing import CHAT
 from gateway.record_keys import RecordHasher
 from gateway.recording import Recorder, RequestTracker
+from gateway.request_stages import Admitted, Answered, Outcome, Parsed, Prepared, Routed
 from gateway.tenancy import SaltDeriver
 from gateway.upstreams.base import UpstreamAdapter
 from gateway.upstreams.kinds import LocalEngineAdapter, OpenAICompatibleAdapter, SGLangAdapter, VLLMAdapter
@@ -176,26 +177,27 @@ class Replay:
         route = self.routes[upstream]
         endpoint = CHAT if profile.endpoint == "chat.completions" else profile.endpoint
         model, stream = str(raw["model"]), raw.get("stream") is True
-        tracker = RequestTracker(self.recorder, request_id, endpoint, time.perf_counter())
-        tracker.created_at = created_at
-        tracker.tenant = profile.name
-        tracker.key_id = self.salts.salt_for(profile.name)[:10] + f"{rng.randrange(2):02d}"
-        tracker.model, tracker.upstream, tracker.stream = model, upstream, stream
+        tracker = RequestTracker(self.recorder, request_id, endpoint, time.perf_counter(), created_at=created_at)
+        tracker.admitted(Admitted(profile.name, self.salts.salt_for(profile.name)[:10] + f"{rng.randrange(2):02d}"))
+        tracker.parsed(Parsed(model, stream))
+        tracker.routed(Routed(upstream))
         normalized = self.pipelines[profile.name].apply(raw)
-        tracker.applied_rules = normalized.applied_rules
         settings = profile.settings
         salt = self.salts.salt_for(profile.name)
         sent = route.adapter.apply_salt(normalized.request, salt)
-        if route.adapter.salt_field is not None:
-            tracker.namespace_label = self.salts.label_for(profile.name)
         if settings.hash_chain:
             route.adapter.ask_for_hash_chain(sent, settings.hash_block_size)
         demo_route: Any = route
         context = ExplainContext(settings, endpoint, profile.name, normalized.request, raw, salt, demo_route, False)
-        tracker.explain = context
-        tracker.prefix_hash = prefix_hash(endpoint, normalized.request, self.recorder.hash_key(profile.name))
-        if settings.store_prompt_text:
-            tracker.prompt_text = prompt_text(endpoint, normalized.request)
+        tracker.prepared(
+            Prepared(
+                applied_rules=normalized.applied_rules,
+                prefix_hash=prefix_hash(endpoint, normalized.request, self.recorder.hash_key(profile.name)),
+                prompt_text=prompt_text(endpoint, normalized.request) if settings.store_prompt_text else None,
+                namespace_label=self.salts.label_for(profile.name) if route.adapter.salt_field is not None else None,
+                explain=context,
+            )
+        )
         self.explainer.prepare(context)
         if error is not None:
             status, error_type = error
@@ -213,17 +215,23 @@ class Replay:
         ttft_ms += match.load_ms
         self.latencies[request_id] = ttft_ms + completion_tokens * rng.uniform(6.0, 14.0)
         adapter = route.adapter
+        cache_report = None
         if isinstance(adapter, LocalEngineAdapter):
             with_chain = sent.get("return_hash_chain") is True
             headers, body = local_engine_response(match, completion_tokens, ttft_ms, with_chain)
-            tracker.cache_report = adapter.cache_report(headers)
+            cache_report = adapter.cache_report(headers)
             context.prefix_cache = body["prefix_cache"]
         else:
             body = openai_response(match, completion_tokens, reports_cached=upstream != "hosted-openai")
-        tracker.usage = adapter.usage(body)
-        if stream:
-            tracker.ttft_ms = ttft_ms  # the gateway's clock: first content byte
         context.upstream_status = 200
+        tracker.answered(
+            Answered(
+                Outcome(200),
+                usage=adapter.usage(body),
+                cache_report=cache_report,
+                ttft_ms=ttft_ms if stream else None,  # streams: the gateway's clock (first content byte)
+            )
+        )
         tracker.finish(200)
 
     def take(self) -> list[RequestRecord]:

@@ -9,11 +9,11 @@ from typing import Any, Protocol, TypeVar
 
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.replicas.replica_set import Placement, ReplicaSet
-from gateway.upstreams.base import UsageReport
+from gateway.request_stages import Answered, ExplainContextLike, Placed
 from gateway.upstreams.route import Route
 
 MAX_ATTEMPTS = 2
-Outcome = TypeVar("Outcome")  # what `forward` answers (`gateway.recording.Outcome`), passed through
+Outcome = TypeVar("Outcome")  # what `forward` answers (`gateway.request_stages.Outcome`), passed through
 
 
 class _Started(Protocol):
@@ -30,11 +30,16 @@ class HasReplicaSets(Protocol):
 class PlacedRequest(Protocol):
     """What dispatch reads and tells about one request (`gateway.recording.RequestTracker`)."""
 
-    model: str
-    usage: UsageReport | None
-    failovers: int
+    @property
+    def model(self) -> str: ...
 
-    def placed(self, placement: Placement) -> None: ...
+    @property
+    def answer(self) -> Answered | None: ...
+
+    @property
+    def explain(self) -> ExplainContextLike | None: ...
+
+    def placed(self, stage: Placed) -> None: ...
 
 
 async def forward_routed(
@@ -52,18 +57,25 @@ async def forward_routed(
     if replica_set is None:
         return await forward(route)
     excluded: list[str] = []
-    while True:
-        placement = await replica_set.place(client, endpoint, body, namespace, tracker.model, excluded)
-        tracker.placed(placement)
-        try:
-            return await forward(placement.route)
-        except (UpstreamUnavailable, UpstreamTimeout):
-            replica_set.failed(placement)
-            if send.started or len(excluded) + 1 >= min(MAX_ATTEMPTS, len(replica_set.replicas)):
-                raise
-            excluded.append(placement.replica.url if placement.replica else "")
-            tracker.failovers += 1
-            replica_set.retried()
-        finally:
-            usage = tracker.usage
-            replica_set.release(placement, usage.prompt_tokens if usage is not None else None)
+    placement: Placement | None = None
+    try:
+        while True:
+            placement = await replica_set.place(client, endpoint, body, namespace, tracker.model, excluded)
+            explain = tracker.explain
+            if explain is not None:
+                explain.route = placement.route  # the uplift check asks the replica that served the request
+            try:
+                return await forward(placement.route)
+            except (UpstreamUnavailable, UpstreamTimeout):
+                replica_set.failed(placement)
+                if send.started or len(excluded) + 1 >= min(MAX_ATTEMPTS, len(replica_set.replicas)):
+                    raise
+                excluded.append(placement.replica.url if placement.replica else "")
+                replica_set.retried()
+            finally:
+                answer = tracker.answer
+                usage = answer.usage if answer is not None else None
+                replica_set.release(placement, usage.prompt_tokens if usage is not None else None)
+    finally:
+        if placement is not None:
+            tracker.placed(Placed.of(placement, len(excluded)))  # the last replica tried is the one recorded

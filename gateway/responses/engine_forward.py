@@ -22,12 +22,13 @@ from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
 from gateway.chat_chunks import UpstreamStreamError, chat_chunks
 from gateway.forwarding import map_transport_error, upstream_error_type
 from gateway.parsing import CHAT
-from gateway.recording import Outcome, RequestTracker
+from gateway.recording import RequestTracker
+from gateway.request_stages import Answered, Outcome
 from gateway.responses.stream import EventWriter
 from gateway.responses.translate import finish_status, output_items, response_object, usage_object
 from gateway.retention import retention_header
 from gateway.upstreams.route import Route
-from gateway.upstreams.base import UsageReport
+from gateway.upstreams.base import CacheReport, UsageReport
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,15 @@ class Exchange:
     retention: str | None
     on_complete: Callable[[dict[str, Any]], None]
     created_at: int = field(default_factory=lambda: int(time.time()))  # one time for every event of the response
+    # What the answer says so far, for the request's answered stage (set once, when the answer ends).
+    cache_report: CacheReport | None = field(default=None, init=False)
+    recorded_usage: UsageReport | None = field(default=None, init=False)
+    ttft_ms: float | None = field(default=None, init=False)
+
+    def answered(self, outcome: Outcome | None) -> Outcome | None:
+        """Set the request's answered stage from what the answer said (None: it was cut off before its end)."""
+        self.tracker.answered(Answered(outcome, self.recorded_usage, self.cache_report, self.ttft_ms))
+        return outcome
 
     def response(
         self,
@@ -79,10 +89,10 @@ class Exchange:
     def usage(self, usage: UsageReport) -> dict[str, Any]:
         """Responses `usage` for what the upstream reported (the match headers fill in what the body lacks); the
         record takes the same figures."""
-        report = self.tracker.cache_report
+        report = self.cache_report
         prompt = usage.prompt_tokens if usage.prompt_tokens is not None else (report and report.prompt_tokens)
         cached = usage.cached_tokens if usage.cached_tokens is not None else (report and report.matched_tokens)
-        self.tracker.usage = usage
+        self.recorded_usage = usage
         return usage_object(int(prompt or 0), int(cached or 0), int(usage.completion_tokens or 0))
 
     async def open(self, *, stream: bool) -> httpx.Response:
@@ -91,7 +101,7 @@ class Exchange:
             upstream = await self.client.send(self.route.request(CHAT, self.payload), stream=stream)
         except httpx.HTTPError as exc:
             raise map_transport_error(exc, self.route) from None
-        self.tracker.cache_report = self.route.adapter.cache_report(upstream.headers)
+        self.cache_report = self.route.adapter.cache_report(upstream.headers)
         if self.tracker.explain is not None:
             self.tracker.explain.upstream_status = upstream.status_code
         return upstream
@@ -100,7 +110,8 @@ class Exchange:
         """The chat upstream's error, OpenAI-shaped already, passed on with its status (naming the Responses field
         where the chat field has another name)."""
         body = responses_error(upstream.content)
-        outcome = self.tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
+        outcome = Outcome(upstream.status_code, upstream_error_type(body))
+        self.answered(outcome)
         await send_response(self.send, upstream.status_code, body, [*headers, JSON_CONTENT_TYPE])
         return outcome
 
@@ -147,7 +158,8 @@ async def forward_plain(exchange: Exchange) -> Outcome:
     message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
     status, reason = finish_status(choices[0].get("finish_reason"))
     response = exchange.response(status, output_items(message), usage, reason)
-    outcome = exchange.tracker.outcome = Outcome(upstream.status_code)
+    outcome = Outcome(upstream.status_code)
+    exchange.answered(outcome)
     await send_response(exchange.send, 200, _ENCODER.encode(response), [*headers, JSON_CONTENT_TYPE])
     exchange.on_complete(response)
     return outcome
@@ -164,9 +176,13 @@ async def forward_stream(exchange: Exchange) -> Outcome:
                 raise map_transport_error(exc, exchange.route) from None
             return await exchange.relay_error(upstream, headers)
         writer = EventWriter(exchange.response)
-        await exchange.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
-        await exchange.send({"type": "http.response.body", "body": writer.start(), "more_body": True})
-        return await _pump(exchange, upstream, writer)
+        try:
+            await exchange.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
+            await exchange.send({"type": "http.response.body", "body": writer.start(), "more_body": True})
+            return await _pump(exchange, upstream, writer)
+        finally:
+            if exchange.tracker.answer is None:  # cut off (client gone): what was learnt so far is recorded
+                exchange.answered(None)
     finally:
         await upstream.aclose()
 
@@ -186,8 +202,8 @@ async def _pump(exchange: Exchange, upstream: httpx.Response, writer: EventWrite
                 if tracker.explain is not None and isinstance(chunk.get("prefix_cache"), dict):
                     tracker.explain.prefix_cache = chunk["prefix_cache"]
             out = writer.feed(chunk)
-            if tracker.ttft_ms is None and writer.saw_content:
-                tracker.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
+            if exchange.ttft_ms is None and writer.saw_content:
+                exchange.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
             if out:
                 await exchange.send({"type": "http.response.body", "body": out, "more_body": True})
     except httpx.HTTPError as exc:
@@ -196,13 +212,15 @@ async def _pump(exchange: Exchange, upstream: httpx.Response, writer: EventWrite
         error = (failure.message, failure.error_type, failure.status_code)
     if error is not None:
         message, error_type, status_code = error
-        tracker.outcome = Outcome(status_code, error_type)
+        outcome = Outcome(status_code, error_type)
+        exchange.answered(outcome)
         failed = writer.fail(message, error_type)
         await exchange.send({"type": "http.response.body", "body": failed, "more_body": False})
-        return tracker.outcome
+        return outcome
     status, reason = finish_status(writer.finish_reason)
     closing, response = writer.finish(status, exchange.usage(usage), reason)
-    tracker.outcome = Outcome(upstream.status_code)
+    outcome = Outcome(upstream.status_code)
+    exchange.answered(outcome)
     await exchange.send({"type": "http.response.body", "body": closing, "more_body": False})
     exchange.on_complete(response)
-    return tracker.outcome
+    return outcome

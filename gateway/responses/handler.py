@@ -41,7 +41,8 @@ from gateway.forwarding import map_transport_error
 from gateway.parsing import CHAT
 from gateway.provider_diagnostics import Baselines
 from gateway.proxy import CompletionProxy
-from gateway.recording import Outcome, RequestTracker
+from gateway.recording import RequestTracker
+from gateway.request_stages import Admitted, Outcome, Parsed, Prepared, Routed
 from gateway.replicas.dispatch import forward_routed
 from gateway.responses import RESPONSES, engine_forward, passthrough
 from gateway.responses.normalize import normalize
@@ -80,14 +81,12 @@ class ResponsesProxy(CompletionProxy):
         runtime = self._runtime
         headers = header_values(scope, _AUTHORIZATION, _CONTENT_LENGTH)
         principal = runtime.keys.authenticate(headers.get(_AUTHORIZATION))
-        tracker.tenant = principal.tenant
-        tracker.key_id = principal.key_id
+        tracker.admitted(Admitted(principal.tenant, principal.key_id))
         raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))
         request = parse_responses_request(raw)
-        tracker.model = request.model
-        tracker.stream = request.stream
+        tracker.parsed(Parsed(request.model, request.stream))
         route = runtime.router.route(request.model)
-        tracker.upstream = route.name
+        tracker.routed(Routed(route.name))
         try:
             if route.adapter.kind == OPENAI_KIND:
                 return await self._passthrough(request, principal, route, receive, send, tracker, start_perf)
@@ -129,23 +128,25 @@ class ResponsesProxy(CompletionProxy):
         history = previous.history if previous is not None else []
         chat_body = to_chat_body(request.body, history, stream=request.stream)
         normalized = runtime.pipeline_for(tenant).apply(chat_body)
-        tracker.applied_rules = normalized.applied_rules
         settings = runtime.config.tenant_settings(tenant)
         salt = runtime.salts.salt_for(tenant)
         body = route.adapter.apply_salt(normalized.request, salt)
-        if route.adapter.salt_field is not None:
-            tracker.namespace_label = runtime.salts.label_for(tenant)
         retention = settings.retention.effective(request.retention_class) if route.adapter.retention_field else None
         route.adapter.apply_retention(body, retention)
-        tracker.retention_class = retention
         if request.stream:
             body["stream_options"] = {"include_usage": True}
         if settings.hash_chain:
             route.adapter.ask_for_hash_chain(body, settings.hash_block_size)
-        tracker.explain = ExplainContext(settings, CHAT, tenant, normalized.request, chat_body, salt, route, False)
-        tracker.prefix_hash = prefix_hash(CHAT, normalized.request, runtime.recorder.hash_key(tenant))
-        if settings.store_prompt_text:
-            tracker.prompt_text = prompt_text(CHAT, normalized.request)
+        tracker.prepared(
+            Prepared(
+                applied_rules=normalized.applied_rules,
+                prefix_hash=prefix_hash(CHAT, normalized.request, runtime.recorder.hash_key(tenant)),
+                prompt_text=prompt_text(CHAT, normalized.request) if settings.store_prompt_text else None,
+                namespace_label=runtime.salts.label_for(tenant) if route.adapter.salt_field is not None else None,
+                retention_class=retention,
+                explain=ExplainContext(settings, CHAT, tenant, normalized.request, chat_body, salt, route, False),
+            )
+        )
         payload = _ENCODER.encode(body)
         response_id = new_id("resp")
         conversation = history + input_messages(request.body["input"])
@@ -179,22 +180,28 @@ class ResponsesProxy(CompletionProxy):
         tenant = principal.tenant
         self._previous(tenant, request, route)  # the id must be this tenant's
         settings = runtime.config.tenant_settings(tenant)
-        normalized, tracker.applied_rules = normalize(request.body, settings)
+        normalized, applied_rules = normalize(request.body, settings)
         salt = runtime.salts.salt_for(tenant)
         body = {k: v for k, v in normalized.items() if k not in CLIENT_SALT_FIELDS and k != "cache_retention"}
         body[PROMPT_CACHE_KEY] = derive_prompt_cache_key(salt, normalized)
         record_key = runtime.recorder.hash_key(tenant)
-        tracker.prefix_hash = prefix_hash(RESPONSES, normalized, record_key)
-        if settings.store_prompt_text:
-            tracker.prompt_text = prompt_text(RESPONSES, normalized)
+        prefix = prefix_hash(RESPONSES, normalized, record_key)
         try:
             chat_view = to_chat_body(normalized, [], stream=False)
             raw_view = to_chat_body(request.body, [], stream=False)
         except BadRequest:
             chat_view = raw_view = None  # built-in tools or other items: recorded, not explained
+        explain = None
         if chat_view is not None and raw_view is not None:
-            tracker.explain = ExplainContext(settings, CHAT, tenant, chat_view, raw_view, salt, route, False)
-        prefix = tracker.prefix_hash
+            explain = ExplainContext(settings, CHAT, tenant, chat_view, raw_view, salt, route, False)
+        tracker.prepared(
+            Prepared(
+                applied_rules=applied_rules,
+                prefix_hash=prefix,
+                prompt_text=prompt_text(RESPONSES, normalized) if settings.store_prompt_text else None,
+                explain=explain,
+            )
+        )
         if settings.diagnostics:
             baseline = request.previous_response_id or self._baselines.latest(tenant, route.name, prefix)
             _ask_for_diagnostics(body, baseline)

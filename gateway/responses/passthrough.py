@@ -22,7 +22,8 @@ import msgspec
 from gateway.asgi_io import Send, send_response
 from gateway.forwarding import map_transport_error, upstream_error_type
 from gateway.provider_diagnostics import from_openai
-from gateway.recording import Outcome, RequestTracker
+from gateway.recording import RequestTracker
+from gateway.request_stages import Answered, Outcome
 from gateway.upstreams.route import Route
 from gateway.upstreams.base import UsageReport, _int_or_none
 
@@ -54,11 +55,15 @@ def responses_usage(usage: Any) -> UsageReport:
     return UsageReport(_int_or_none(usage.get("input_tokens")), cached, _int_or_none(usage.get("output_tokens")))
 
 
-def _read_answer(tracker: RequestTracker, response: dict[str, Any]) -> None:
-    tracker.usage = responses_usage(response.get("usage"))
+def _answer(
+    outcome: Outcome | None, response: dict[str, Any] | None, ttft_ms: float | None = None
+) -> Answered:
+    """The answered stage for `outcome` and the final Response object `response` (None: none came)."""
+    if response is None:
+        return Answered(outcome, ttft_ms=ttft_ms)
+    usage = responses_usage(response.get("usage"))
     diagnosis = from_openai(response.get("prompt_cache_diagnostics"))
-    if diagnosis is not None:
-        tracker.provider_diagnosis = diagnosis
+    return Answered(outcome, usage, ttft_ms=ttft_ms, provider_diagnosis=diagnosis)
 
 
 def _headers(tracker: RequestTracker, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
@@ -93,15 +98,14 @@ async def forward_plain(
     body = upstream.content
     answer: Any = None
     if upstream.status_code >= 400:
-        outcome = tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
+        outcome = Outcome(upstream.status_code, upstream_error_type(body))
     else:
         try:
             answer = _DECODER.decode(body)
         except msgspec.DecodeError:
             answer = None
-        if isinstance(answer, dict):
-            _read_answer(tracker, answer)
-        outcome = tracker.outcome = Outcome(upstream.status_code)
+        outcome = Outcome(upstream.status_code)
+    tracker.answered(_answer(outcome, answer if isinstance(answer, dict) else None))
     await send_response(send, upstream.status_code, body, _headers(tracker, upstream))
     if isinstance(answer, dict):
         on_answer(answer)
@@ -109,14 +113,18 @@ async def forward_plain(
 
 
 class EventReader:
-    """Reads the final response, the first content and errors out of Responses events as their bytes go by."""
+    """Reads the final response, the first content and errors out of Responses events as their bytes go by;
+    `answer` makes the request's answered stage of them."""
 
-    def __init__(self, tracker: RequestTracker, start_perf: float) -> None:
-        self._tracker = tracker
+    def __init__(self, start_perf: float) -> None:
         self._start_perf = start_perf
         self._buffer = b""
         self.final: dict[str, Any] | None = None
         self.error_type: str | None = None
+        self.ttft_ms: float | None = None  # the gateway's clock: the first content delta
+
+    def answer(self, outcome: Outcome | None) -> Answered:
+        return _answer(outcome, self.final, self.ttft_ms)
 
     def feed(self, chunk: bytes) -> None:
         data = self._buffer + chunk
@@ -137,11 +145,10 @@ class EventReader:
         if not isinstance(payload, dict):
             return
         kind = payload.get("type")
-        if kind in _CONTENT_EVENTS and self._tracker.ttft_ms is None:
-            self._tracker.ttft_ms = (time.perf_counter() - self._start_perf) * 1000.0
+        if kind in _CONTENT_EVENTS and self.ttft_ms is None:
+            self.ttft_ms = (time.perf_counter() - self._start_perf) * 1000.0
         elif kind in _FINAL_EVENTS and isinstance(payload.get("response"), dict):
             self.final = payload["response"]
-            _read_answer(self._tracker, self.final)
             if kind == "response.failed":
                 error = self.final.get("error")
                 self.error_type = str(error.get("code") or "response_failed") if isinstance(error, dict) else "failed"
@@ -165,30 +172,42 @@ async def forward_stream(
                 body = await upstream.aread()
             except httpx.HTTPError as exc:
                 raise map_transport_error(exc, route) from None
-            outcome = tracker.outcome = Outcome(upstream.status_code, upstream_error_type(body))
+            outcome = Outcome(upstream.status_code, upstream_error_type(body))
+            tracker.answered(Answered(outcome))
             await send_response(send, upstream.status_code, body, _headers(tracker, upstream))
             return outcome
         headers = _SSE_HEADERS + _headers(tracker, upstream)
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        reader = EventReader(tracker, start_perf)
+        reader = EventReader(start_perf)
         try:
-            async for chunk in upstream.aiter_raw():
-                reader.feed(chunk)
-                if reader.final is not None or reader.error_type is not None:
-                    tracker.outcome = Outcome(upstream.status_code, reader.error_type)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:
-            error = map_transport_error(exc, route)
-            log.warning("upstream stream from %s broke: %s", route.name, error.message)
-            if tracker.outcome is None:
-                tracker.outcome = Outcome(error.status_code, error.error_type)
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                return tracker.outcome
-        if tracker.outcome is None:
-            tracker.outcome = Outcome(upstream.status_code, reader.error_type)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            outcome = await _relay_events(upstream, reader, route, send, tracker)
+        finally:
+            if tracker.answer is None:  # cut off (client gone): what was learnt so far is recorded
+                tracker.answered(reader.answer(None))
         if reader.final is not None:
             on_answer(reader.final)
-        return tracker.outcome
+        return outcome
     finally:
         await upstream.aclose()
+
+
+async def _relay_events(
+    upstream: httpx.Response, reader: EventReader, route: Route, send: Send, tracker: RequestTracker
+) -> Outcome:
+    """Pass the events through as they come; the outcome is fixed (the answered stage set) before the last byte."""
+    try:
+        async for chunk in upstream.aiter_raw():
+            reader.feed(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except httpx.HTTPError as exc:
+        error = map_transport_error(exc, route)
+        log.warning("upstream stream from %s broke: %s", route.name, error.message)
+        if reader.final is None and reader.error_type is None:
+            outcome = Outcome(error.status_code, error.error_type)
+            tracker.answered(reader.answer(outcome))
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return outcome
+    outcome = Outcome(upstream.status_code, reader.error_type)
+    tracker.answered(reader.answer(outcome))
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return outcome

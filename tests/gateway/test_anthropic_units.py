@@ -391,11 +391,11 @@ def test_the_recorded_tier_split_of_a_messages_request_covers_its_cache_reads():
     from gateway.upstreams.tiers import TierSplit
 
     def recorded(usage: UsageReport, report: CacheReport | None) -> UsageReport:
-        tracker = SimpleNamespace(cache_report=report, usage=None, cache_write_tokens=None)
-        exchange = Exchange(None, None, SimpleNamespace(breakpoints=[object()]), b"", tracker, None, "msg", 64, None,
+        exchange = Exchange(None, None, SimpleNamespace(breakpoints=[object()]), b"", None, None, "msg", 64, None,
                             0.0)
+        exchange.cache_report = report
         exchange.cache_usage(usage, [CachePoint(91, "5m")])
-        return tracker.usage
+        return exchange.usage
 
     body = recorded(UsageReport(prompt_tokens=100, cached_tokens=99, tiers=TierSplit(60, 30, 9)), None)
     assert body.cached_tokens == 91 and body.tiers == TierSplit(60, 30, 1)

@@ -12,6 +12,7 @@ from db.held_record import HeldRecord
 from db.records import RequestRecord
 from gateway.metrics import GatewayMetrics
 from gateway.recording import Recorder, RequestTracker
+from gateway.request_stages import Prepared
 
 
 class JournalingSink:
@@ -77,7 +78,7 @@ class AtOnceUplift:
 
 def _finish(recorder: Recorder) -> str:
     tracker = RequestTracker(recorder, f"req-{time.perf_counter_ns()}", "chat.completions", time.perf_counter())
-    tracker.explain = SimpleNamespace(route=None)
+    tracker.prepared(Prepared(explain=SimpleNamespace(route=None)))
     tracker.finish(200)
     return tracker.request_id
 

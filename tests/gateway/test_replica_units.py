@@ -129,7 +129,8 @@ def test_failovers_count_retries_not_failed_attempts():
     )
     replica_set = ReplicaSet(upstream)
     router = SimpleNamespace(replica_sets={"local": replica_set})
-    tracker = SimpleNamespace(model="m", usage=None, failovers=0, placed=lambda placement: None)
+    placed = []
+    tracker = SimpleNamespace(model="m", answer=None, explain=None, placed=placed.append)
     attempts: list[str] = []
 
     async def refuse(route):
@@ -143,7 +144,7 @@ def test_failovers_count_retries_not_failed_attempts():
 
     asyncio.run(run())
     assert len(attempts) == 2
-    assert tracker.failovers == 1
+    assert [stage.failovers for stage in placed] == [1]
     assert replica_set.failovers == 1
     assert all(not r.healthy and r.load == 0 for r in replica_set.replicas)
 
