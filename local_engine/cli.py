@@ -161,4 +161,8 @@ def register(commands, bench_commands) -> None:
         "--requests-per-run", type=int, default=24,
         help="requests per run (at least C): several waves of C measure steady throughput, not one synchronized start",
     )
+    bench.add_argument(
+        "--api-rounds", type=int, default=3,
+        help="rounds of the API sections (constrained decoding at C=1 and 8, n=4 vs 4 requests); 0 skips them",
+    )
     bench.set_defaults(handler=_bench, kv_cache_tokens=None)

@@ -9,6 +9,7 @@ from local_engine.cache.tiers import RETENTION_CLASSES
 from local_engine.prompt.chat_messages import ToolChoice, check_tools, first_argument, parse_tool_choice, takes_a_string
 from local_engine.prompt.chat_prompt import chat_prompt, text_prompt
 from local_engine.errors import InvalidRequest
+from local_engine.api.generation_fields import parse_generation_fields
 from local_engine.model.loader import LoadedModel
 from local_engine.prompt.layout import PromptLayout
 from local_engine.api.fields import (
@@ -30,20 +31,14 @@ from local_engine.prompt.tool_calls import format_for
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
 
-# Parameters an OpenAI client may send that this engine cannot honour: refuse rather than silently ignore.
+# Parameters an OpenAI client may send that this engine cannot honour: refuse rather than silently ignore
+# (docs/apis.md lists them).
 _UNSUPPORTED_WHEN_SET = {
-    "logprobs": lambda v: bool(v),
-    "top_logprobs": lambda v: v not in (None, 0),
-    "logit_bias": lambda v: bool(v),
-    "presence_penalty": lambda v: v not in (None, 0, 0.0),
-    "frequency_penalty": lambda v: v not in (None, 0, 0.0),
-    "echo": lambda v: bool(v),
-    "best_of": lambda v: isinstance(v, bool) or v != 1,
     "suffix": lambda v: v not in (None, ""),
-    "n": lambda v: isinstance(v, bool) or v != 1,
-    "response_format": lambda v: v not in (None, {"type": "text"}),
     "audio": lambda v: v is not None,
     "modalities": lambda v: v not in (None, ["text"]),
+    "prediction": lambda v: v is not None,
+    "web_search_options": lambda v: v is not None,
 }
 
 
@@ -61,6 +56,8 @@ class ParsedRequest:
     tool_choice: ToolChoice = ToolChoice("none")  # with "auto"/"required", tool calls are parsed from the output
     tool_opening: str = ""  # text the prompt put at the start of the answer to force a tool call
     retention: str | None = None  # `cache_retention`: "5m" | "1h" | "persistent"; None: the engine's default
+    echo: bool = False  # completions: the text starts with the prompt,
+    echo_text: str = ""  # which reads this way
 
 
 # OpenAI's documented default for /v1/completions; chat completions default to the rest of the context window.
@@ -157,10 +154,11 @@ def parse_hash_chain_request(body: dict) -> int | None:
     return (block_size or 16) if wanted else None
 
 
-def _max_tokens(body: dict, endpoint: str, num_prompt_tokens: int, window: int) -> int:
-    """`max_completion_tokens` (or its older name `max_tokens`; null is absent) or the endpoint's default."""
+def _max_tokens(body: dict, endpoint: str, num_prompt_tokens: int, window: int, echo: bool = False) -> int:
+    """`max_completion_tokens` (or its older name `max_tokens`; null is absent) or the endpoint's default. 0 only
+    with `echo` (the prompt's log-likelihood, nothing generated)."""
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = optional_int(body, name, 1, 2**31 - 1)
+    max_tokens = optional_int(body, name, 0 if echo else 1, 2**31 - 1)
     if max_tokens is None:
         if endpoint == COMPLETIONS:
             return min(COMPLETIONS_DEFAULT_MAX_TOKENS, window - num_prompt_tokens)
@@ -189,8 +187,11 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
             param="messages" if endpoint == CHAT else "prompt",
             code="context_length_exceeded",
         )
-    max_tokens = _max_tokens(body, endpoint, len(token_ids), window)
     stream = optional_bool(body, "stream", False)
+    fields = parse_generation_fields(body, endpoint == CHAT, stream, loaded.vocab_size)
+    max_tokens = _max_tokens(body, endpoint, len(token_ids), window, fields.echo)
+    if fields.sampling["min_tokens"] > max_tokens:
+        raise InvalidRequest(f"min_tokens must not exceed max_tokens ({max_tokens})", param="min_tokens")
     stream_options = optional_object(body, "stream_options")
     if stream_options is not None and not stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
@@ -207,6 +208,7 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         ignore_eos=optional_bool(body, "ignore_eos", False),
         closing_json=tools.closing_json,
         tool_names=tools.names,
+        **fields.sampling,
     )
     return ParsedRequest(
         endpoint=endpoint,
@@ -221,4 +223,14 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         tool_choice=tools.choice,
         tool_opening=tools.opening,
         retention=optional_choice(body, "cache_retention", RETENTION_CLASSES),
+        echo=fields.echo,
+        echo_text=_echo_text(body, token_ids, loaded) if fields.echo else "",
     )
+
+
+def _echo_text(body: dict, token_ids: list[int], loaded: LoadedModel) -> str:
+    """The prompt as sent when it was text, else its tokens decoded."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else loaded.tokenizer.decode(token_ids)

@@ -19,9 +19,11 @@ from local_engine.kv_events.tokenizer_api import tokenizer_description
 from local_engine.config import ServerConfig
 from local_engine.api.disconnect import cancel_on_disconnect
 from local_engine.engine.engine import Engine
-from local_engine.engine.types import Finished, GenerationRequest, TokenDelta
+from local_engine.api.choices import ChoiceCollector
+from local_engine.engine.types import Finished, GenerationRequest, PromptLogprobs, TokenDelta
 from local_engine.errors import EngineError, Forbidden, InvalidRequest, Unauthorized
 from local_engine.api.match_details import HEADER_TTFT_MS, describe_match
+from local_engine.api.logprobs_format import TokenStrings
 from local_engine.api.metrics import render_metrics
 from local_engine.api.openapi import openapi_document
 from local_engine.api.protocol import (
@@ -70,42 +72,45 @@ async def _complete(request: Request, state: State, endpoint: str, trace: Reques
     report = describe_match(handle.report.result(), parsed.layout)
     headers = match_headers(report)
     response_id = new_response_id(endpoint)
+    tools = lambda: tool_call_stream(parsed, engine.loaded.tokenizer)  # noqa: E731 - one splitter per choice
+    strings = state.token_strings if parsed.sampling.logprobs is not None else None
     if not parsed.stream:
+        collector = ChoiceCollector(parsed.sampling.num_sequences)
         try:
-            texts, finished = [], None
             async with cancel_on_disconnect(handle, request.receive):
                 async for event in handle.stream():
-                    if isinstance(event, TokenDelta):
-                        texts.append(event.text)
-                    else:
-                        finished = event
+                    collector.add(event)
         finally:
             handle.cancel()  # a no-op once finished; releases everything if the client went away
-        headers[HEADER_TTFT_MS] = f"{finished.timings.ttft_ms:.3f}"
+        choices = collector.best(parsed.sampling.n)
+        headers[HEADER_TTFT_MS] = f"{choices[0].finished.timings.ttft_ms:.3f}"
         if trace is not None:
-            trace.finish(finished, report, response_id)
-        tools = tool_call_stream(parsed, engine.loaded.tokenizer)
-        body = completion_body(parsed, response_id, "".join(texts), finished, report, tools)
+            trace.finish(choices[0].finished, report, response_id)
+        body = completion_body(parsed, response_id, choices, report, tools, strings, collector.prompt, collector.ends)
         return Response(body, headers=headers)
 
-    writer = ChunkWriter(parsed, response_id, tool_call_stream(parsed, engine.loaded.tokenizer))
+    writer = ChunkWriter(parsed, response_id, tools, strings)
 
     async def events():
+        ends = []
         try:
             first = writer.first()
             if first:
                 yield first
             async for event in handle.stream():
                 if isinstance(event, TokenDelta):
-                    chunk = writer.text(event.text) if event.text else b""
+                    chunk = writer.text(event)
                     if chunk:
                         yield chunk
+                elif isinstance(event, PromptLogprobs):
+                    yield writer.prompt(event)
                 elif isinstance(event, Finished):
+                    ends.append(event)
                     if trace is not None:
-                        trace.finish(event, report, response_id)
+                        trace.finish(event, report, response_id)  # the first sequence to end (`n` > 1)
                     yield writer.final(event)
-                    if parsed.include_usage:
-                        yield writer.usage(event, report)
+            if parsed.include_usage:
+                yield writer.usage(sorted(ends, key=lambda end: end.index), report)
             yield writer.done()
         except EngineError as exc:
             if trace is not None:
@@ -243,8 +248,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Litestar:
         route_handlers=[chat_completions, completions, models, health, metrics, cache_stats, cache_tree, cache_match,
                         cache_flush, openapi, cache_events, tokenizer_description],
         state=State({"engine": engine, "server_config": config, "started_at": int(time.time()),
-                     "openapi": openapi_document(), "spans": spans}),
-        on_shutdown=[spans.tracing.shutdown] if spans is not None else [],
+                     "openapi": openapi_document(), "token_strings": TokenStrings(engine.loaded.tokenizer),
+                     "spans": spans}),
         openapi_config=None,
         exception_handlers={EngineError: _engine_error, HTTPException: _http_error, Exception: _unexpected_error},
         guards=[access_guard(config.api_key, config.admin_token)],

@@ -105,6 +105,24 @@ def _measure(engine, workload, max_tokens: int, label: str) -> dict:
     }
 
 
+def _api_sections(args: argparse.Namespace, config, loaded, long_prompt: list[int]) -> tuple[dict | None, dict]:
+    """Constrained decoding's cost and n=4's saving (`local_engine.bench.apis`), on a fresh engine."""
+    from local_engine.bench.apis import run_apis_workload
+    from local_engine.engine.engine import Engine
+    from local_engine.prompt.chat_prompt import chat_prompt_token_ids
+
+    if not args.api_rounds:
+        return None, {}
+    messages = [{"role": "user", "content": "List the order numbers of last week as JSON."}]
+    short_prompt = tuple(chat_prompt_token_ids(loaded.tokenizer, messages, None))
+    engine = Engine(config, loaded)
+    engine.start()
+    try:
+        return run_apis_workload(engine, short_prompt, tuple(long_prompt), rounds=args.api_rounds)
+    finally:
+        engine.stop()
+
+
 def run_engine_benchmark(args: argparse.Namespace) -> int:
     from local_engine.bench.concurrent import concurrency_verdicts, run_concurrent_workload
     from local_engine.prompt.chat_prompt import chat_prompt_token_ids
@@ -142,6 +160,7 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
             concurrent = run_concurrent_workload(engine, tokenizer, args)
         finally:
             engine.stop()
+    apis, api_verdicts = _api_sections(args, config, loaded, workload[0][1])
     hit_over_miss = round(hit_p50 / miss_p50, 4)
     bookkeeping = cached["bookkeeping_share_of_engine_time"]
     verdicts = {
@@ -150,6 +169,7 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
     }
     if concurrent:
         verdicts.update(concurrency_verdicts(concurrent))
+    verdicts.update(api_verdicts)
     report = {
         "model": loaded.model_id,
         "device": str(loaded.device),
@@ -169,6 +189,7 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
         "hit_ttft_over_miss_ttft_p50": hit_over_miss,
         "repeated_ttft_speedup_vs_no_cache_p50": round(baseline["ttft_repeated"]["p50_ms"] / hit_p50, 2),
         "concurrent_shared_prefix": concurrent,
+        "apis": apis,
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "verdicts": verdicts,
         "pass": all(v["pass"] for v in verdicts.values()),

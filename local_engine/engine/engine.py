@@ -18,15 +18,12 @@ import threading
 import time
 from collections import deque
 
-import torch
-
 from local_engine.cache import KVPool, NoPrefixCache, RadixCache, RadixCacheConfig, SlotAllocator
 from local_engine.cache.block_events import BlockEvents
 from local_engine.cache.protocol import PrefixCache
 from local_engine.cache.tiers.cleaner import CLEAN_CHUNK_TOKENS
 from local_engine.cache.tiers import RETENTION_CLASSES, TierTokens
 from local_engine.config import DEFAULT_KV_CACHE_TOKENS, EngineConfig
-from local_engine.prompt.detokenizer import IncrementalDetokenizer
 from local_engine.engine.counters import EngineCounters
 from local_engine.engine.types import Finished, GenerationRequest, MatchReport, RequestHandle, TokenDelta
 from local_engine.engine.kv_tiers import build_tier_store, tiers_summary
@@ -34,11 +31,12 @@ from local_engine.kv_events.publisher import KvEventPublisher
 from local_engine.errors import CapacityExceeded, EngineError, EngineStopped, InvalidRequest
 from local_engine.model.loader import LoadedModel
 from local_engine.model.runner import ModelRunner, ScheduledChunk
-from local_engine.engine.sampling import Sampler
+from local_engine.engine.batch_sampling import SampledToken, sample_rows
+from local_engine.engine.prompt_logprobs import add_prompt_logprobs, send_prompt_logprobs
 from local_engine.engine.scheduler import Scheduler, SchedulerConfig, StepPlan
 from local_engine.engine.sequence import Sequence
+from local_engine.engine.sequence_builder import SequenceBuilder
 from local_engine.engine.sequence_kv import SequenceKV
-from local_engine.prompt.tool_name_constraint import TokenTexts, ToolNameConstraint
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +67,9 @@ class Engine:
             self.cache = NoPrefixCache(self.allocator)
         self.runner = ModelRunner(loaded.model, self.pool, config.attention_backend)
         self.counters = EngineCounters()
-        self._token_texts: TokenTexts | None = None  # built at the first forced call whose name is constrained
         self.tree_lock = threading.Lock()
-        self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock)
+        self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock, self.pool)
+        self.sequences = SequenceBuilder(loaded)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.kv)
         self.num_steps = 0
         self._wakeup = threading.Condition()
@@ -149,21 +147,12 @@ class Engine:
         if not request.prompt_token_ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
         if request.retention is not None and request.retention not in RETENTION_CLASSES:
-            raise InvalidRequest(
-                f"cache_retention must be one of {list(RETENTION_CLASSES)}", param="cache_retention"
-            )
+            raise InvalidRequest(f"cache_retention must be one of {list(RETENTION_CLASSES)}", param="cache_retention")
         self.check_fits_window(len(request.prompt_token_ids), request.sampling.max_tokens)
         if len(request.prompt_token_ids) > self.allocator.num_slots:
             raise _too_big(len(request.prompt_token_ids), self.allocator.num_slots)
-        handle = RequestHandle(asyncio.get_running_loop())
-        sequence = Sequence(
-            request=request,
-            handle=handle,
-            detokenizer=IncrementalDetokenizer(
-                self.loaded.tokenizer, request.sampling.stop, request.sampling.closing_json
-            ),
-            sampler=Sampler(request.sampling, self._tool_name_constraint(request.sampling.tool_names)),
-        )
+        handle = RequestHandle(asyncio.get_running_loop(), num_sequences=request.sampling.num_sequences)
+        sequence = await self.sequences.build(request, handle)
         with self._wakeup:
             if self._stopping or self._drain_deadline is not None:
                 raise EngineStopped("the engine is shutting down")
@@ -256,37 +245,43 @@ class Engine:
                 sequence.handle._resolve_report(report)
         self.counters.preemptions += len(plan.preempted)
 
-    def _tool_name_constraint(self, names: tuple[str, ...]) -> ToolNameConstraint | None:
-        if not names:
-            return None
-        if self._token_texts is None:
-            self._token_texts = TokenTexts(self.loaded.tokenizer)  # once: about 0.2 s for a 49k vocabulary
-        return ToolNameConstraint(names, self._token_texts)
-
     def _forward(self, plan: StepPlan) -> None:
         chunks = []
         for sequence, num_tokens in plan.chunks:
             start = sequence.num_computed_tokens
             end = start + num_tokens
             chunks.append(ScheduledChunk(sequence.token_ids[start:end], sequence.slot_table[:end],
-                                         end == len(sequence.token_ids)))
+                                         end == len(sequence.token_ids),
+                                         all_logits=sequence.computes_whole_prompt and start < len(sequence.prompt)))
         started = time.perf_counter()
-        logits = self.runner.forward(chunks)
-        sampling = [(sequence, chunk) for (sequence, _), chunk in zip(plan.chunks, chunks) if chunk.needs_logits]
-        greedy = logits.argmax(dim=-1).tolist() if logits.shape[0] else []
+        step = self.runner.run(chunks)
+        sampling = [sequence for (sequence, _), chunk in zip(plan.chunks, chunks) if chunk.needs_logits]
         elapsed = time.perf_counter() - started
         num_prefill = sum(n for s, n in plan.chunks if n > 1 or s.num_computed_tokens < len(s.prompt))
         self.counters.count_prefill(num_prefill, elapsed * num_prefill / plan.num_tokens)
+        for index, chunk_logits in step.chunk_logits.items():
+            add_prompt_logprobs(plan.chunks[index][0], chunk_logits)
         for sequence, num_tokens in plan.chunks:
             sequence.num_computed_tokens += num_tokens
-        for row, (sequence, _) in enumerate(sampling):
+        rows, groups = [], []
+        for row, sequence in enumerate(sampling):
             if sequence.needs_store:
                 self.kv.store(sequence)  # the prompt (or, after preemption, everything so far) is computed
                 sequence.needs_store = False
-            token = greedy[row] if sequence.sampler.is_greedy else sequence.sampler.next_token(logits[row])
-            self._accept_token(sequence, token)
+            send_prompt_logprobs(sequence)
+            if sequence.request.sampling.max_tokens == 0:  # `echo` of the prompt alone
+                self._finish(sequence, "length")
+                continue
+            rows.append(row)
+            groups.append([sequence] + self.scheduler.start_forks(sequence))
+        samplers = [[s.sampler for s in group] for group in groups]
+        drawn = sample_rows(step.logits[rows], samplers, self.sequences.grammar_masks)
+        for group, tokens in zip(groups, drawn):
+            for sequence, token in zip(group, tokens):
+                self._accept_token(sequence, token)
 
-    def _accept_token(self, sequence: Sequence, token_id: int) -> None:
+    def _accept_token(self, sequence: Sequence, sampled: SampledToken) -> None:
+        token_id = sampled.token_id
         now = time.perf_counter()
         if sequence.num_generated == 0:
             sequence.first_token_s = now
@@ -295,23 +290,25 @@ class Engine:
             self.counters.count_inter_token(now - sequence.last_token_s)
         sequence.last_token_s = now
         sequence.token_ids.append(token_id)
+        sequence.cumulative_logprob += sampled.logprob
         params = sequence.request.sampling
         if token_id in self.loaded.eos_token_ids and not params.ignore_eos:
             self._emit_text(sequence, sequence.detokenizer.flush())
             self._finish(sequence, "stop")
             return
+        logprobs = (sampled.entry,) if sampled.entry is not None else ()
         text = sequence.detokenizer.feed(token_id)
         if sequence.detokenizer.stopped:
-            self._emit_text(sequence, text)
+            self._emit_text(sequence, text, logprobs)
             self._finish(sequence, "stop")
         elif sequence.num_generated >= params.max_tokens:
-            self._emit_text(sequence, text + sequence.detokenizer.flush())
+            self._emit_text(sequence, text + sequence.detokenizer.flush(), logprobs)
             self._finish(sequence, "length")
         else:
-            sequence.handle._emit(TokenDelta(text, (token_id,)))
+            sequence.handle._emit(TokenDelta(text, (token_id,), sequence.index, logprobs))
 
-    def _emit_text(self, sequence: Sequence, text: str) -> None:
-        sequence.handle._emit(TokenDelta(text, (sequence.last_token,)))
+    def _emit_text(self, sequence: Sequence, text: str, logprobs: tuple = ()) -> None:
+        sequence.handle._emit(TokenDelta(text, (sequence.last_token,), sequence.index, logprobs))
 
     def _finish(self, sequence: Sequence, reason: str) -> None:
         if sequence.admission_id < 0 and reason == "cancelled":
@@ -336,8 +333,14 @@ class Engine:
                 sequence.matched_tokens,
                 timings,
                 sequence.detokenizer.matched_stop,
+                index=sequence.index,
+                cumulative_logprob=sequence.cumulative_logprob,
             )
         )
+        # Sequences still held (the request ended before its first token): they end the same way, with nothing.
+        for held in sequence.forks:
+            held.handle._emit(Finished(reason, len(held.prompt), 0, sequence.matched_tokens, timings, index=held.index))
+        sequence.forks = []
 
     def _fail(self, sequence: Sequence, error: EngineError) -> None:
         if sequence.locked_node is not None or sequence.num_slots:
@@ -345,6 +348,7 @@ class Engine:
         self.scheduler.remove(sequence)
         self.counters.failed_requests += 1
         sequence.handle._fail(error)
+        sequence.handle.cancel()  # the request's other sequences (`n`) stop at the next step
 
     def _fail_all(self, error: EngineError, extra: list[Sequence] = ()) -> None:
         for sequence in list(self.scheduler.running) + list(self.scheduler.waiting) + list(extra):

@@ -1,12 +1,19 @@
-"""Next-token choice: greedy at temperature 0, otherwise temperature and nucleus (top_p) sampling, seedable."""
+"""Next-token choice: greedy at temperature 0, otherwise temperature and nucleus (top_p) sampling, seedable; the
+parameters of one request's generation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from local_engine.prompt.tool_name_constraint import ToolNameConstraint
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
+
+    from local_engine.engine.logits_processors import LogitsAdjuster
 
 
 @dataclass(frozen=True)
@@ -21,14 +28,45 @@ class SamplingParams:
     closing_json: str = ""
     # A forced tool call whose name the model writes: the name is decoded constrained to one of these.
     tool_names: tuple[str, ...] = ()
+    # Per-request logits changes (`local_engine.engine.logits_processors` defines each).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    min_tokens: int = 0
+    # An llguidance grammar the output must match (`local_engine.engine.structured_output`), or None.
+    grammar: str | None = None
+    # Log-probabilities: None is off; k >= 0 returns each sampled token's and its k most likely alternatives'.
+    logprobs: int | None = None
+    # The prompt's log-probabilities too (completions `echo` with `logprobs`): the whole prompt is computed.
+    prompt_logprobs: int | None = None
+    # `n` sequences returned, `best_of` >= n sampled (the n with the highest cumulative log-probability are kept).
+    n: int = 1
+    best_of: int = 1
+
+    @property
+    def num_sequences(self) -> int:
+        return max(self.n, self.best_of)
+
+    def for_sequence(self, index: int) -> SamplingParams:
+        """The parameters of the `index`-th of `num_sequences` sequences: its own seed stream (`seed + index`, as
+        vLLM seeds the children of one request), the rest shared."""
+        if index == 0 or self.seed is None:
+            return self
+        return replace(self, seed=self.seed + index)
 
 
 class Sampler:
     """One per request, so a seeded request draws the same tokens whatever else the engine is doing."""
 
-    def __init__(self, params: SamplingParams, constraint: ToolNameConstraint | None = None) -> None:
+    def __init__(self, params: SamplingParams, constraint: ToolNameConstraint | None = None,
+                 adjuster: LogitsAdjuster | None = None, matcher: LLMatcher | None = None) -> None:
+        """`adjuster` (penalties, bias, min_tokens) and `matcher` (the grammar) change the request's logits row in
+        the batch before a token is drawn (`local_engine.engine.batch_sampling`); `accept` tells both what was drawn."""
         self.params = params
         self.constraint = constraint
+        self.adjuster = adjuster
+        self.matcher = matcher
         self._generator: torch.Generator | None = None
         if params.temperature > 0:
             self._generator = torch.Generator(device="cpu")
@@ -42,6 +80,13 @@ class Sampler:
         """Greedy requests take the argmax, which the engine computes for a whole batch at once (not while a
         constraint applies)."""
         return self._generator is None and (self.constraint is None or self.constraint.done)
+
+    def accept(self, token_id: int) -> None:
+        """Record the token drawn for this request (after `next_token` or the batch's argmax)."""
+        if self.adjuster is not None:
+            self.adjuster.accept(token_id)
+        if self.matcher is not None and not self.matcher.is_stopped():
+            self.matcher.consume_token(token_id)
 
     def next_token(self, logits: torch.Tensor) -> int:
         """`logits`: `[vocab]` float32."""

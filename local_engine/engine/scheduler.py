@@ -102,6 +102,26 @@ class Scheduler:
             budget -= num_tokens
         return plan
 
+    def start_forks(self, parent: Sequence) -> list[Sequence]:
+        """At `parent`'s first token: the sequences it holds (`n`, `best_of`) start running from its computed
+        prompt, sharing its KV (`SequenceKV.fork`), and are returned to draw their first tokens from the same logits.
+        One the pool cannot take now waits at the queue's head and is recomputed from the cache, as after a
+        preemption. Forked sequences run even past `max_num_seqs`: they were admitted with their parent."""
+        if not parent.forks or parent.num_generated:
+            return []
+        held, parent.forks = parent.forks, []
+        started = []
+        for child in held:
+            child.mark_admitted()
+            child.matched_tokens, child.admitted_s, child.needs_store = parent.matched_tokens, parent.admitted_s, False
+            if self.kv.fork(parent, child):
+                self.running.append(child)
+                started.append(child)
+            else:
+                child.num_preemptions = 1  # counted and reported with its parent
+                self.waiting.appendleft(child)
+        return started
+
     def _reserve_decode_slot(self, sequence: Sequence, plan: StepPlan) -> bool:
         """A slot for `sequence`'s next token, preempting the newest running requests while the pool is dry."""
         while not self.kv.append_slot(sequence):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from local_engine.prompt.detokenizer import IncrementalDetokenizer
-from local_engine.engine.types import GenerationRequest, RequestHandle, RequestTimings
+from local_engine.engine.types import GenerationRequest, RequestHandle, RequestTimings, TokenLogprob
 from local_engine.engine.sampling import Sampler
 
 _admission_order = itertools.count()
@@ -37,6 +37,13 @@ class Sequence:
     num_preemptions: int = 0
     needs_store: bool = False  # admitted, and its tokens go into the tree once all are computed
     finish_reason: str | None = None
+    # `n` / `best_of`: which of the request's sequences this is; the first one holds the others until its prompt is
+    # computed, then forks them from its KV (`SequenceKV.fork`) so the prompt is computed once.
+    index: int = 0
+    forks: list[Sequence] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    # Prompt log-probabilities (completions `echo` + `logprobs`): by prompt position, until sent once.
+    prompt_logprobs: dict[int, TokenLogprob] | None = None
     # timings, in seconds
     admitted_s: float = 0.0
     first_token_s: float = 0.0
@@ -47,6 +54,8 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.request.prompt_token_ids)
+        if self.request.sampling.prompt_logprobs is not None and self.index == 0:
+            self.prompt_logprobs = {}
         capacity = len(self.token_ids) + self.request.sampling.max_tokens
         self.slot_table = torch.empty(capacity, dtype=torch.int64)
 
@@ -74,6 +83,11 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         """Tokens still to run through the model before the next token can be sampled (1 when decoding)."""
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """Its prompt's log-probabilities are still to be computed: nothing may come from cache."""
+        return self.prompt_logprobs is not None
 
     @property
     def is_prefilling(self) -> bool:

@@ -13,14 +13,18 @@ import time
 
 import torch
 
-from local_engine.cache import MatchResult, NoPrefixCache, SlotAllocator
+from local_engine.cache import KVPool, MatchResult, NoPrefixCache, SlotAllocator
+from local_engine.cache.kv_pool import copy_slots
 from local_engine.cache.protocol import PrefixCache
 from local_engine.engine.sequence import Sequence
 
 
 class SequenceKV:
-    def __init__(self, cache: PrefixCache, allocator: SlotAllocator, tree_lock: threading.Lock):
+    def __init__(self, cache: PrefixCache, allocator: SlotAllocator, tree_lock: threading.Lock,
+                 pool: KVPool | None = None):
+        """`pool`: the device pool, needed only to fork sequences (`fork` copies a tail of KV)."""
         self.cache = cache
+        self.pool = pool
         self.allocator = allocator
         self.tree_lock = tree_lock
 
@@ -39,7 +43,10 @@ class SequenceKV:
         started = time.perf_counter()
         tokens = sequence.token_ids
         with self.tree_lock:
-            match = self.cache.match(sequence.namespace, tokens, retention=sequence.request.retention)
+            # A prompt whose log-probabilities are wanted is computed whole: the cache keeps no logits. Matching
+            # only its first token matches nothing (the last token of a match is always computed).
+            matched_part = tokens[:1] if sequence.computes_whole_prompt else tokens
+            match = self.cache.match(sequence.namespace, matched_part, retention=sequence.request.retention)
             self.cache.lock(match.node)
             num_device = match.tier_tokens.device if match.tier_tokens is not None else match.matched_tokens
             slots = self._alloc(len(tokens) - num_device)
@@ -59,6 +66,27 @@ class SequenceKV:
         load_s = match.load_ms / 1000 if match is not None else 0.0
         sequence.bookkeeping_s += max(0.0, time.perf_counter() - started - load_s)
         return match
+
+    def fork(self, parent: Sequence, child: Sequence) -> bool:
+        """Give `child` the KV of `parent`'s computed tokens: the part the tree holds is shared (the child locks the
+        same node), the parent's own tail (less than a page; the whole prompt without a prefix cache) is copied
+        into fresh slots. False (nothing held) when the pool cannot supply those slots."""
+        started = time.perf_counter()
+        num_tree, num_tokens = parent.num_tree_slots, parent.num_computed_tokens
+        with self.tree_lock:
+            slots = self._alloc(num_tokens - num_tree) if num_tokens > num_tree else parent.own_slots[:0].clone()
+            if slots is None:
+                return False
+            if len(slots):
+                copy_slots(self.pool, parent.slot_table[num_tree:num_tokens], self.pool, slots)
+            self.cache.lock(parent.locked_node)
+        child.slot_table[:num_tree] = parent.slot_table[:num_tree]
+        child.slot_table[num_tree:num_tokens] = slots
+        child.num_slots = child.num_computed_tokens = num_tokens
+        child.num_tree_slots = num_tree
+        child.locked_node = parent.locked_node
+        child.bookkeeping_s += time.perf_counter() - started
+        return True
 
     def append_slot(self, sequence: Sequence) -> bool:
         """One more slot for the token the next decode step computes; False when the pool is dry."""

@@ -40,9 +40,30 @@ class MatchReport:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability and the `top` most likely tokens at its position, as (token id, logprob), most
+    likely first (empty when no alternatives were asked for)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenDelta:
     text: str
     token_ids: tuple[int, ...]
+    index: int = 0  # which of the request's sequences (`n`, `best_of`) it belongs to
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the request asked for logprobs
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """The prompt's log-probabilities (completions `echo` with `logprobs`), sent once before the first token.
+    `entries[i]` is for prompt token i + 1 (the first token has none)."""
+
+    token_ids: tuple[int, ...]
+    entries: tuple[TokenLogprob, ...]
 
 
 @dataclass(frozen=True)
@@ -63,6 +84,8 @@ class Finished:
     cached_tokens: int
     timings: RequestTimings
     matched_stop: str | None = None  # the stop string that ended generation (finish_reason "stop"), if one did
+    index: int = 0  # which of the request's sequences ended
+    cumulative_logprob: float = 0.0  # sum of the sampled tokens' raw log-probabilities (kept for `best_of`)
 
 
 @dataclass
@@ -70,6 +93,7 @@ class RequestHandle:
     """The caller's side of one request: the match report, then token deltas, then one Finished (or an error)."""
 
     loop: asyncio.AbstractEventLoop
+    num_sequences: int = 1  # the stream ends after this many Finished events (`n`, `best_of`)
     report: asyncio.Future = field(init=False)
     events: asyncio.Queue = field(init=False)
     cancelled: bool = False
@@ -83,14 +107,18 @@ class RequestHandle:
         self.cancelled = True
 
     async def stream(self):
-        """Yields TokenDelta events and finally one Finished; raises the EngineError that ended the request."""
+        """Yields TokenDelta events (and a PromptLogprobs first when asked) and one Finished per sequence, the
+        last one last; raises the EngineError that ended the request."""
+        num_finished = 0
         while True:
             event = await self.events.get()
             if isinstance(event, EngineError):
                 raise event
             yield event
             if isinstance(event, Finished):
-                return
+                num_finished += 1
+                if num_finished == self.num_sequences:
+                    return
 
     # Called from the engine's worker thread.
     def _resolve_report(self, report: MatchReport) -> None:
@@ -100,7 +128,7 @@ class RequestHandle:
         self.loop.call_soon_threadsafe(_set_exception, self.report, error)
         self.loop.call_soon_threadsafe(self.events.put_nowait, error)
 
-    def _emit(self, event: TokenDelta | Finished) -> None:
+    def _emit(self, event: TokenDelta | PromptLogprobs | Finished) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 

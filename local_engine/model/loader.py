@@ -29,6 +29,11 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
 
+    @property
+    def vocab_size(self) -> int:
+        """The width of the model's logits rows (token ids a request may bias or be constrained to)."""
+        return self.model.config.get_text_config(decoder=True).vocab_size
+
     def serves(self, name: str) -> bool:
         return name == self.model_id or name in self.aliases
 

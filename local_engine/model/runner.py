@@ -51,6 +51,17 @@ class ScheduledChunk:
     token_ids: tuple[int, ...] | list[int]
     slot_table: torch.Tensor
     needs_logits: bool
+    # The logits of every token of the chunk are wanted too (a prompt's log-probabilities).
+    all_logits: bool = False
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """`logits`: float32 `[num_chunks_needing_logits, vocab]` in the order of the chunks; `chunk_logits`: for each
+    chunk (by its index) that asked for `all_logits`, float32 `[len(chunk.token_ids), vocab]`."""
+
+    logits: torch.Tensor
+    chunk_logits: dict[int, torch.Tensor]
 
 
 class ModelRunner:
@@ -78,12 +89,16 @@ class ModelRunner:
         num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         return KVPoolConfig(config.num_hidden_layers, num_kv_heads, head_dim, dtype, device)
 
-    @torch.inference_mode()
     def forward(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """Run one step. Returns float32 logits `[num_chunks_needing_logits, vocab]`, in the order of `chunks`.
 
         Raises ValueError when a chunk is empty or its slot table is shorter than its tokens.
         """
+        return self.run(chunks).logits
+
+    @torch.inference_mode()
+    def run(self, chunks: list[ScheduledChunk]) -> StepLogits:
+        """`forward`, plus every token's logits for the chunks that ask for `all_logits`."""
         if not chunks:
             raise ValueError("a step needs at least one chunk")
         for chunk in chunks:
@@ -93,14 +108,19 @@ class ModelRunner:
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) != 1)
         num_decode = sum(1 for chunk in chunks if len(chunk.token_ids) == 1)
         token_ids, positions, keep, keep_owner = [], [], [], []
+        all_rows: dict[int, int] = {}  # chunk index -> its first row in `keep`
         for i in order:
             chunk = chunks[i]
             start = len(chunk.slot_table) - len(chunk.token_ids)
             token_ids.extend(chunk.token_ids)
             positions.extend(range(start, len(chunk.slot_table)))
+            if chunk.all_logits:
+                all_rows[i] = len(keep)
+                keep.extend(range(len(token_ids) - len(chunk.token_ids), len(token_ids)))
             if chunk.needs_logits:
-                keep.append(len(token_ids) - 1)
-                keep_owner.append(i)
+                if not chunk.all_logits:
+                    keep.append(len(token_ids) - 1)
+                keep_owner.append((i, len(keep) - 1))
         batch = build_paged_batch(
             self.pool,
             [chunks[i].slot_table for i in order],
@@ -120,6 +140,8 @@ class ModelRunner:
         )
         logits = output.logits[0].float()  # [len(keep), vocab], in packed order
         # Back to the callers' order.
-        rank = {owner: row for row, owner in enumerate(keep_owner)}
+        rank = dict(keep_owner)
         wanted = [rank[i] for i in range(len(chunks)) if i in rank]
-        return logits.index_select(0, torch.tensor(wanted, dtype=torch.int64).to(logits.device))
+        chunk_logits = {i: logits[first : first + len(chunks[i].token_ids)] for i, first in all_rows.items()}
+        return StepLogits(logits.index_select(0, torch.tensor(wanted, dtype=torch.int64).to(logits.device)),
+                          chunk_logits)

@@ -152,7 +152,8 @@ def test_any_bad_value_is_a_400_naming_the_field(client, change, param):
         (b'{"model": "tiny-llama", "prompt": [[1, 2], [3]]}', "prompt"),
         (b'{"model": "tiny-llama", "prompt": [true]}', "prompt"),
         (b'{"model": "tiny-llama", "prompt": {}}', "prompt"),
-        (b'{"model": "tiny-llama", "prompt": "hi", "echo": true}', "echo"),
+        (b'{"model": "tiny-llama", "prompt": "hi", "suffix": "bye"}', "suffix"),
+        (b'{"model": "tiny-llama", "prompt": "hi", "echo": "yes"}', "echo"),
     ],
 )
 def test_undecodable_and_odd_completions_bodies_are_400s(client, raw, param):
