@@ -167,7 +167,7 @@ async def forward_plain(exchange: Exchange) -> Outcome:
     usage = exchange.usage(exchange.route.adapter.usage(payload))
     message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
     status, reason = finish_status(choices[0].get("finish_reason"))
-    response = exchange.response(status, output_items(message), usage, reason)
+    response = exchange.response(status, output_items(message, status), usage, reason)
     outcome = Outcome(upstream.status_code)
     exchange.answered(outcome)
     await send_response(exchange.send, 200, _ENCODER.encode(response), [*headers, JSON_CONTENT_TYPE])

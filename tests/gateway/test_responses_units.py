@@ -149,6 +149,20 @@ def test_event_writer_numbers_events_and_closes_each_item():
     assert final["output"][0]["content"][0]["text"] == "Hi" and final["output"][1]["arguments"] == "{}"
 
 
+def test_the_item_cut_at_max_output_tokens_is_incomplete_streamed_or_not():
+    """An agent must never run a call the limit cut short: that item (the last) is `incomplete`, the others not."""
+    call = {"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"city": "Pa'}}
+    writer = EventWriter(lambda status, output, usage, reason=None: {"status": status, "output": output})
+    writer.start()
+    writer.feed({"choices": [{"delta": {"content": "Let me check."}}]})
+    writer.feed({"choices": [{"delta": {"tool_calls": [call]}, "finish_reason": "length"}]})
+    _, final = writer.finish("incomplete", {}, "max_output_tokens")
+    assert [item["status"] for item in final["output"]] == ["completed", "incomplete"]
+    message = {"content": "Let me check.", "tool_calls": [{"id": "c1", "type": "function", "function": call["function"]}]}
+    assert [item["status"] for item in output_items(message, "incomplete")] == ["completed", "incomplete"]
+    assert [item["status"] for item in output_items(message)] == ["completed", "completed"]
+
+
 def test_responses_shaped_normalization_uses_the_tenants_rules():
     body = {
         "model": "m",
