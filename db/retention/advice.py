@@ -9,7 +9,8 @@ observed range to a day. A tenant's advised class is the one whose summed saving
 
 Two guards keep the advice from costing hits: a class is advised over today's only when it saves strictly more (on
 a tie today's class stays, with no lines to apply), and a prefix that is `reused` (its requests got cached tokens, or
-its first block starts another prefix of the tenant too) is never advised "do not cache". The second matters when a volatile value (a timestamp) makes every request's
+its first block starts another prefix of the tenant too) while its own replay sees no reuse keeps today's class, and
+its tenant is advised no class shorter than today's (the replay cannot say how long the reuse it misses needs). The second matters when a volatile value (a timestamp) makes every request's
 prefix hash unique: each prefix looks used once, yet the engine reuses the leading blocks before the value.
 
 Gap histogram: the seconds between consecutive uses of a prefix, in `GAP_EDGES_S` bins (bin i counts gaps in
@@ -32,6 +33,7 @@ GAP_EDGES_S: Final = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 144
 # What `default` (no class sent) means, per family: hosted APIs cache 5 minutes; the local engine keeps a prefix
 # until it is evicted unless started with --ttl.
 DEFAULT_CLASS: Final = {True: "5m", False: "persistent"}
+_RANK: Final = (NO_CACHE, *CLASS_TTL_S)  # shortest lifetime first
 _ACTIONS: Final = {
     NO_CACHE: "do not cache it: send no cache breakpoint or retention class for it (it is not read again in time)",
     "5m": "cache it for 5 minutes",
@@ -91,6 +93,7 @@ class PrefixRetention:
     unread_write_share: float | None
     gaps: GapHistogram
     action: str
+    kept_for_reuse: bool = False  # the replay saw no reuse, but the upstream did (`PrefixUses.reused`): today's class kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +142,8 @@ def advise_prefix(uses: PrefixUses, model: CostModel, days: float, end_s: float 
         uses.times, uses.prefix_tokens, today, model, end_s
     )
     best = best_class(outcomes)
-    if best.saving <= today_outcome.saving + 1e-9 or (best.retention == NO_CACHE and uses.reused):
+    kept_for_reuse = best.retention == NO_CACHE and uses.reused
+    if kept_for_reuse or best.saving <= today_outcome.saving + 1e-9:
         best = today_outcome
     gaps = [later - earlier for earlier, later in zip(uses.times, uses.times[1:], strict=False)]
     return PrefixRetention(
@@ -153,17 +157,20 @@ def advise_prefix(uses: PrefixUses, model: CostModel, days: float, end_s: float 
         saving_per_day=(best.saving - today_outcome.saving) / days,
         unread_write_share=today_outcome.unread_write_share,
         gaps=gap_histogram(gaps),
-        action=_action(best.retention, today, uses),
+        action=_action(best.retention, today, uses if kept_for_reuse else None),
+        kept_for_reuse=kept_for_reuse,
     )
 
 
-def _action(best: str, today: str, uses: PrefixUses) -> str:
+def _action(best: str, today: str, uses: PrefixUses | None) -> str:
+    """What to do; `uses` given when today's class is kept for reuse the replay does not see."""
     if best != today:
         return _ACTIONS[best]
-    if uses.reused:
-        shared = "; it starts with blocks other prefixes share" if uses.shares_leading_blocks else ""
-        return (f"keep today's class ({today}): its requests got {uses.cached_tokens} cached tokens{shared} (reuse of "
-                "leading blocks that a replay of the whole prefix does not see)")
+    if uses is not None:
+        seen = [f"its requests got {uses.cached_tokens} cached tokens"] if uses.cached_tokens else []
+        seen += ["it starts with blocks other prefixes of the tenant start with"] if uses.shares_leading_blocks else []
+        return (f"keep today's class ({today}): {' and '.join(seen)} (reuse of leading blocks that a replay of the "
+                "whole prefix does not see)")
     return f"keep today's class ({today}): no class saves more"
 
 
@@ -178,18 +185,19 @@ def advise_tenant(
     totals: dict[str, float] = {}
     today_total = 0.0
     todays: Counter[str] = Counter()
-    reused = any(uses.reused for uses in prefix_list)
     for prefix in advised:
         todays[prefix.today_outcome.retention] += 1
         today_total += prefix.today_outcome.saving
         for outcome in prefix.outcomes:
             totals[outcome.retention] = totals.get(outcome.retention, 0.0) + outcome.saving
-    # Today's class (the most common among the prefixes) stays unless another saves strictly more.
+    # Today's class (the most common among the prefixes) stays unless another saves strictly more. With prefixes kept
+    # for reuse the replay cannot see, no shorter class is advised: it could expire the blocks they read.
     today = todays.most_common(1)[0][0] if todays else NO_CACHE
+    floor = _RANK.index(today) if any(p.kept_for_reuse for p in advised) else 0
     choice = today
     for name, saving in totals.items():
-        if name == NO_CACHE and reused:
-            continue  # the upstream reported cached tokens: caching is read, whatever the replay says
+        if _RANK.index(name) < floor:
+            continue
         if saving > totals.get(choice, 0.0) + 1e-9:
             choice = name
     saving_per_day = (totals.get(choice, 0.0) - today_total) / days if advised and choice != today else 0.0
