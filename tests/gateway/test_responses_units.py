@@ -116,7 +116,20 @@ def test_an_upstream_error_names_the_responses_field():
                          "param": "response_format.json_schema", "code": None}}
     renamed = json.loads(responses_error(json.dumps(refused).encode()))
     assert renamed["error"]["param"] == "text.format.json_schema"
-    assert renamed["error"]["message"] == refused["error"]["message"]
+    assert renamed["error"]["message"] == "text.format json_schema is not supported"
+    # The message names the Responses field too, whatever the param (the engine's range check, say).
+    for chat_message, responses_message, param in [
+        ("max_tokens must be an integer in [1, 2147483647]", "max_output_tokens must be an integer in [1, 2147483647]",
+         "max_output_tokens"),
+        ("response_format={'type': 'json_object'} is not supported by this engine",
+         "text.format={'type': 'json_object'} is not supported by this engine", "text.format"),
+        ("prompt and max_tokens exceed the context (max_tokens_x kept)",
+         "prompt and max_output_tokens exceed the context (max_tokens_x kept)", None),
+    ]:
+        param_in = {"max_output_tokens": "max_tokens", "text.format": "response_format", None: None}[param]
+        error = {"error": {"message": chat_message, "type": "invalid_request_error", "param": param_in, "code": None}}
+        renamed = json.loads(responses_error(json.dumps(error).encode()))["error"]
+        assert (renamed["message"], renamed["param"]) == (responses_message, param)
     other = json.dumps({"error": {"message": "no", "param": "temperature"}}).encode()
     assert responses_error(other) == other and responses_error(b"not json") == b"not json"
 
