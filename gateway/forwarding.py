@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
+from gateway.asgi_io import JSON_CONTENT_TYPE, SSE_HEADERS, Send, send_response
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
 from gateway.explain.chains import body_without_hash_chain
 from gateway.recording import RequestTracker
@@ -42,11 +42,6 @@ class _Envelope(msgspec.Struct):
 
 
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 
 
 def map_transport_error(exc: httpx.HTTPError, route: Route) -> GatewayError:
@@ -174,7 +169,7 @@ async def forward_stream(
         )
         try:
             await send(
-                {"type": "http.response.start", "status": upstream.status_code, "headers": _SSE_HEADERS + headers}
+                {"type": "http.response.start", "status": upstream.status_code, "headers": SSE_HEADERS + headers}
             )
             return await _pump(upstream, relay, send, route, tracker, cache_report)
         finally:

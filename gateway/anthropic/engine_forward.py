@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,8 +23,8 @@ from gateway.anthropic.positions import DryRunFailed
 from gateway.anthropic.request import MessagesRequest
 from gateway.anthropic.stream import ChunkTranslator, error_event, message_start
 from gateway.anthropic.translate import matched_stop_of, message_content, stop_reason
-from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
-from gateway.chat_chunks import UpstreamStreamError, chat_chunks
+from gateway.asgi_io import JSON_CONTENT_TYPE, SSE_HEADERS, Send, send_response
+from gateway.chat_relay import relay_chat_stream
 from gateway.errors import GatewayError
 from gateway.forwarding import map_transport_error, upstream_error_type
 from gateway.parsing import CHAT
@@ -41,11 +40,6 @@ log = logging.getLogger(__name__)
 
 _DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 
 
 @dataclass
@@ -223,35 +217,11 @@ async def forward_stream(exchange: Exchange) -> Outcome:
 
 
 async def _pump(exchange: Exchange, upstream: httpx.Response, points: list[CachePoint] | None) -> Outcome:
-    tracker = exchange.tracker
     translator = ChunkTranslator(exchange.request.body.get("stop_sequences"))
-    usage: UsageReport | None = None
-    error: tuple[str, str, int] | None = None  # message, error type, recorded status
-    try:
-        async for chunk in chat_chunks(upstream):
-            if isinstance(chunk, UpstreamStreamError):
-                error = (chunk.message, chunk.error_type, upstream.status_code)
-                break
-            if exchange.route.adapter.has_usage(chunk):
-                usage = exchange.route.adapter.usage(chunk)
-                if tracker.explain is not None and isinstance(chunk.get("prefix_cache"), dict):
-                    tracker.explain.prefix_cache = chunk["prefix_cache"]
-            out = translator.feed(chunk)
-            if exchange.ttft_ms is None and translator.saw_content:
-                exchange.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
-            if out:
-                await exchange.send({"type": "http.response.body", "body": out, "more_body": True})
-    except httpx.HTTPError as exc:
-        failure_error = map_transport_error(exc, exchange.route)
-        log.warning("upstream stream from %s broke: %s", exchange.route.name, failure_error.message)
-        error = (failure_error.message, failure_error.error_type, failure_error.status_code)
-    if error is not None:
-        message, error_type, status_code = error
-        outcome = Outcome(status_code, error_type)
-        exchange.answered(outcome)
-        body = error_event(message, error_type_for_status(status_code if status_code >= 400 else 500))
-        await exchange.send({"type": "http.response.body", "body": body, "more_body": False})
-        return outcome
+    end = await relay_chat_stream(exchange, upstream, translator, _error_ending)
+    if end.failure is not None:
+        return end.failure
+    usage = end.usage
     split = exchange.cache_usage(usage or UsageReport(), points)
     final = split.as_dict((usage.completion_tokens if usage else None) or 0)
     final.pop("cache_creation")
@@ -259,3 +229,8 @@ async def _pump(exchange: Exchange, upstream: httpx.Response, points: list[Cache
     exchange.answered(outcome)
     await exchange.send({"type": "http.response.body", "body": translator.finish(final), "more_body": False})
     return outcome
+
+
+def _error_ending(message: str, error_type: str, status_code: int) -> bytes:
+    """Anthropic's `error` event; its type follows the status (a mid-stream error chunk under 200 counts as 500)."""
+    return error_event(message, error_type_for_status(status_code if status_code >= 400 else 500))

@@ -8,7 +8,6 @@ response is complete, `Exchange.on_complete` receives it (to keep it for `previo
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,9 +16,9 @@ from typing import Any
 import httpx
 import msgspec
 
-from gateway.anthropic.engine_forward import SSE_HEADERS, UpstreamBadAnswer
-from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
-from gateway.chat_chunks import UpstreamStreamError, chat_chunks
+from gateway.anthropic.engine_forward import UpstreamBadAnswer
+from gateway.asgi_io import JSON_CONTENT_TYPE, SSE_HEADERS, Send, send_response
+from gateway.chat_relay import relay_chat_stream
 from gateway.forwarding import map_transport_error, upstream_error_type
 from gateway.parsing import CHAT
 from gateway.recording import RequestTracker
@@ -29,8 +28,6 @@ from gateway.responses.translate import finish_status, output_items, response_ob
 from gateway.retention import retention_header
 from gateway.upstreams.route import Route
 from gateway.upstreams.base import CacheReport, UsageReport
-
-log = logging.getLogger(__name__)
 
 _DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
@@ -188,37 +185,14 @@ async def forward_stream(exchange: Exchange) -> Outcome:
 
 
 async def _pump(exchange: Exchange, upstream: httpx.Response, writer: EventWriter) -> Outcome:
-    tracker = exchange.tracker
-    adapter = exchange.route.adapter
-    usage = UsageReport()
-    error: tuple[str, str, int] | None = None  # message, error type, recorded status
-    try:
-        async for chunk in chat_chunks(upstream):
-            if isinstance(chunk, UpstreamStreamError):
-                error = (chunk.message, chunk.error_type, upstream.status_code)
-                break
-            if adapter.has_usage(chunk):
-                usage = adapter.usage(chunk)
-                if tracker.explain is not None and isinstance(chunk.get("prefix_cache"), dict):
-                    tracker.explain.prefix_cache = chunk["prefix_cache"]
-            out = writer.feed(chunk)
-            if exchange.ttft_ms is None and writer.saw_content:
-                exchange.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
-            if out:
-                await exchange.send({"type": "http.response.body", "body": out, "more_body": True})
-    except httpx.HTTPError as exc:
-        failure = map_transport_error(exc, exchange.route)
-        log.warning("upstream stream from %s broke: %s", exchange.route.name, failure.message)
-        error = (failure.message, failure.error_type, failure.status_code)
-    if error is not None:
-        message, error_type, status_code = error
-        outcome = Outcome(status_code, error_type)
-        exchange.answered(outcome)
-        failed = writer.fail(message, error_type)
-        await exchange.send({"type": "http.response.body", "body": failed, "more_body": False})
-        return outcome
+    def error_ending(message: str, error_type: str, _status_code: int) -> bytes:
+        return writer.fail(message, error_type)
+
+    end = await relay_chat_stream(exchange, upstream, writer, error_ending)
+    if end.failure is not None:
+        return end.failure
     status, reason = finish_status(writer.finish_reason)
-    closing, response = writer.finish(status, exchange.usage(usage), reason)
+    closing, response = writer.finish(status, exchange.usage(end.usage or UsageReport()), reason)
     outcome = Outcome(upstream.status_code)
     exchange.answered(outcome)
     await exchange.send({"type": "http.response.body", "body": closing, "more_body": False})
