@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
+import msgspec
 
-from gateway.asgi_io import Send
+from gateway.asgi_io import SSE_HEADERS, Send
 from gateway.chat_chunks import UpstreamStreamError, chat_chunks
+from gateway.errors import GatewayError
 from gateway.forwarding import map_transport_error
 from gateway.recording import RequestTracker
 from gateway.request_stages import Outcome
@@ -26,6 +28,8 @@ from gateway.upstreams.base import UsageReport
 from gateway.upstreams.route import Route
 
 log = logging.getLogger(__name__)
+
+_DECODER = msgspec.json.Decoder()
 
 
 class ChatExchange(Protocol):
@@ -46,6 +50,52 @@ class ChunkWriter(Protocol):
     saw_content: bool
 
     def feed(self, chunk: dict[str, Any]) -> bytes: ...
+
+
+class UpstreamBadAnswer(GatewayError):
+    """The upstream answered 2xx with something that is not a chat completion."""
+
+    status_code = 502
+    error_type = "upstream_unavailable"
+
+
+def chat_completion(exchange: ChatExchange, upstream: httpx.Response) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A 2xx plain answer's chat completion and its first choice; its `prefix_cache` object goes to the explain
+    context. Raises `UpstreamBadAnswer` (502) when the body is not a chat completion with a choice."""
+    try:
+        payload = _DECODER.decode(upstream.content)
+    except msgspec.DecodeError:
+        payload = None
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise UpstreamBadAnswer(f"The upstream {exchange.route.name!r} answered without a chat completion.")
+    assert isinstance(payload, dict)
+    explain = exchange.tracker.explain
+    if explain is not None and isinstance(payload.get("prefix_cache"), dict):
+        explain.prefix_cache = payload["prefix_cache"]
+    return payload, choices[0]
+
+
+async def read_error_body(exchange: ChatExchange, upstream: httpx.Response) -> None:
+    """Read a streamed error answer's body (for `upstream.content`); a transport failure raises the mapped error."""
+    try:
+        await upstream.aread()
+    except httpx.HTTPError as exc:
+        raise map_transport_error(exc, exchange.route) from None
+
+
+async def stream_events(
+    exchange: ChatExchange, headers: list[tuple[bytes, bytes]], opening: bytes, pump: Callable[[], Awaitable[Outcome]]
+) -> Outcome:
+    """Start the 200 event stream with `opening` and let `pump` relay the rest; a stream cut off before its end (the
+    client gone) still records what was learnt so far."""
+    try:
+        await exchange.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
+        await exchange.send({"type": "http.response.body", "body": opening, "more_body": True})
+        return await pump()
+    finally:
+        if exchange.tracker.answer is None:
+            exchange.answered(None)
 
 
 # The error ending: (message, error type, status code) -> the protocol's last event bytes.

@@ -51,6 +51,21 @@ def map_transport_error(exc: httpx.HTTPError, route: Route) -> GatewayError:
     return UpstreamUnavailable(f"The upstream {route.name!r} is unavailable: {type(exc).__name__}: {exc}")
 
 
+async def open_upstream(
+    client: httpx.AsyncClient, route: Route, request: httpx.Request, tracker: RequestTracker, stream: bool
+) -> httpx.Response:
+    """Send `request` (first telling the tracker it goes upstream); the upstream's status goes to the explain
+    context. A transport failure raises the mapped `GatewayError` (`map_transport_error`)."""
+    tracker.sending_upstream()
+    try:
+        upstream = await client.send(request, stream=stream)
+    except httpx.HTTPError as exc:
+        raise map_transport_error(exc, route) from None
+    if tracker.explain is not None:
+        tracker.explain.upstream_status = upstream.status_code
+    return upstream
+
+
 def _response_headers(route: Route, upstream: httpx.Response, tracker: RequestTracker) -> list[tuple[bytes, bytes]]:
     """The request id, the retention class the gateway applied, and the upstream's match headers."""
     headers = [(b"x-request-id", tracker.request_id.encode()), *retention_header(tracker.retention_class)]

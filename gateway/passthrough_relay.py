@@ -84,20 +84,6 @@ def response_headers(
     return headers
 
 
-async def open_upstream(
-    client: httpx.AsyncClient, route: Route, request: httpx.Request, tracker: RequestTracker, stream: bool
-) -> httpx.Response:
-    """Send `request`; a transport failure raises the mapped `GatewayError` (`map_transport_error`)."""
-    tracker.sending_upstream()
-    try:
-        upstream = await client.send(request, stream=stream)
-    except httpx.HTTPError as exc:
-        raise map_transport_error(exc, route) from None
-    if tracker.explain is not None:
-        tracker.explain.upstream_status = upstream.status_code
-    return upstream
-
-
 async def relay_events(
     upstream: httpx.Response, reader: EventStreamReader, route: Route, send: Send, tracker: RequestTracker
 ) -> Outcome:

@@ -23,10 +23,9 @@ from gateway.anthropic.positions import DryRunFailed
 from gateway.anthropic.request import MessagesRequest
 from gateway.anthropic.stream import ChunkTranslator, error_event, message_start
 from gateway.anthropic.translate import matched_stop_of, message_content, stop_reason
-from gateway.asgi_io import JSON_CONTENT_TYPE, SSE_HEADERS, Send, send_response
-from gateway.chat_relay import relay_chat_stream
-from gateway.errors import GatewayError
-from gateway.forwarding import map_transport_error, upstream_error_type
+from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
+from gateway.chat_relay import chat_completion, read_error_body, relay_chat_stream, stream_events
+from gateway.forwarding import open_upstream, upstream_error_type
 from gateway.parsing import CHAT
 from gateway.recording import RequestTracker
 from gateway.request_stages import Answered, Outcome
@@ -38,7 +37,6 @@ from gateway.telemetry.request_span import with_trace_context
 
 log = logging.getLogger(__name__)
 
-_DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -117,15 +115,9 @@ class Exchange:
         return split
 
     async def open(self, *, stream: bool) -> httpx.Response:
-        self.tracker.sending_upstream()
         request = with_trace_context(self.route.request(CHAT, self.payload), self.tracker.span)
-        try:
-            upstream = await self.client.send(request, stream=stream)
-        except httpx.HTTPError as exc:
-            raise map_transport_error(exc, self.route) from None
+        upstream = await open_upstream(self.client, self.route, request, self.tracker, stream)
         self.cache_report = self.route.adapter.cache_report(upstream.headers)
-        if self.tracker.explain is not None:
-            self.tracker.explain.upstream_status = upstream.status_code
         return upstream
 
     async def relay_error(self, upstream: httpx.Response, headers: list[tuple[bytes, bytes]]) -> Outcome:
@@ -142,18 +134,7 @@ async def forward_plain(exchange: Exchange) -> Outcome:
     headers = exchange.response_headers(upstream)
     if upstream.status_code >= 400:
         return await exchange.relay_error(upstream, headers)
-    try:
-        payload = _DECODER.decode(upstream.content)
-    except msgspec.DecodeError:
-        payload = None
-    choices = payload.get("choices") if isinstance(payload, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise UpstreamBadAnswer(f"The upstream {exchange.route.name!r} answered without a chat completion.")
-    assert isinstance(payload, dict)
-    choice = choices[0]
-    explain = exchange.tracker.explain
-    if explain is not None and isinstance(payload.get("prefix_cache"), dict):
-        explain.prefix_cache = payload["prefix_cache"]
+    payload, choice = chat_completion(exchange, upstream)
     usage = exchange.route.adapter.usage(payload)
     split = exchange.cache_usage(usage, await exchange.points())
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
@@ -176,13 +157,6 @@ async def forward_plain(exchange: Exchange) -> Outcome:
     return outcome
 
 
-class UpstreamBadAnswer(GatewayError):
-    """The upstream answered 2xx with something that is not a chat completion."""
-
-    status_code = 502
-    error_type = "upstream_unavailable"
-
-
 def _stream_start_usage(exchange: Exchange, points: list[CachePoint] | None) -> dict[str, Any]:
     """The prompt-side usage for `message_start`, from the match headers (zeros when the upstream sends none)."""
     report = exchange.cache_report
@@ -198,20 +172,11 @@ async def forward_stream(exchange: Exchange) -> Outcome:
     try:
         headers = exchange.response_headers(upstream)
         if upstream.status_code >= 400:
-            try:
-                await upstream.aread()
-            except httpx.HTTPError as exc:
-                raise map_transport_error(exc, exchange.route) from None
+            await read_error_body(exchange, upstream)
             return await exchange.relay_error(upstream, headers)
         points = await exchange.points()
         start = message_start(exchange.message_id, exchange.request.model, _stream_start_usage(exchange, points))
-        try:
-            await exchange.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
-            await exchange.send({"type": "http.response.body", "body": start, "more_body": True})
-            return await _pump(exchange, upstream, points)
-        finally:
-            if exchange.tracker.answer is None:  # cut off (client gone): what was learnt so far is recorded
-                exchange.answered(None)
+        return await stream_events(exchange, headers, start, lambda: _pump(exchange, upstream, points))
     finally:
         await upstream.aclose()
 

@@ -22,8 +22,8 @@ from gateway.anthropic.stream import error_event
 from gateway.asgi_io import SSE_HEADERS, Send, send_response
 from gateway.config import UpstreamConfig
 from gateway.errors import GatewayError
-from gateway.forwarding import map_transport_error
-from gateway.passthrough_relay import EventStreamReader, open_upstream, relay_events, response_headers
+from gateway.forwarding import map_transport_error, open_upstream
+from gateway.passthrough_relay import EventStreamReader, relay_events, response_headers
 from gateway import request_stages
 from gateway.provider_diagnostics import Baselines, ProviderDiagnosis, from_anthropic
 from gateway.recording import RequestTracker

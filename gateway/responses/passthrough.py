@@ -18,8 +18,8 @@ import httpx
 import msgspec
 
 from gateway.asgi_io import SSE_HEADERS, Send, send_response
-from gateway.forwarding import map_transport_error, upstream_error_type
-from gateway.passthrough_relay import EventStreamReader, open_upstream, relay_events, response_headers
+from gateway.forwarding import map_transport_error, open_upstream, upstream_error_type
+from gateway.passthrough_relay import EventStreamReader, relay_events, response_headers
 from gateway.provider_diagnostics import from_openai
 from gateway.recording import RequestTracker
 from gateway.request_stages import Answered, Outcome
