@@ -71,8 +71,14 @@ def show_retention(url: str, since: datetime, until: datetime, tenant: str | Non
         )
         st.caption("Gaps between uses of each prefix (how many next uses came within each interval):")
         st.bar_chart(gaps)
-        st.code("\n".join(advice.toml_lines), language="toml")
-        st.caption(f"To apply it, add these lines to prefixscope.toml ({MERGE_HINT}).")
+        if advice.toml_lines:
+            st.code("\n".join(advice.toml_lines), language="toml")
+            st.caption(f"To apply it, add these lines to prefixscope.toml ({MERGE_HINT}).")
+        elif advice.advised_class == "none":
+            st.caption("No prefixscope.toml setting turns caching off for a tenant: have its clients send no cache "
+                       "breakpoint for these prefixes.")
+        else:
+            st.caption("Keep today's class: no other class saves more.")
 
 
 def show_patterns(url: str, since: datetime, until: datetime, tenant: str | None) -> None:

@@ -81,6 +81,15 @@ def is_hit(cached_tokens: int | None, template_tokens: int | None) -> bool | Non
     return cached_tokens > (template_tokens or 0)
 
 
+def uncached_prompt_tokens(record: "RequestRecord") -> int | None:
+    """Prompt tokens not served from cache (`prompt_tokens - cached_tokens`, tokens) for every answered request, a
+    hit's new suffix included; the explained `recomputed_tokens` when the usage is unknown (None when that is too).
+    The `recomputed_tokens` span attribute and `/metrics` counters count this."""
+    if record.prompt_tokens is None or record.cached_tokens is None:
+        return record.recomputed_tokens
+    return max(0, record.prompt_tokens - record.cached_tokens)
+
+
 @cache
 def _field_names() -> tuple[str, ...]:
     return tuple(f.name for f in fields(RequestRecord))

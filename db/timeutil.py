@@ -61,3 +61,11 @@ def parse_moment(text: str, now: datetime | None = None) -> datetime:
         return as_utc(datetime.fromisoformat(text.strip()))
     except ValueError as exc:
         raise ValueError(f"not a time: {text!r} (expected a duration such as 7d, 'now' or an ISO timestamp)") from exc
+
+
+def observed_days(span: timedelta) -> float:
+    """The days a per-day figure divides by: a range of a day or more counts as its nearest whole number of days (a
+    `--since 1d` range widened to whole hours is 1 day, not 1.04), a shorter one as its fraction of a day, at least
+    one hour (a per-day figure from it is an extrapolation, which reports must say)."""
+    days = span / timedelta(days=1)
+    return float(round(days)) if days >= 1 else max(days, 1 / 24)

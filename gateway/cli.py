@@ -92,7 +92,7 @@ def register(commands: Any, bench_commands: Any) -> None:
     routing = bench_commands.add_parser(
         "routing",
         help="cache-aware routing over KV events vs the approximate index vs round robin, over engine replicas",
-        description="Start engine replicas (publishing KV events) with pools of about half the working set and "
+        description="Start engine replicas (publishing KV events) with pools of about 0.6x the working set and "
         "replay the same requests routed cache-aware over their KV events, cache-aware over the gateway's approximate "
         "index, and round robin; print hit rate, TTFT, load per replica and the router's decision time with 100k "
         "indexed blocks, with a verdict (exit 1 on FAIL).",

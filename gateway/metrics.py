@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from db.records import RequestRecord
+from db.records import RequestRecord, uncached_prompt_tokens
 from gateway.replicas.replica_metrics import ReplicaMetrics
 from gateway.telemetry.tenant_metrics import TenantMetrics
 
@@ -158,8 +158,9 @@ class GatewayMetrics:
             self._child(self.rules, rule).inc()
         if record.miss_reason is not None:
             self._child(self.miss_reasons, record.miss_reason).inc()
-            if record.recomputed_tokens:
-                self._child(self.recomputed_tokens, record.miss_reason).inc(record.recomputed_tokens)
+            recomputed = uncached_prompt_tokens(record)
+            if recomputed:
+                self._child(self.recomputed_tokens, record.miss_reason).inc(recomputed)
         if record.normalization_gain_tokens:
             self.normalization_gain_tokens.inc(record.normalization_gain_tokens)
         if record.replica is not None:

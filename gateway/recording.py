@@ -206,32 +206,37 @@ class RequestTracker:
         self._answered: Answered | None = None
         self.finished = False
 
-    def _unset(self, current: object, empty: object, stage: str) -> None:
-        if current is not empty:
-            raise StageSetTwice(f"request {self.request_id}: the {stage} stage was already recorded")
+    def _set_twice(self, stage: str) -> None:
+        raise StageSetTwice(f"request {self.request_id}: the {stage} stage was already recorded")
 
     def admitted(self, stage: Admitted) -> None:
-        self._unset(self._admitted, NOT_ADMITTED, "admitted")
+        if self._admitted is not NOT_ADMITTED:
+            self._set_twice("admitted")
         self._admitted = stage
 
     def parsed(self, stage: Parsed) -> None:
-        self._unset(self._parsed, NOT_PARSED, "parsed")
+        if self._parsed is not NOT_PARSED:
+            self._set_twice("parsed")
         self._parsed = stage
 
     def routed(self, stage: Routed) -> None:
-        self._unset(self._routed, NOT_ROUTED, "routed")
+        if self._routed is not NOT_ROUTED:
+            self._set_twice("routed")
         self._routed = stage
 
     def prepared(self, stage: Prepared) -> None:
-        self._unset(self._prepared, NOT_PREPARED, "prepared")
+        if self._prepared is not NOT_PREPARED:
+            self._set_twice("prepared")
         self._prepared = stage
 
     def placed(self, stage: Placed) -> None:
-        self._unset(self._placed, NOT_PLACED, "placed")
+        if self._placed is not NOT_PLACED:
+            self._set_twice("placed")
         self._placed = stage
 
     def answered(self, stage: Answered) -> None:
-        self._unset(self._answered, None, "answered")
+        if self._answered is not None:
+            self._set_twice("answered")
         self._answered = stage
 
     # What the request path reads back (stages are read-only once set).

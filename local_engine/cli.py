@@ -109,18 +109,16 @@ def _serve(args: argparse.Namespace) -> int:
 
 def trace_export_from(otlp_endpoint: str | None, env):
     """`--otlp-endpoint` wins; else the standard OTEL_* variables; None: no spans (or the variables turn them off).
-    Raises ValueError on malformed OTEL_EXPORTER_OTLP_HEADERS."""
-    from prefixscope.tracing import TraceExport, export_from_env, traces_url, tracing_disabled
+    Raises ValueError on malformed OTEL_EXPORTER_OTLP_HEADERS or OTEL_EXPORTER_OTLP_TIMEOUT."""
+    from prefixscope.tracing import ENV_TRACES_ENDPOINT, export_from_env, traces_url, tracing_disabled
     from local_engine.api.tracing import SERVICE_NAME
 
     if tracing_disabled(env):
         return None
-    from_env = export_from_env(env, SERVICE_NAME)
     if otlp_endpoint:
-        return TraceExport(traces_url=traces_url(otlp_endpoint),
-                           service_name=from_env.service_name if from_env else SERVICE_NAME,
-                           headers=from_env.headers if from_env else {})
-    return from_env
+        # The OTEL_* variables still give the headers and timeout (`prefixscope up` passes the gateway config's so).
+        return export_from_env({**env, ENV_TRACES_ENDPOINT: traces_url(otlp_endpoint)}, SERVICE_NAME)
+    return export_from_env(env, SERVICE_NAME)
 
 
 def _bench(args: argparse.Namespace) -> int:

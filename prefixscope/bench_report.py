@@ -24,7 +24,8 @@ RUN_TIMES: Mapping[str, str] = {
     "dashboard": "The first run writes --rows demo requests (about 1-2 minutes per million rows); later runs reuse "
     "the database and take under a minute (--render adds about 10 seconds per page).",
     "advise": "With the defaults it takes about 1-3 minutes on a CPU (one engine, four rule sets).",
-    "routing": "With the defaults it takes about 10-20 minutes on a CPU (2 then 3 engine replicas, two policies each).",
+    "routing": "With the defaults it takes about 10-20 minutes on a CPU (3 engine replicas, three routings: events, "
+    "approximate index, round robin).",
     "simulate": "With the defaults it takes about 10-30 seconds.",
     "db-queries": "The first run writes --rows demo requests (about 20 seconds per 100,000 rows); the queries take "
     "seconds.",

@@ -5,6 +5,7 @@ The directory is `$PREFIXSCOPE_HOME` when set, else the platform's per-user data
 
 - `prefixscope.db`: the default SQLite database (used when no database URL is given anywhere);
 - `gateway_secret`: the gateway's server secret, from which tenants' cache salts are derived (0600);
+- `engine_api_key`: the API key `prefixscope up` gave its engines this start, for scraping their `/metrics` (0600);
 - `spill/`: records the gateway could not write to the database yet.
 
 This module imports nothing from the programs, so every package (`gateway`, `db`, `dashboard`, `local_engine`)
@@ -46,6 +47,11 @@ def default_database_url(environ: Mapping[str, str] | None = None) -> str:
 def gateway_secret_path(environ: Mapping[str, str] | None = None) -> Path:
     """The default file holding the gateway's server secret."""
     return state_dir(environ) / "gateway_secret"
+
+
+def engine_api_key_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The file where `prefixscope up` keeps the API key of the engines it started (a bearer token)."""
+    return state_dir(environ) / "engine_api_key"
 
 
 def spill_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -5,7 +5,8 @@ order and stopped together: Ctrl-C or SIGTERM stops everything and exits with st
 stops the rest and exits with a non-zero status. Before anything starts, every port is checked to be free.
 The engine gets a freshly generated API key and admin token through its environment; the gateway gets only the API
 key (its upstream key) and the dashboard only the admin token (the cache views), so nothing reaches the engine around
-the gateway. The gateway requires API keys unless `--open`.
+the gateway. The API key is also written to `engine_api_key` in the state directory (0600), so that Prometheus can
+scrape the engines' `/metrics` with it. The gateway requires API keys unless `--open`.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def _port_requests(args: argparse.Namespace, programs: list[Program]) -> list[Po
     ]
 
 
-def _print_state(args: argparse.Namespace) -> None:
+def _print_state(args: argparse.Namespace, engine_key_file: Path) -> None:
     """Where this stack keeps its state, resolved (the same from any working directory)."""
     from db.config import database_url_from_env, shown_url
     from prefixscope.paths import state_dir
@@ -128,6 +129,7 @@ def _print_state(args: argparse.Namespace) -> None:
     print(f"database  {shown_url(database_url_from_env(args.database_url))}", flush=True)
     if args.config:
         print(f"config    {Path(args.config).resolve()}", flush=True)
+    print(f"engine key {engine_key_file} (bearer token for the engines' /metrics)", flush=True)
 
 
 OPEN_BANNER = """
@@ -180,10 +182,43 @@ def shared_secrets_env(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
     }
 
 
-def with_secrets(programs: list[Program], environ: Mapping[str, str]) -> list[Program]:
-    """`programs`, each with its environment from `shared_secrets_env` (engine replicas share the engine's)."""
+def with_secrets(
+    programs: list[Program], environ: Mapping[str, str], engine_env: Mapping[str, str] | None = None
+) -> list[Program]:
+    """`programs`, each with its environment from `shared_secrets_env` (engine replicas share the engine's, plus
+    `engine_env`: the gateway config's trace export settings)."""
     envs = shared_secrets_env(environ)
+    envs["engine"] |= engine_env or {}
     return [replace(p, env=envs["engine" if p.name.startswith("engine") else p.name]) for p in programs]
+
+
+def save_engine_api_key(programs: list[Program], path: Path) -> Path:
+    """Write the engines' API key (from their environment) to `path`, readable by its owner only (0600, also when
+    the file was already there); returns `path`. Raises OSError when it cannot be written."""
+    key = next(p.env[_ENGINE_API_KEY] for p in programs if p.name.startswith("engine"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        os.fchmod(file.fileno(), 0o600)
+        file.write(key + "\n")
+    return path
+
+
+def engine_telemetry_env(telemetry, environ: Mapping[str, str]) -> dict[str, str]:
+    """The OTEL_* variables that give the engines the gateway config's `[telemetry]` export settings (headers, as
+    the gateway merges them with `$OTEL_EXPORTER_OTLP_HEADERS`, and the export timeout unless the environment sets
+    one); the endpoint goes on the command line. Raises ValueError on malformed headers in `environ`."""
+    from prefixscope.tracing import (ENV_HEADERS, ENV_TIMEOUT, ENV_TRACES_HEADERS, ENV_TRACES_TIMEOUT,
+                                     format_headers, parse_headers)
+
+    env_headers = parse_headers(environ.get(ENV_TRACES_HEADERS) or environ.get(ENV_HEADERS) or "")
+    headers = {**telemetry.headers, **env_headers}
+    env = {}
+    if not (environ.get(ENV_TRACES_TIMEOUT) or environ.get(ENV_TIMEOUT)):  # the environment's own timeout wins
+        env[ENV_TRACES_TIMEOUT] = f"{telemetry.export_timeout_s * 1000:g}"
+    if headers:
+        env[ENV_TRACES_HEADERS] = format_headers(headers)
+    return env
 
 
 def prepare(args: argparse.Namespace) -> int:
@@ -223,6 +258,11 @@ def prepare(args: argparse.Namespace) -> int:
 
     if config.telemetry.otlp_endpoint and not (os.environ.get(ENV_ENDPOINT) or os.environ.get(ENV_TRACES_ENDPOINT)):
         args.otlp_endpoint = config.telemetry.otlp_endpoint
+    try:
+        args.engine_env = engine_telemetry_env(config.telemetry, os.environ)
+    except ValueError as exc:
+        print(f"prefixscope up: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -247,7 +287,15 @@ def _up(args: argparse.Namespace) -> int:
             print(f"prefixscope up: {problem}", file=sys.stderr)
         print("prefixscope up: nothing was started", file=sys.stderr)
         return 2
-    _print_state(args)
+    programs = with_secrets(programs, os.environ, getattr(args, "engine_env", None))
+    from prefixscope.paths import engine_api_key_path
+
+    try:
+        engine_key_file = save_engine_api_key(programs, engine_api_key_path())
+    except OSError as exc:
+        print(f"prefixscope up: cannot write the engine API key: {exc}", file=sys.stderr)
+        return 2
+    _print_state(args, engine_key_file)
     if gateway_open(args):
         print(OPEN_BANNER, file=sys.stderr, flush=True)
         ready = OPEN_BANNER
@@ -258,7 +306,7 @@ def _up(args: argparse.Namespace) -> int:
             f"the gateway requires API keys: {typed_command()} keys create --tenant NAME "
             "(a new key works on its first request)"
         )
-    return supervise(with_secrets(programs, os.environ), args.start_timeout, ready_message=ready)
+    return supervise(programs, args.start_timeout, ready_message=ready)
 
 
 def register(commands, bench_commands) -> None:

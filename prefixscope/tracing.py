@@ -8,8 +8,8 @@ exporter's own retries), and spans dropped because the queue was full.
 Where spans go comes from the program's config or from the standard environment variables of the OpenTelemetry
 specification (`export_from_env`): `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL) or
 `OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL to which `/v1/traces` is added), `OTEL_EXPORTER_OTLP_HEADERS`
-(or `..._TRACES_HEADERS`), `OTEL_SERVICE_NAME`, and `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none` to turn
-tracing off.
+(or `..._TRACES_HEADERS`), `OTEL_EXPORTER_OTLP_TIMEOUT` (or `..._TRACES_TIMEOUT`, milliseconds), `OTEL_SERVICE_NAME`,
+and `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none` to turn tracing off.
 
 A neutral module: it imports nothing from the programs. Each program builds its own `TracerProvider` (never the
 process-global one), so several gateways or engines in one test process keep their spans apart.
@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.propagators.textmap import DefaultGetter
@@ -39,6 +39,8 @@ ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENV_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
 ENV_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+ENV_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
+ENV_TRACES_TIMEOUT = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
 ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
 ENV_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
@@ -89,6 +91,12 @@ def parse_headers(text: str) -> dict[str, str]:
     return headers
 
 
+def format_headers(headers: Mapping[str, str]) -> str:
+    """`headers` in the format of `OTEL_EXPORTER_OTLP_HEADERS` (names and values URL-encoded), which
+    `parse_headers` reads back unchanged."""
+    return ",".join(f"{quote(name, safe='')}={quote(value, safe='')}" for name, value in headers.items())
+
+
 def tracing_disabled(env: Mapping[str, str]) -> bool:
     """Whether the environment turns tracing off (`OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`)."""
     return (env.get(ENV_SDK_DISABLED, "").strip().lower() == "true"
@@ -97,7 +105,7 @@ def tracing_disabled(env: Mapping[str, str]) -> bool:
 
 def export_from_env(env: Mapping[str, str], default_service_name: str) -> TraceExport | None:
     """The export the standard OpenTelemetry environment variables ask for, or None when they name no endpoint or
-    turn tracing off. Raises ValueError on malformed headers."""
+    turn tracing off. Raises ValueError on malformed headers or a timeout that is not a positive number of ms."""
     if tracing_disabled(env):
         return None
     url = env.get(ENV_TRACES_ENDPOINT, "").strip()
@@ -108,7 +116,16 @@ def export_from_env(env: Mapping[str, str], default_service_name: str) -> TraceE
         url = traces_url(base)
     headers = parse_headers(env.get(ENV_TRACES_HEADERS) or env.get(ENV_HEADERS) or "")
     service_name = env.get(ENV_SERVICE_NAME, "").strip() or default_service_name
-    return TraceExport(traces_url=url, service_name=service_name, headers=headers)
+    timeout_ms = (env.get(ENV_TRACES_TIMEOUT) or env.get(ENV_TIMEOUT) or "").strip()
+    if not timeout_ms:
+        return TraceExport(traces_url=url, service_name=service_name, headers=headers)
+    try:
+        timeout_s = float(timeout_ms) / 1000
+    except ValueError:
+        timeout_s = 0.0
+    if not timeout_s > 0:
+        raise ValueError(f"OTLP export timeout {timeout_ms!r} is not a positive number of milliseconds")
+    return TraceExport(traces_url=url, service_name=service_name, headers=headers, export_timeout_s=timeout_s)
 
 
 class ExportCounts:

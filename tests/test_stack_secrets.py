@@ -97,3 +97,51 @@ def test_up_is_loud_when_the_config_file_makes_the_gateway_open(tmp_path, monkey
     seen = _run_up(monkeypatch, _args())
     assert "OPEN MODE" not in capsys.readouterr().err
     assert "requires API keys" in seen["ready_message"]
+
+
+def test_up_saves_the_engine_api_key_for_scraping(tmp_path, monkeypatch, capsys):
+    """`up` writes the key its engines were given to `engine_api_key` in the state directory, owner-only (0600, also
+    over a looser file left from before), and prints where; a fresh key at each start replaces the old one."""
+    import stat
+
+    monkeypatch.setenv("PREFIXSCOPE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PREFIXSCOPE_ENGINE_API_KEY", raising=False)
+    key_file = tmp_path / "home" / "engine_api_key"
+    keys = []
+    for _ in range(2):
+        programs = {p.name: p for p in _run_up(monkeypatch, _args(replicas=2))["programs"]}
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        key = key_file.read_text().strip()
+        assert key == programs["engine1"].env["PREFIXSCOPE_ENGINE_API_KEY"]
+        assert key == programs["engine2"].env["PREFIXSCOPE_ENGINE_API_KEY"]
+        assert key == programs["gateway"].env["PREFIXSCOPE_UPSTREAM_API_KEY"]
+        assert str(key_file) in capsys.readouterr().out
+        keys.append(key)
+        key_file.chmod(0o644)
+    assert keys[0] != keys[1]
+
+
+def test_up_gives_the_engines_the_gateway_configs_export_headers(tmp_path, monkeypatch):
+    """`[telemetry]` headers and export timeout reach the engines (through the OTEL_* variables the engine reads,
+    merged with the environment's headers as the gateway merges them), and the engine's exporter uses them."""
+    from local_engine.cli import trace_export_from
+
+    config = tmp_path / "prefixscope.toml"
+    config.write_text('[telemetry]\notlp_endpoint = "http://127.0.0.1:4399"\nexport_timeout_s = 2.5\n'
+                      'headers = { "x-api-key" = "test 123,=%", "X-Tenant" = "acme" }\n')
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_TIMEOUT",
+                 "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-extra=1")
+    programs = {p.name: p for p in _run_up(monkeypatch, _args(replicas=2, config=config))["programs"]}
+    for name in ("engine1", "engine2"):
+        argv = programs[name].argv
+        endpoint = argv[argv.index("--otlp-endpoint") + 1]
+        export = trace_export_from(endpoint, programs[name].env)
+        assert export.traces_url == "http://127.0.0.1:4399/v1/traces"
+        assert export.headers == {"x-api-key": "test 123,=%", "x-tenant": "acme", "x-extra": "1"}
+        assert export.export_timeout_s == 2.5
+        assert export.service_name == "prefixscope-engine"
+    assert "OTEL_EXPORTER_OTLP_TRACES_HEADERS" not in programs["gateway"].env

@@ -120,7 +120,7 @@ def _span_patterns(items: list[SignedRequest], max_span_chars: int, min_shared_c
                 variants=len(variants),
                 where=f"system prompt, characters {head}-{head + span} of {longest} (block-exact)",
                 shared_tokens=shared,
-                tokens_per_request=sum(costs) / len(costs),
+                tokens_per_request=round(sum(costs) / len(costs), 1),
                 tokens_total=round(sum(costs)),
                 action="move the varying span to the end of the prompt or into a later message, or parameterize it, "
                 "so the text before and after it is cached once for every variant",
@@ -183,7 +183,7 @@ def _tool_pattern(
         variants=variants,
         where=where,
         shared_tokens=round(min(_tool_tokens(m.signature) for m in members)),
-        tokens_per_request=sum(costs) / len(costs) if costs else 0.0,
+        tokens_per_request=round(sum(costs) / len(costs), 1) if costs else 0.0,
         tokens_total=round(sum(costs)),
         action=action,
     )

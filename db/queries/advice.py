@@ -16,7 +16,7 @@ with the highest estimate is.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, Float, cast, func, select
@@ -26,6 +26,7 @@ from db.engine_context import latest_engine_context
 from db.models import HourlyAdvice, table_of
 from db.queries.history import query_range
 from db.queries.totals import ROLLUPS, Reader, rollup_filters
+from db.timeutil import observed_days
 
 ADVICE = table_of(HourlyAdvice)
 # A candidate is recommended when it would raise the token hit rate by at least this much (and save tokens).
@@ -148,7 +149,7 @@ def advice(
     """Per tenant with advice in [since, until) (whole UTC hours), its candidates under its current settings, ordered
     by estimated gain."""
     start, end = query_range(since, until)
-    days = max((end - start) / timedelta(days=1), 1 / 24)
+    days = observed_days(end - start)
     current = _current_rows(conn, start, end, tenant)
     if not current:
         return []

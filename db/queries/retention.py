@@ -3,7 +3,8 @@ class their requests asked for, handed to `db.retention.advice`.
 
 A prefix's length in tokens: when two or more of its first `CHAINS_PER_PREFIX` requests carry a block hash chain, the
 leading blocks those chains share (block size x blocks, the part a cache could reuse between them); else the shortest
-prompt among its requests (the prefix cannot be longer). Reads at most `max_rows` answered requests (the latest), so the work is bounded whatever the
+prompt among its requests (the prefix cannot be longer). A prefix also carries the cached tokens the upstream reported
+on its requests and whether its first block starts another prefix of the tenant (see `PrefixUses.reused`). Reads at most `max_rows` answered requests (the latest), so the work is bounded whatever the
 range; requests without a prefix hash or prompt tokens (rejected, unknown usage) are skipped.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import select
 
@@ -21,7 +22,7 @@ from db.models import RequestChainRow, RequestRecordRow, table_of
 from db.queries.totals import Reader
 from db.retention.advice import PrefixUses, TenantRetention, advise_tenant
 from db.retention.costs import CostModel
-from db.timeutil import as_utc, utc_now
+from db.timeutil import as_utc, observed_days, utc_now
 
 REQUESTS = table_of(RequestRecordRow)
 CHAINS = table_of(RequestChainRow)
@@ -38,6 +39,7 @@ class _Prefix:
     chains: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # (block size, hashes)
     classes: Counter[str | None] = field(default_factory=Counter)
     upstreams: Counter[str] = field(default_factory=Counter)
+    cached_tokens: int = 0
 
 
 def shared_chain_tokens(chains: list[tuple[int, tuple[int, ...]]]) -> int | None:
@@ -82,7 +84,7 @@ def load_prefix_uses(
     stmt = (
         select(
             REQUESTS.c.id, REQUESTS.c.tenant, REQUESTS.c.prefix_hash, REQUESTS.c.created_at, REQUESTS.c.prompt_tokens,
-            REQUESTS.c.retention_class, REQUESTS.c.upstream,
+            REQUESTS.c.retention_class, REQUESTS.c.upstream, REQUESTS.c.cached_tokens,
         )
         .join(latest, latest.c.id == REQUESTS.c.id)
         .order_by(REQUESTS.c.created_at, REQUESTS.c.id)
@@ -98,6 +100,7 @@ def load_prefix_uses(
         prefix.shortest = prompt if prefix.shortest is None else min(prefix.shortest, prompt)
         prefix.classes[row.retention_class] += 1
         prefix.upstreams[row.upstream] += 1
+        prefix.cached_tokens += int(row.cached_tokens or 0)
     ids = list(chain_ids)
     for offset in range(0, len(ids), _ID_CHUNK):
         chunk = ids[offset : offset + _ID_CHUNK]
@@ -106,13 +109,20 @@ def load_prefix_uses(
         )
         for row in conn.execute(chains):
             chain_ids[row.request_id].chains.append((int(row.block_size), unpack_hash_ids(row.hash_ids)))
+    # Leading blocks several prefixes of a tenant start with: caching one prefix serves the others' requests.
+    starts: Counter[tuple[str, int]] = Counter()
+    for (name, _), prefix in found.items():
+        starts.update({(name, hashes[0]) for _, hashes in prefix.chains if hashes})
     result: dict[str, list[tuple[PrefixUses, str]]] = defaultdict(list)
     for (name, prefix_hash), prefix in sorted(found.items()):
+        shares = any(hashes and starts[(name, hashes[0])] > 1 for _, hashes in prefix.chains)
         shared = shared_chain_tokens(prefix.chains)
         tokens = min(shared, prefix.shortest or 0) if shared is not None else prefix.shortest or 0
         requested = prefix.classes.most_common(1)[0][0]
         upstream = prefix.upstreams.most_common(1)[0][0]
-        uses = PrefixUses(name, prefix_hash, tokens, tuple(prefix.times), requested, "")
+        uses = PrefixUses(
+            name, prefix_hash, tokens, tuple(prefix.times), requested, "", prefix.cached_tokens, shares
+        )
         result[name].append((uses, upstream))
     return dict(result)
 
@@ -129,7 +139,7 @@ def retention_advice(
     """Per tenant with prefixes in the range, its retention advice; `prices(upstream name)` gives the cost model of
     the upstream a tenant's requests mostly went to."""
     end = as_utc(until) if until is not None else utc_now()
-    days = max((end - as_utc(since)) / timedelta(days=1), 1 / 24)
+    days = observed_days(end - as_utc(since))
     end_s = (end - as_utc(since)).total_seconds()
     result = []
     for name, items in sorted(load_prefix_uses(conn, since, until, tenant, max_rows).items()):

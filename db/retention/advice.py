@@ -1,11 +1,17 @@
 """Retention advice from recorded prefix reuse: per tenant and per prefix, the class with the best net saving.
 
 Input: each prefix's uses (`PrefixUses`: the keyed prefix hash, its tokens, the use times, the class its requests were
-sent with) and the cost model of the upstream it went to. For each prefix every class is replayed
-(`db.retention.replay`); today's class is the one its requests asked for most (`default` when none: the upstream's own
+sent with, the cached tokens the upstream reported on them) and the cost model of the upstream it went to. For each
+prefix every class is replayed (`db.retention.replay`); today's class is the one its requests asked for most (`default` when none: the upstream's own
 lifetime, `DEFAULT_CLASS` per family). The saving per day is the best class's saving over today's, scaled from the
 observed range to a day. A tenant's advised class is the one whose summed saving over its prefixes is highest; the
 `prefixscope.toml` lines set it as the tenant's `cache_retention`.
+
+Two guards keep the advice from costing hits: a class is advised over today's only when it saves strictly more (on
+a tie today's class stays, with no lines to apply), and a prefix that is `reused` (its requests got cached tokens, or
+its first block starts another prefix of the tenant too) while its own replay sees no reuse keeps today's class, and
+its tenant is advised no class shorter than today's (the replay cannot say how long the reuse it misses needs). The second matters when a volatile value (a timestamp) makes every request's
+prefix hash unique: each prefix looks used once, yet the engine reuses the leading blocks before the value.
 
 Gap histogram: the seconds between consecutive uses of a prefix, in `GAP_EDGES_S` bins (bin i counts gaps in
 `(edge[i-1], edge[i]]`, the last bin everything longer), with the median and the 90th percentile gap.
@@ -14,6 +20,7 @@ Gap histogram: the seconds between consecutive uses of a prefix, in `GAP_EDGES_S
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -26,6 +33,7 @@ GAP_EDGES_S: Final = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 144
 # What `default` (no class sent) means, per family: hosted APIs cache 5 minutes; the local engine keeps a prefix
 # until it is evicted unless started with --ttl.
 DEFAULT_CLASS: Final = {True: "5m", False: "persistent"}
+_RANK: Final = (NO_CACHE, *CLASS_TTL_S)  # shortest lifetime first
 _ACTIONS: Final = {
     NO_CACHE: "do not cache it: send no cache breakpoint or retention class for it (it is not read again in time)",
     "5m": "cache it for 5 minutes",
@@ -45,6 +53,14 @@ class PrefixUses:
     times: tuple[float, ...]
     requested_class: str | None
     upstream_kind: str
+    cached_tokens: int = 0  # cached tokens the upstream reported on these requests (reuse a whole-prefix replay misses)
+    shares_leading_blocks: bool = False  # its chains start with a block another prefix of the tenant starts with
+
+    @property
+    def reused(self) -> bool:
+        """Read from the cache beyond what its own uses show: reported cached tokens, or leading blocks that another
+        prefix's requests read (not caching it would take those hits away)."""
+        return self.cached_tokens > 0 or self.shares_leading_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +93,7 @@ class PrefixRetention:
     unread_write_share: float | None
     gaps: GapHistogram
     action: str
+    kept_for_reuse: bool = False  # the replay saw no reuse, but the upstream did (`PrefixUses.reused`): today's class kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +107,9 @@ class TenantRetention:
     prefixes: tuple[PrefixRetention, ...]
     advised_class: str
     saving_per_day: float
-    toml_lines: tuple[str, ...]
+    toml_lines: tuple[str, ...]  # empty: nothing to change, or no setting applies the advice (`none`)
+    days: float = 1.0  # the days the per-day figures divide by (below 1: extrapolated from a shorter range)
+    today_class: str = ""  # the most common class of its prefixes today; advised_class == today_class: no change
 
 
 def gap_histogram(gaps: Sequence[float]) -> GapHistogram:
@@ -123,6 +142,9 @@ def advise_prefix(uses: PrefixUses, model: CostModel, days: float, end_s: float 
         uses.times, uses.prefix_tokens, today, model, end_s
     )
     best = best_class(outcomes)
+    kept_for_reuse = best.retention == NO_CACHE and uses.reused
+    if kept_for_reuse or best.saving <= today_outcome.saving + 1e-9:
+        best = today_outcome
     gaps = [later - earlier for earlier, later in zip(uses.times, uses.times[1:], strict=False)]
     return PrefixRetention(
         prefix_hash=uses.prefix_hash,
@@ -135,8 +157,21 @@ def advise_prefix(uses: PrefixUses, model: CostModel, days: float, end_s: float 
         saving_per_day=(best.saving - today_outcome.saving) / days,
         unread_write_share=today_outcome.unread_write_share,
         gaps=gap_histogram(gaps),
-        action=_ACTIONS[best.retention],
+        action=_action(best.retention, today, uses if kept_for_reuse else None),
+        kept_for_reuse=kept_for_reuse,
     )
+
+
+def _action(best: str, today: str, uses: PrefixUses | None) -> str:
+    """What to do; `uses` given when today's class is kept for reuse the replay does not see."""
+    if best != today:
+        return _ACTIONS[best]
+    if uses is not None:
+        seen = [f"its requests got {uses.cached_tokens} cached tokens"] if uses.cached_tokens else []
+        seen += ["it starts with blocks other prefixes of the tenant start with"] if uses.shares_leading_blocks else []
+        return (f"keep today's class ({today}): {' and '.join(seen)} (reuse of leading blocks that a replay of the "
+                "whole prefix does not see)")
+    return f"keep today's class ({today}): no class saves more"
 
 
 def advise_tenant(
@@ -144,29 +179,37 @@ def advise_tenant(
     top: int = 10,
 ) -> TenantRetention:
     """A tenant's advice over all its prefixes (one upstream kind, one cost model); `top` prefixes are kept."""
-    advised = [advise_prefix(uses, model, days, end_s) for uses in prefixes]
+    prefix_list = list(prefixes)
+    advised = [advise_prefix(uses, model, days, end_s) for uses in prefix_list]
     advised.sort(key=lambda p: (-(p.prefix_tokens * p.uses), p.prefix_hash))
     totals: dict[str, float] = {}
     today_total = 0.0
+    todays: Counter[str] = Counter()
     for prefix in advised:
+        todays[prefix.today_outcome.retention] += 1
         today_total += prefix.today_outcome.saving
         for outcome in prefix.outcomes:
             totals[outcome.retention] = totals.get(outcome.retention, 0.0) + outcome.saving
-    choice = NO_CACHE
+    # Today's class (the most common among the prefixes) stays unless another saves strictly more. With prefixes kept
+    # for reuse the replay cannot see, no shorter class is advised: it could expire the blocks they read.
+    today = todays.most_common(1)[0][0] if todays else NO_CACHE
+    floor = _RANK.index(today) if any(p.kept_for_reuse for p in advised) else 0
+    choice = today
     for name, saving in totals.items():
+        if _RANK.index(name) < floor:
+            continue
         if saving > totals.get(choice, 0.0) + 1e-9:
             choice = name
-    saving_per_day = (totals.get(choice, 0.0) - today_total) / days if advised else 0.0
+    saving_per_day = (totals.get(choice, 0.0) - today_total) / days if advised and choice != today else 0.0
+    lines = () if choice == today else toml_lines(tenant, choice)
     return TenantRetention(
-        tenant, model.kind, model.unit, tuple(advised[:top]), choice, saving_per_day, toml_lines(tenant, choice)
+        tenant, model.kind, model.unit, tuple(advised[:top]), choice, saving_per_day, lines, days, today
     )
 
 
 def toml_lines(tenant: str, retention: str) -> tuple[str, ...]:
-    """The `prefixscope.toml` lines that apply `retention` as the tenant's class (`none`: send none, and cap the
-    class a client may ask for at the shortest)."""
-    head = f"[tenants.{toml_key(tenant)}]"
+    """The `prefixscope.toml` lines that apply `retention` as the tenant's class; none for `none` ("do not cache"):
+    no setting turns caching off for a tenant (a request without a class still gets the upstream's own lifetime)."""
     if retention == NO_CACHE:
-        return (head, "# no cache_retention line: send no class, so the upstream's shortest lifetime applies",
-                'max_cache_retention = "5m"')
-    return (head, f'cache_retention = "{retention}"')
+        return ()
+    return (f"[tenants.{toml_key(tenant)}]", f'cache_retention = "{retention}"')

@@ -15,7 +15,8 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-def _tokens(value: float) -> str:
+def tokens_text(value: float) -> str:
+    """A token count as the reports print it: `375`, `4.5k`, `1.2M`."""
     for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= size:
             return f"{value / size:.1f}{unit}"
@@ -29,6 +30,13 @@ def range_label(since: str) -> str:
     return f"over the last {text}" if duration else f"since {text}"
 
 
+def per_day_note(days: float) -> str:
+    """After a per-day figure: empty for a range of whole days, else says it is extrapolated (shapes: `days` > 0)."""
+    if days >= 1:
+        return ""
+    return f" (extrapolated to a day from a {days * 24:.1f} h range)"
+
+
 def _duration_ms(value: float | None) -> str:
     if value is None:
         return "unknown (no TTFT or engine prefill speed recorded)"
@@ -40,7 +48,12 @@ def _duration_ms(value: float | None) -> str:
     return f"{seconds:.1f} s"
 
 
-def candidate_lines(candidate: CandidateAdvice) -> list[str]:
+def _has_gain(candidate: CandidateAdvice) -> bool:
+    """Recommended, or gains but less than another: what the `->` summary lists (a `[no gain]` one is not)."""
+    return candidate.shown and (candidate.recommended or candidate.outranked_by is not None)
+
+
+def candidate_lines(candidate: CandidateAdvice, days: float = 1.0) -> list[str]:
     """The text block of one candidate."""
     if candidate.recommended:
         label = "RECOMMENDED"
@@ -60,8 +73,8 @@ def candidate_lines(candidate: CandidateAdvice) -> list[str]:
     ]
     if candidate.tokens_saved_per_day > 0:
         lines.append(
-            f"    saves per day: {_tokens(candidate.tokens_saved_per_day)} prompt tokens, "
-            f"{_duration_ms(candidate.prefill_ms_saved_per_day)} of prefill"
+            f"    saves per day: {tokens_text(candidate.tokens_saved_per_day)} prompt tokens, "
+            f"{_duration_ms(candidate.prefill_ms_saved_per_day)} of prefill{per_day_note(days)}"
         )
     else:
         lines.append("    saves per day: nothing")
@@ -88,11 +101,11 @@ def format_text(found: list[TenantAdvice], tenant: str | None = None, since: str
         head = (
             f"tenant {tenant.tenant}: token hit rate {_pct(tenant.token_hit_rate)} {range_label(since)} "
             f"(on {tenant.samples} requests sampled under its current settings), "
-            f"{_tokens(tenant.prompt_tokens_per_day)} prompt tokens per day"
+            f"{tokens_text(tenant.prompt_tokens_per_day)} prompt tokens per day{per_day_note(tenant.days)}"
         )
         lines = [head]
         for candidate in tenant.candidates:
-            if candidate.shown:
+            if _has_gain(candidate):
                 lines.append(
                     f"  -> {candidate.title}: estimated {_pct(candidate.estimated_hit_rate)} "
                     f"(from {candidate.samples} samples)"
@@ -106,7 +119,7 @@ def format_text(found: list[TenantAdvice], tenant: str | None = None, since: str
         elif not tenant.recommendations:
             lines.append("  nothing to recommend: no rule that is off would raise the hit rate")
         for candidate in tenant.candidates:
-            lines += candidate_lines(candidate)
+            lines += candidate_lines(candidate, tenant.days)
         hidden = [c for c in tenant.candidates if not c.shown]
         if hidden:
             lines.append(f"  (estimates on fewer than {tenant.min_samples} sampled requests are not shown)")

@@ -9,6 +9,7 @@ from typing import Any
 from db.advice import MERGE_HINT
 from db.patterns.finder import FleetPattern
 from db.retention.advice import GAP_EDGES_S, GapHistogram, PrefixRetention, TenantRetention
+from gateway.advisor.report import per_day_note, tokens_text
 
 
 def _amount(value: float, unit: str) -> str:
@@ -22,11 +23,11 @@ def _amount(value: float, unit: str) -> str:
 
 
 def _seconds(value: float) -> str:
-    if value >= 3600:
-        return f"{value / 3600:g}h"
-    if value >= 60:
-        return f"{value / 60:g}m"
-    return f"{value:g}s"
+    """`3.5s`, `3m`, `1.5h`: one decimal at most, in the largest unit that fits."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if value >= size:
+            return f"{round(value / size, 1):g}{unit}"
+    return f"{round(value, 1):g}s"
 
 
 def gap_line(gaps: GapHistogram) -> str:
@@ -38,13 +39,13 @@ def gap_line(gaps: GapHistogram) -> str:
     return f"{bins}; median {_seconds(gaps.median_s or 0)}, 90% within {_seconds(gaps.p90_s or 0)}"
 
 
-def prefix_lines(prefix: PrefixRetention, unit: str) -> list[str]:
+def prefix_lines(prefix: PrefixRetention, unit: str, days: float = 1.0) -> list[str]:
     unread = "-" if prefix.unread_write_share is None else f"{100 * prefix.unread_write_share:.0f}%"
     best = prefix.best.retention
     return [
         f"  prefix {prefix.prefix_hash[:16]} ({prefix.prefix_tokens} tokens, {prefix.uses} use{'' if prefix.uses == 1 else 's'}): "
         f"today {prefix.today}, "
-        f"best {best if best != 'none' else 'do not cache'} -> saves {_amount(prefix.saving_per_day, unit)} per day",
+        f"best {best if best != 'none' else 'do not cache'} -> saves {_amount(prefix.saving_per_day, unit)} per day{per_day_note(days)}",
         f"    writes never read again today: {unread}; gaps between uses: {gap_line(prefix.gaps)}",
         f"    to do: {prefix.action}",
     ]
@@ -55,15 +56,22 @@ def format_retention(found: list[TenantRetention]) -> str:
         return "retention: no prefix reuse recorded in this range (requests with a prefix hash and prompt tokens)"
     blocks = []
     for tenant in found:
-        advised = tenant.advised_class if tenant.advised_class != "none" else "do not cache"
-        lines = [
-            f"retention for tenant {tenant.tenant} ({tenant.upstream_kind} prices): advised class {advised}, saving "
-            f"{_amount(tenant.saving_per_day, tenant.unit)} per day over today's classes"
-        ]
+        head = f"retention for tenant {tenant.tenant} ({tenant.upstream_kind} prices): "
+        if tenant.advised_class == tenant.today_class:
+            head += f"keep today's class ({tenant.today_class}): no other class saves more"
+        else:
+            advised = tenant.advised_class if tenant.advised_class != "none" else "do not cache"
+            head += (f"advised class {advised}, saving {_amount(tenant.saving_per_day, tenant.unit)} per day over "
+                     f"today's classes{per_day_note(tenant.days)}")
+        lines = [head]
         for prefix in tenant.prefixes:
-            lines += prefix_lines(prefix, tenant.unit)
-        lines.append(f"  to apply it, in prefixscope.toml ({MERGE_HINT}):")
-        lines += [f"    {line}" for line in tenant.toml_lines]
+            lines += prefix_lines(prefix, tenant.unit, tenant.days)
+        if tenant.toml_lines:
+            lines.append(f"  to apply it, in prefixscope.toml ({MERGE_HINT}):")
+            lines += [f"    {line}" for line in tenant.toml_lines]
+        elif tenant.advised_class == "none":
+            lines.append("  no prefixscope.toml setting turns caching off for a tenant: have its clients send no cache "
+                         "breakpoint for these prefixes")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
@@ -74,9 +82,10 @@ def format_patterns(patterns: list[FleetPattern]) -> str:
     lines = ["fleet patterns (across tenants and conversations, from keyed block hashes):"]
     for p in patterns:
         lines.append(
-            f"  {p.kind}: {p.requests} requests from {p.tenants} tenant(s), {p.variants} variants, at {p.where}; "
-            f"costs {p.tokens_total} tokens ({p.tokens_per_request:.0f} per affected request), "
-            f"{p.shared_tokens} tokens otherwise shared"
+            f"  {p.kind}: {p.requests} requests from {p.tenants} tenant{'' if p.tenants == 1 else 's'}, "
+            f"{p.variants} variants, at {p.where}; costs {tokens_text(p.tokens_total)} tokens "
+            f"({tokens_text(p.tokens_per_request)} per affected request), {tokens_text(p.shared_tokens)} tokens "
+            "otherwise shared"
         )
         lines.append(f"    to do: {p.action}")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ response is complete, `Exchange.on_complete` receives it (to keep it for `previo
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,24 +110,33 @@ class Exchange:
 
 # Chat fields the translation renamed: an upstream's error naming one names the Responses field instead.
 RESPONSES_PARAMS = {"response_format": "text.format", "max_tokens": "max_output_tokens"}
+# A renamed chat field as a whole name in a message (not part of a longer name such as `max_tokens_x`).
+_CHAT_FIELD_IN_TEXT = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, RESPONSES_PARAMS)) + r")(?!\w)")
 
 
 def responses_error(body: bytes) -> bytes:
-    """An OpenAI-shaped error body with `error.param` named as on the Responses API (`RESPONSES_PARAMS`; a
-    sub-field such as `response_format.json_schema` keeps its tail); other bodies unchanged."""
+    """An OpenAI-shaped error body with the chat fields the translation renamed (`RESPONSES_PARAMS`) named as on the
+    Responses API, in `error.param` (a sub-field such as `response_format.json_schema` keeps its tail) and in
+    `error.message`; other bodies unchanged."""
     try:
         payload = _DECODER.decode(body)
     except msgspec.DecodeError:
         return body
     error = payload.get("error") if isinstance(payload, dict) else None
-    param = error.get("param") if isinstance(error, dict) else None
-    if not isinstance(param, str):
+    if not isinstance(error, dict):
         return body
-    head, dot, tail = param.partition(".")
-    if head not in RESPONSES_PARAMS:
+    renamed = dict(error)
+    param, message = error.get("param"), error.get("message")
+    if isinstance(param, str):
+        head, dot, tail = param.partition(".")
+        if head in RESPONSES_PARAMS:
+            renamed["param"] = RESPONSES_PARAMS[head] + dot + tail
+    if isinstance(message, str):
+        renamed["message"] = _CHAT_FIELD_IN_TEXT.sub(lambda match: RESPONSES_PARAMS[match.group(1)], message)
+    if renamed == error:
         return body
-    assert isinstance(payload, dict) and isinstance(error, dict)
-    return _ENCODER.encode({**payload, "error": {**error, "param": RESPONSES_PARAMS[head] + dot + tail}})
+    assert isinstance(payload, dict)
+    return _ENCODER.encode({**payload, "error": renamed})
 
 
 async def forward_plain(exchange: Exchange) -> Outcome:
@@ -138,7 +148,7 @@ async def forward_plain(exchange: Exchange) -> Outcome:
     usage = exchange.usage(exchange.route.adapter.usage(payload))
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
     status, reason = finish_status(choice.get("finish_reason"))
-    response = exchange.response(status, output_items(message), usage, reason)
+    response = exchange.response(status, output_items(message, status), usage, reason)
     outcome = Outcome(upstream.status_code)
     exchange.answered(outcome)
     await send_response(exchange.send, 200, _ENCODER.encode(response), [*headers, JSON_CONTENT_TYPE])

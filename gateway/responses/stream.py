@@ -84,7 +84,7 @@ class EventWriter:
 
     def finish(self, status: str, usage: dict[str, Any], incomplete_reason: str | None) -> tuple[bytes, dict[str, Any]]:
         """The closing events, and the final Response object they carry."""
-        closing = self._close()
+        closing = self._close(status)  # an incomplete response: its last item is the one the limit cut short
         final = self._response(status, self.output, usage, incomplete_reason)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return closing + self.event(kind, response=final), final

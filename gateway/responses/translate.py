@@ -239,8 +239,12 @@ def function_call_item(call: dict[str, Any], item_id: str, status: str = "comple
     }
 
 
-def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The output items of a chat `message`: its text as a message item, then one function_call per tool call."""
+def output_items(message: dict[str, Any], status: str = "completed") -> list[dict[str, Any]]:
+    """The output items of a chat `message`: its text as a message item, then one function_call per tool call.
+
+    `status` is the response's: when it is `incomplete` (cut at `max_output_tokens`), the last item is the one the
+    limit cut short and is marked `incomplete`, as OpenAI marks it, so an agent never runs a truncated call.
+    """
     items: list[dict[str, Any]] = []
     text = message.get("content")
     if isinstance(text, str) and text:
@@ -248,6 +252,8 @@ def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     for call in message.get("tool_calls") or ():
         if isinstance(call, dict):
             items.append(function_call_item(call, new_id("fc")))
+    if items and status == "incomplete":
+        items[-1]["status"] = "incomplete"
     return items
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes import error_attributes, http_attributes
 
-from db.records import RequestRecord
+from db.records import RequestRecord, uncached_prompt_tokens
 
 OPERATION_CHAT = gen_ai.GenAiOperationNameValues.CHAT.value
 OPERATION_TEXT_COMPLETION = gen_ai.GenAiOperationNameValues.TEXT_COMPLETION.value
@@ -86,7 +86,7 @@ def record_attributes(record: RequestRecord, provider: str | None, response: Any
         "prefixscope.stream": record.stream,
         "prefixscope.cache.miss_kind": record.miss_kind,
         "prefixscope.miss_reason": record.miss_reason,
-        "prefixscope.recomputed_tokens": record.recomputed_tokens,
+        "prefixscope.recomputed_tokens": uncached_prompt_tokens(record),
         "prefixscope.divergence.segment": record.divergence_segment,
         "prefixscope.divergence.char_offset": record.divergence_char_offset,
         "prefixscope.divergence.source": record.divergence_source,

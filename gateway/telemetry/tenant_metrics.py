@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from db.records import RequestRecord
+from db.records import RequestRecord, uncached_prompt_tokens
 from gateway.explain.reasons import NEW_PREFIX
 
 
@@ -75,5 +75,6 @@ class TenantMetrics:
                 self._child(self.eligible_cached_tokens, tenant).inc(record.cached_tokens)
         if reason is not None:
             self._child(self.miss_reasons, tenant, reason).inc()
-            if record.recomputed_tokens:
-                self._child(self.recomputed_tokens, tenant, reason).inc(record.recomputed_tokens)
+            recomputed = uncached_prompt_tokens(record)
+            if recomputed:
+                self._child(self.recomputed_tokens, tenant, reason).inc(recomputed)

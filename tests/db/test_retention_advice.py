@@ -194,3 +194,74 @@ def test_a_local_engine_is_priced_at_its_measured_prefill_speed_unless_the_confi
     assert prices.for_upstream("a", 0.25).prefill_ms_per_token == 0.25
     assert prices.for_upstream("a").prefill_ms_per_token == 0.5
     assert prices.for_upstream("b", 0.25).prefill_ms_per_token == 3.0
+
+
+LOCAL = CostModel.for_kind("local_engine")
+
+
+def test_a_prefix_whose_requests_got_cached_tokens_is_never_advised_do_not_cache() -> None:
+    # A timestamp atop the system prompt: every request's prefix hash is new, so each "prefix" is used once, but the
+    # engine served ~196 leading tokens of each from its cache.
+    prefixes = [PrefixUses("agents", f"p{i:02}", 643, (i * 10.0,), None, "", cached_tokens=196) for i in range(12)]
+    # Observed for an hour: by the replay alone 5m would hold less capacity than persistent for the same (no) hits,
+    # but the reuse it cannot see may need longer, so no shorter class than today's is advised.
+    advice = advise_tenant("agents", prefixes, LOCAL, 1.0, end_s=3600.0)
+    assert {p.best.retention for p in advice.prefixes} == {"persistent"}
+    assert all(p.kept_for_reuse for p in advice.prefixes)
+    five = sum(o.saving for p in advice.prefixes for o in p.outcomes if o.retention == "5m")
+    assert five > sum(p.today_outcome.saving for p in advice.prefixes)
+    assert all(p.action.startswith("keep today's class (persistent): its requests got 196 cached tokens")
+               for p in advice.prefixes)
+    assert advice.advised_class == advice.today_class == "persistent"
+    assert advice.saving_per_day == 0.0 and advice.toml_lines == ()
+    # Without reported cached tokens the same uses are not read again: do not cache, with no lines that keep caching.
+    unread = [PrefixUses("agents", f"p{i:02}", 643, (i * 10.0,), None, "") for i in range(12)]
+    advice = advise_tenant("agents", unread, LOCAL, 1.0, end_s=120.0)
+    assert advice.advised_class == "none" and advice.toml_lines == ()
+
+
+def test_a_tie_keeps_todays_class() -> None:
+    # Two uses 3.5 s apart, observed up to the last use: 5m, 1h and persistent save exactly the same.
+    uses = PrefixUses("acme", "tie", 256, (0.0, 3.48193), None, "")
+    advice = advise_tenant("acme", [uses], LOCAL, 1.0)
+    (prefix,) = advice.prefixes
+    assert len({o.saving for o in prefix.outcomes if o.retention != "none"}) == 1
+    assert prefix.best.retention == "persistent" and prefix.saving_per_day == 0.0
+    assert advice.advised_class == advice.today_class == "persistent" and advice.toml_lines == ()
+
+
+def test_observed_days_are_whole_or_the_fraction_below_one() -> None:
+    from db.timeutil import observed_days
+
+    assert observed_days(timedelta(days=1, minutes=20)) == 1.0
+    assert observed_days(timedelta(days=7, hours=2)) == 7.0
+    assert observed_days(timedelta(hours=2)) == pytest.approx(2 / 24)
+    assert observed_days(timedelta(minutes=5)) == pytest.approx(1 / 24)
+
+
+def test_simulated_advised_keeps_the_hits_the_engine_recorded(
+    db_url: str, make_record: Callable[..., RequestRecord], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Twelve requests with unique prefix hashes sharing 12 leading blocks, each reported with cached tokens: the
+    advised replay must hit as much as today's persistent class, not fall to "do not cache"."""
+    block = 16
+    shared = tuple(range(500, 512))
+    records = []
+    for i in range(12):
+        hashes = (*shared, 9000 + 2 * i, 9001 + 2 * i)
+        chain = RequestChain(block, len(hashes) * block, hashes)
+        records.append(make_record(created_at=BASE_TIME + timedelta(seconds=10 * i), prefix_hash=f"stamp{i:02}",
+                                   chain=chain, prompt_tokens=chain.input_length, cached_tokens=0 if i == 0 else 192,
+                                   upstream="local"))
+    engine = create_sync_engine_for(db_url)
+    try:
+        with engine.begin() as conn:
+            store_records(conn, records)
+    finally:
+        engine.dispose()
+    argv = ["simulate", "--database-url", db_url, "--since", BASE_TIME.isoformat(), "--retention",
+            "none,persistent,advised", "--json"]
+    assert main(argv) == 0
+    rows = {row["retention"]: row for row in json.loads(capsys.readouterr().out)["retention"]}
+    assert rows["persistent"]["hit_tokens"] == 11 * len(shared) * block
+    assert rows["advised"]["hit_tokens"] == rows["persistent"]["hit_tokens"] > rows["none"]["hit_tokens"] == 0

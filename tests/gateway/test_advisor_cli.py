@@ -148,3 +148,39 @@ def test_advise_for_an_unknown_tenant_names_it(database_url: str, capsys: pytest
     assert main(["advise", "--database-url", database_url, "--tenant", "agnets"]) == 0
     out = capsys.readouterr().out
     assert "no rule advice for tenant 'agnets'" in out and "check the name" in out
+
+
+def test_a_candidate_with_no_gain_gets_no_turn_on_line(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "--database-url", database_url, "--tenant", "steady", "--min-samples", "4"]) == 0
+    rules = capsys.readouterr().out.split("\n\n")[0]
+    assert "[no gain]" in rules and "nothing to recommend" in rules
+    assert "  -> " not in rules
+
+
+def test_per_day_figures_divide_by_whole_days_or_say_they_are_extrapolated(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 10 requests of 1000 prompt tokens within the last day: 10.0k per day, not 9.6k over a range widened to hours.
+    assert main(["advise", "--database-url", database_url, "--tenant", "agents", "--json"]) == 0
+    (agents,) = json.loads(capsys.readouterr().out)["rules"]
+    assert agents["days"] == 1.0 and agents["prompt_tokens_per_day"] == 10_000
+    assert main(["advise", "--database-url", database_url, "--tenant", "agents"]) == 0
+    assert "10.0k prompt tokens per day\n" in capsys.readouterr().out
+    assert main(["advise", "--database-url", database_url, "--tenant", "agents", "--since", "1h"]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[0]
+    assert "prompt tokens per day (extrapolated to a day from a " in head and " h range)" in head
+    saves = next(line for line in out.splitlines() if "saves per day:" in line)
+    assert "(extrapolated to a day from a " in saves
+
+
+def test_fleet_patterns_read_like_the_other_counts() -> None:
+    from db.patterns.finder import FleetPattern
+    from gateway.advisor.retention_report import format_patterns
+
+    one = FleetPattern("span", 12, 1, 12, "system", 358, 375.0, 4500, "hoist it")
+    two = FleetPattern("span", 12, 2, 12, "system", 1200, 12.0, 144, "hoist it")
+    text = format_patterns([one, two])
+    assert "12 requests from 1 tenant, 12 variants, at system; costs 4.5k tokens (375 per affected request), " \
+           "358 tokens otherwise shared" in text
+    assert "from 2 tenants," in text and "1.2k tokens otherwise shared" in text and "tenant(s)" not in text

@@ -183,3 +183,11 @@ def test_the_documented_example_config_loads(tmp_path: Path) -> None:
     assert "acme" in config.tenants
     assert config.tenant_settings("acme").retention.effective("persistent") == "persistent"
     assert config.tenant_settings("acme").retention.effective(None) == "1h"
+    # Every [telemetry] key is shown (the optional ones commented out).
+    from dataclasses import fields
+
+    from gateway.config.telemetry import TelemetrySettings
+
+    section = path.read_text().split("[telemetry]", 1)[1].split("\n[", 1)[0]
+    shown = {line.lstrip("# ").split(" ", 1)[0] for line in section.splitlines()[1:] if "=" in line}
+    assert {f.name for f in fields(TelemetrySettings)} <= shown

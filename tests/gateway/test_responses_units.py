@@ -116,7 +116,20 @@ def test_an_upstream_error_names_the_responses_field():
                          "param": "response_format.json_schema", "code": None}}
     renamed = json.loads(responses_error(json.dumps(refused).encode()))
     assert renamed["error"]["param"] == "text.format.json_schema"
-    assert renamed["error"]["message"] == refused["error"]["message"]
+    assert renamed["error"]["message"] == "text.format json_schema is not supported"
+    # The message names the Responses field too, whatever the param (the engine's range check, say).
+    for chat_message, responses_message, param in [
+        ("max_tokens must be an integer in [1, 2147483647]", "max_output_tokens must be an integer in [1, 2147483647]",
+         "max_output_tokens"),
+        ("response_format={'type': 'json_object'} is not supported by this engine",
+         "text.format={'type': 'json_object'} is not supported by this engine", "text.format"),
+        ("prompt and max_tokens exceed the context (max_tokens_x kept)",
+         "prompt and max_output_tokens exceed the context (max_tokens_x kept)", None),
+    ]:
+        param_in = {"max_output_tokens": "max_tokens", "text.format": "response_format", None: None}[param]
+        error = {"error": {"message": chat_message, "type": "invalid_request_error", "param": param_in, "code": None}}
+        renamed = json.loads(responses_error(json.dumps(error).encode()))["error"]
+        assert (renamed["message"], renamed["param"]) == (responses_message, param)
     other = json.dumps({"error": {"message": "no", "param": "temperature"}}).encode()
     assert responses_error(other) == other and responses_error(b"not json") == b"not json"
 
@@ -134,6 +147,20 @@ def test_event_writer_numbers_events_and_closes_each_item():
     assert [(event["output_index"], event["item"]["type"]) for event in done] == [(0, "message"), (1, "function_call")]
     assert [item["status"] for item in final["output"]] == ["completed", "completed"]
     assert final["output"][0]["content"][0]["text"] == "Hi" and final["output"][1]["arguments"] == "{}"
+
+
+def test_the_item_cut_at_max_output_tokens_is_incomplete_streamed_or_not():
+    """An agent must never run a call the limit cut short: that item (the last) is `incomplete`, the others not."""
+    call = {"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"city": "Pa'}}
+    writer = EventWriter(lambda status, output, usage, reason=None: {"status": status, "output": output})
+    writer.start()
+    writer.feed({"choices": [{"delta": {"content": "Let me check."}}]})
+    writer.feed({"choices": [{"delta": {"tool_calls": [call]}, "finish_reason": "length"}]})
+    _, final = writer.finish("incomplete", {}, "max_output_tokens")
+    assert [item["status"] for item in final["output"]] == ["completed", "incomplete"]
+    message = {"content": "Let me check.", "tool_calls": [{"id": "c1", "type": "function", "function": call["function"]}]}
+    assert [item["status"] for item in output_items(message, "incomplete")] == ["completed", "incomplete"]
+    assert [item["status"] for item in output_items(message)] == ["completed", "completed"]
 
 
 def test_responses_shaped_normalization_uses_the_tenants_rules():

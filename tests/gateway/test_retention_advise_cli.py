@@ -85,3 +85,29 @@ def test_advise_refuses_bad_prices(setup: tuple[str, Path], capsys: pytest.Captu
     bad.write_text(CONFIG.replace("read = 0.1", "read = -2"), encoding="utf-8")
     assert main(["advise", "--database-url", url, "--config", str(bad)]) == 2
     assert "cache price 'read' must be a non-negative number" in capsys.readouterr().err
+
+
+def test_advise_prints_no_lines_that_contradict_the_advice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path}/retention.db"
+    upgrade(url)
+    start = utc_now() - timedelta(hours=1)
+    records = [_record("oneoff", "d" * 16, 30.0, 4000, start)]  # used once: do not cache
+    records += [_record("steady", "e" * 16, at, 256, start) for at in (60.0, 63.48193)]  # today's 5m is best
+    engine = create_sync_engine_for(url)
+    with engine.begin() as conn:
+        store_records(conn, records)
+    engine.dispose()
+    config = tmp_path / "prefixscope.toml"
+    config.write_text(CONFIG, encoding="utf-8")
+    assert main(["advise", "--database-url", url, "--config", str(config), "--since", "1d"]) == 0
+    out = capsys.readouterr().out
+    oneoff = out.split("retention for tenant oneoff")[1].split("\n\n")[0]
+    assert "advised class do not cache" in oneoff
+    # No setting turns caching off: say so rather than print lines that keep caching.
+    assert "max_cache_retention" not in oneoff and "[tenants.oneoff]" not in oneoff
+    assert "no prefixscope.toml setting turns caching off for a tenant" in oneoff
+    steady = out.split("retention for tenant steady")[1].split("\n\n")[0]
+    assert steady.startswith(" (anthropic prices): keep today's class (5m): no other class saves more")
+    assert "to apply it" not in steady and "[tenants.steady]" not in steady
+    assert "gaps between uses: <=10s:1; median 3.5s, 90% within 3.5s" in steady
+    assert "to do: keep today's class (5m): no class saves more" in steady

@@ -120,6 +120,28 @@ def test_tenant_hit_counters_are_pairs_over_the_same_requests():
     assert value("prefixscope_gateway_tenant_recomputed_tokens_total", {**tenant, "reason": "new_prefix"}) == 100
 
 
+def test_recomputed_tokens_count_every_uncached_prompt_token_hits_included():
+    """`recomputed_tokens` (span attribute, per-tenant and gateway-wide counters) is prompt - cached for every
+    request: a hit's new suffix was prefilled too, though its explained miss cost is 0."""
+    from gateway.metrics import GatewayMetrics
+
+    hit = _record(miss_reason="hit", prompt_tokens=277, cached_tokens=259, recomputed_tokens=0)
+    assert genai.record_attributes(hit, None, ResponseFacts())["prefixscope.recomputed_tokens"] == 18
+    unknown = _record(prompt_tokens=None, recomputed_tokens=5)
+    assert genai.record_attributes(unknown, None, ResponseFacts())["prefixscope.recomputed_tokens"] == 5
+    registry = CollectorRegistry()
+    metrics = TenantMetrics(registry)
+    metrics.observe(_record(miss_reason="new_prefix", prompt_tokens=276, cached_tokens=0, recomputed_tokens=276))
+    metrics.observe(hit)
+    value = registry.get_sample_value
+    recomputed = sum(value("prefixscope_gateway_tenant_recomputed_tokens_total", {"tenant": "acme", "reason": r}) or 0
+                     for r in ("hit", "new_prefix"))
+    assert recomputed == 553 - 259
+    gateway = GatewayMetrics()
+    gateway.observe(hit)
+    assert gateway.registry.get_sample_value("prefixscope_gateway_recomputed_tokens_total", {"reason": "hit"}) == 18
+
+
 def _metric(text: str, line_start: str) -> float:
     return float(next(line for line in text.splitlines() if line.startswith(line_start)).rsplit(" ", 1)[1])
 
