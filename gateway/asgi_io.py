@@ -16,6 +16,12 @@ Headers = list[tuple[bytes, bytes]]
 T = TypeVar("T")
 
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+# The response headers of a server-sent-events stream (no proxy buffering, no caching).
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 def header_values(scope: dict[str, Any], *names: bytes) -> dict[bytes, str]:

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
+from gateway.asgi_io import JSON_CONTENT_TYPE, SSE_HEADERS, Send, send_response
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
 from gateway.explain.chains import body_without_hash_chain
 from gateway.recording import RequestTracker
@@ -42,11 +42,6 @@ class _Envelope(msgspec.Struct):
 
 
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 
 
 def map_transport_error(exc: httpx.HTTPError, route: Route) -> GatewayError:
@@ -54,6 +49,21 @@ def map_transport_error(exc: httpx.HTTPError, route: Route) -> GatewayError:
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamTimeout(f"The upstream {route.name!r} did not answer in time ({type(exc).__name__}).")
     return UpstreamUnavailable(f"The upstream {route.name!r} is unavailable: {type(exc).__name__}: {exc}")
+
+
+async def open_upstream(
+    client: httpx.AsyncClient, route: Route, request: httpx.Request, tracker: RequestTracker, stream: bool
+) -> httpx.Response:
+    """Send `request` (first telling the tracker it goes upstream); the upstream's status goes to the explain
+    context. A transport failure raises the mapped `GatewayError` (`map_transport_error`)."""
+    tracker.sending_upstream()
+    try:
+        upstream = await client.send(request, stream=stream)
+    except httpx.HTTPError as exc:
+        raise map_transport_error(exc, route) from None
+    if tracker.explain is not None:
+        tracker.explain.upstream_status = upstream.status_code
+    return upstream
 
 
 def _response_headers(route: Route, upstream: httpx.Response, tracker: RequestTracker) -> list[tuple[bytes, bytes]]:
@@ -174,7 +184,7 @@ async def forward_stream(
         )
         try:
             await send(
-                {"type": "http.response.start", "status": upstream.status_code, "headers": _SSE_HEADERS + headers}
+                {"type": "http.response.start", "status": upstream.status_code, "headers": SSE_HEADERS + headers}
             )
             return await _pump(upstream, relay, send, route, tracker, cache_report)
         finally:

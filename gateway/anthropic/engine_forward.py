@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,9 +24,8 @@ from gateway.anthropic.request import MessagesRequest
 from gateway.anthropic.stream import ChunkTranslator, error_event, message_start
 from gateway.anthropic.translate import matched_stop_of, message_content, stop_reason
 from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
-from gateway.chat_chunks import UpstreamStreamError, chat_chunks
-from gateway.errors import GatewayError
-from gateway.forwarding import map_transport_error, upstream_error_type
+from gateway.chat_relay import chat_completion, read_error_body, relay_chat_stream, stream_events
+from gateway.forwarding import open_upstream, upstream_error_type
 from gateway.parsing import CHAT
 from gateway.recording import RequestTracker
 from gateway.request_stages import Answered, Outcome
@@ -39,13 +37,7 @@ from gateway.telemetry.request_span import with_trace_context
 
 log = logging.getLogger(__name__)
 
-_DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 
 
 @dataclass
@@ -123,15 +115,9 @@ class Exchange:
         return split
 
     async def open(self, *, stream: bool) -> httpx.Response:
-        self.tracker.sending_upstream()
         request = with_trace_context(self.route.request(CHAT, self.payload), self.tracker.span)
-        try:
-            upstream = await self.client.send(request, stream=stream)
-        except httpx.HTTPError as exc:
-            raise map_transport_error(exc, self.route) from None
+        upstream = await open_upstream(self.client, self.route, request, self.tracker, stream)
         self.cache_report = self.route.adapter.cache_report(upstream.headers)
-        if self.tracker.explain is not None:
-            self.tracker.explain.upstream_status = upstream.status_code
         return upstream
 
     async def relay_error(self, upstream: httpx.Response, headers: list[tuple[bytes, bytes]]) -> Outcome:
@@ -148,18 +134,7 @@ async def forward_plain(exchange: Exchange) -> Outcome:
     headers = exchange.response_headers(upstream)
     if upstream.status_code >= 400:
         return await exchange.relay_error(upstream, headers)
-    try:
-        payload = _DECODER.decode(upstream.content)
-    except msgspec.DecodeError:
-        payload = None
-    choices = payload.get("choices") if isinstance(payload, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise UpstreamBadAnswer(f"The upstream {exchange.route.name!r} answered without a chat completion.")
-    assert isinstance(payload, dict)
-    choice = choices[0]
-    explain = exchange.tracker.explain
-    if explain is not None and isinstance(payload.get("prefix_cache"), dict):
-        explain.prefix_cache = payload["prefix_cache"]
+    payload, choice = chat_completion(exchange, upstream)
     usage = exchange.route.adapter.usage(payload)
     split = exchange.cache_usage(usage, await exchange.points())
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
@@ -182,13 +157,6 @@ async def forward_plain(exchange: Exchange) -> Outcome:
     return outcome
 
 
-class UpstreamBadAnswer(GatewayError):
-    """The upstream answered 2xx with something that is not a chat completion."""
-
-    status_code = 502
-    error_type = "upstream_unavailable"
-
-
 def _stream_start_usage(exchange: Exchange, points: list[CachePoint] | None) -> dict[str, Any]:
     """The prompt-side usage for `message_start`, from the match headers (zeros when the upstream sends none)."""
     report = exchange.cache_report
@@ -204,54 +172,21 @@ async def forward_stream(exchange: Exchange) -> Outcome:
     try:
         headers = exchange.response_headers(upstream)
         if upstream.status_code >= 400:
-            try:
-                await upstream.aread()
-            except httpx.HTTPError as exc:
-                raise map_transport_error(exc, exchange.route) from None
+            await read_error_body(exchange, upstream)
             return await exchange.relay_error(upstream, headers)
         points = await exchange.points()
         start = message_start(exchange.message_id, exchange.request.model, _stream_start_usage(exchange, points))
-        try:
-            await exchange.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
-            await exchange.send({"type": "http.response.body", "body": start, "more_body": True})
-            return await _pump(exchange, upstream, points)
-        finally:
-            if exchange.tracker.answer is None:  # cut off (client gone): what was learnt so far is recorded
-                exchange.answered(None)
+        return await stream_events(exchange, headers, start, lambda: _pump(exchange, upstream, points))
     finally:
         await upstream.aclose()
 
 
 async def _pump(exchange: Exchange, upstream: httpx.Response, points: list[CachePoint] | None) -> Outcome:
-    tracker = exchange.tracker
     translator = ChunkTranslator(exchange.request.body.get("stop_sequences"))
-    usage: UsageReport | None = None
-    error: tuple[str, str, int] | None = None  # message, error type, recorded status
-    try:
-        async for chunk in chat_chunks(upstream):
-            if isinstance(chunk, UpstreamStreamError):
-                error = (chunk.message, chunk.error_type, upstream.status_code)
-                break
-            if exchange.route.adapter.has_usage(chunk):
-                usage = exchange.route.adapter.usage(chunk)
-                if tracker.explain is not None and isinstance(chunk.get("prefix_cache"), dict):
-                    tracker.explain.prefix_cache = chunk["prefix_cache"]
-            out = translator.feed(chunk)
-            if exchange.ttft_ms is None and translator.saw_content:
-                exchange.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
-            if out:
-                await exchange.send({"type": "http.response.body", "body": out, "more_body": True})
-    except httpx.HTTPError as exc:
-        failure_error = map_transport_error(exc, exchange.route)
-        log.warning("upstream stream from %s broke: %s", exchange.route.name, failure_error.message)
-        error = (failure_error.message, failure_error.error_type, failure_error.status_code)
-    if error is not None:
-        message, error_type, status_code = error
-        outcome = Outcome(status_code, error_type)
-        exchange.answered(outcome)
-        body = error_event(message, error_type_for_status(status_code if status_code >= 400 else 500))
-        await exchange.send({"type": "http.response.body", "body": body, "more_body": False})
-        return outcome
+    end = await relay_chat_stream(exchange, upstream, translator, _error_ending)
+    if end.failure is not None:
+        return end.failure
+    usage = end.usage
     split = exchange.cache_usage(usage or UsageReport(), points)
     final = split.as_dict((usage.completion_tokens if usage else None) or 0)
     final.pop("cache_creation")
@@ -259,3 +194,8 @@ async def _pump(exchange: Exchange, upstream: httpx.Response, points: list[Cache
     exchange.answered(outcome)
     await exchange.send({"type": "http.response.body", "body": translator.finish(final), "more_body": False})
     return outcome
+
+
+def _error_ending(message: str, error_type: str, status_code: int) -> bytes:
+    """Anthropic's `error` event; its type follows the status (a mid-stream error chunk under 200 counts as 500)."""
+    return error_event(message, error_type_for_status(status_code if status_code >= 400 else 500))

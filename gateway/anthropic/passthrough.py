@@ -10,8 +10,6 @@ is recorded (`gateway.provider_diagnostics`).
 
 from __future__ import annotations
 
-import logging
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,9 +19,11 @@ import msgspec
 
 from gateway.anthropic.errors import error_type_for_status
 from gateway.anthropic.stream import error_event
-from gateway.asgi_io import Send, send_response
+from gateway.asgi_io import SSE_HEADERS, Send, send_response
 from gateway.config import UpstreamConfig
-from gateway.forwarding import map_transport_error
+from gateway.errors import GatewayError
+from gateway.forwarding import map_transport_error, open_upstream
+from gateway.passthrough_relay import EventStreamReader, relay_events, response_headers
 from gateway import request_stages
 from gateway.provider_diagnostics import Baselines, ProviderDiagnosis, from_anthropic
 from gateway.recording import RequestTracker
@@ -33,16 +33,8 @@ from gateway.upstreams.kinds import HEADER_MATCHED, HEADER_PROMPT, anthropic_usa
 from gateway.telemetry.request_span import with_trace_context
 from gateway.upstreams.route import Route
 
-log = logging.getLogger(__name__)
-
 DEFAULT_VERSION = "2023-06-01"
 _DECODER = msgspec.json.Decoder()
-_BOUNDARY = re.compile(rb"\r\n\r\n|\n\n")
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 
 
 def upstream_headers(upstream: UpstreamConfig, version: str | None, beta: str | None) -> dict[str, str]:
@@ -109,25 +101,13 @@ def _error_type(body: bytes, status_code: int) -> str:
 
 
 def _headers(tracker: RequestTracker, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
-    request_id = tracker.request_id.encode()
-    headers = [(b"x-request-id", request_id), (b"request-id", request_id)]
-    content_type = upstream.headers.get("content-type")
-    if content_type and not content_type.startswith("text/event-stream"):
-        headers.append((b"content-type", content_type.encode("latin-1")))
-    return headers
+    return response_headers(tracker, upstream, (b"x-request-id", b"request-id"))
 
 
 async def _open(
     client: httpx.AsyncClient, route: Route, request: httpx.Request, tracker: RequestTracker, stream: bool
 ) -> httpx.Response:
-    tracker.sending_upstream()
-    try:
-        upstream = await client.send(with_trace_context(request, tracker.span), stream=stream)
-    except httpx.HTTPError as exc:
-        raise map_transport_error(exc, route) from None
-    if tracker.explain is not None:
-        tracker.explain.upstream_status = upstream.status_code
-    return upstream
+    return await open_upstream(client, route, with_trace_context(request, tracker.span), tracker, stream)
 
 
 async def forward_plain(
@@ -165,15 +145,14 @@ async def forward_plain(
     return outcome
 
 
-class EventReader:
+class EventReader(EventStreamReader):
     """Reads usage, the first content, the cache diagnosis and errors out of Anthropic events as their bytes go by;
     `answer` makes the request's answered stage of them."""
 
     def __init__(self, start_perf: float, baseline: DiagnosisBaseline | None = None) -> None:
+        super().__init__()
         self._baseline = baseline
         self._start_perf = start_perf
-        self._buffer = b""
-        self.error_type: str | None = None
         self.stopped = False
         self.usage: UsageReport | None = None
         self.cache_write_tokens: int | None = None
@@ -199,24 +178,14 @@ class EventReader:
         if diagnosis is not None:
             self.diagnosis = diagnosis
 
-    def feed(self, chunk: bytes) -> None:
-        data = self._buffer + chunk
-        position = 0
-        for match in _BOUNDARY.finditer(data):
-            self._event(data[position : match.start()])
-            position = match.end()
-        self._buffer = data[position:]
+    @property
+    def finished(self) -> bool:
+        return self.stopped
 
-    def _event(self, event: bytes) -> None:
-        lines = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
-        if not lines:
-            return
-        try:
-            payload = _DECODER.decode(b"\n".join(lines))
-        except msgspec.DecodeError:
-            return
-        if not isinstance(payload, dict):
-            return
+    def broken_ending(self, error: GatewayError) -> bytes:
+        return error_event(error.message, error_type_for_status(error.status_code))
+
+    def read_event(self, payload: dict[str, Any]) -> None:
         kind = payload.get("type")
         if kind == "message_start" and isinstance(payload.get("message"), dict):
             self._read_usage(payload["message"].get("usage"))
@@ -257,34 +226,11 @@ async def forward_stream(
         reader = EventReader(start_perf, baseline)
         try:
             await send(
-                {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + _headers(tracker, upstream)}
+                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + _headers(tracker, upstream)}
             )
-            return await _relay_events(upstream, reader, route, send, tracker)
+            return await relay_events(upstream, reader, route, send, tracker)
         finally:
             if tracker.answer is None:  # cut off (client gone): what was learnt so far is recorded
                 tracker.answered(reader.answer(None))
     finally:
         await upstream.aclose()
-
-
-async def _relay_events(
-    upstream: httpx.Response, reader: EventReader, route: Route, send: Send, tracker: RequestTracker
-) -> Outcome:
-    """Pass the events through as they come; the outcome is fixed (the answered stage set) before the last byte."""
-    try:
-        async for chunk in upstream.aiter_raw():
-            reader.feed(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except httpx.HTTPError as exc:
-        error = map_transport_error(exc, route)
-        log.warning("upstream stream from %s broke: %s", route.name, error.message)
-        if not reader.stopped and reader.error_type is None:
-            outcome = Outcome(error.status_code, error.error_type)
-            tracker.answered(reader.answer(outcome))
-            tail = error_event(error.message, error_type_for_status(error.status_code))
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
-            return outcome
-    outcome = Outcome(upstream.status_code, reader.error_type)
-    tracker.answered(reader.answer(outcome))
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-    return outcome

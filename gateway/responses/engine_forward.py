@@ -8,7 +8,6 @@ response is complete, `Exchange.on_complete` receives it (to keep it for `previo
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Callable
@@ -18,10 +17,9 @@ from typing import Any
 import httpx
 import msgspec
 
-from gateway.anthropic.engine_forward import SSE_HEADERS, UpstreamBadAnswer
 from gateway.asgi_io import JSON_CONTENT_TYPE, Send, send_response
-from gateway.chat_chunks import UpstreamStreamError, chat_chunks
-from gateway.forwarding import map_transport_error, upstream_error_type
+from gateway.chat_relay import chat_completion, read_error_body, relay_chat_stream, stream_events
+from gateway.forwarding import open_upstream, upstream_error_type
 from gateway.parsing import CHAT
 from gateway.recording import RequestTracker
 from gateway.request_stages import Answered, Outcome
@@ -30,8 +28,6 @@ from gateway.responses.translate import finish_status, output_items, response_ob
 from gateway.retention import retention_header
 from gateway.upstreams.route import Route
 from gateway.upstreams.base import CacheReport, UsageReport
-
-log = logging.getLogger(__name__)
 
 _DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
@@ -97,14 +93,9 @@ class Exchange:
         return usage_object(int(prompt or 0), int(cached or 0), int(usage.completion_tokens or 0))
 
     async def open(self, *, stream: bool) -> httpx.Response:
-        self.tracker.sending_upstream()
-        try:
-            upstream = await self.client.send(self.route.request(CHAT, self.payload), stream=stream)
-        except httpx.HTTPError as exc:
-            raise map_transport_error(exc, self.route) from None
+        request = self.route.request(CHAT, self.payload)
+        upstream = await open_upstream(self.client, self.route, request, self.tracker, stream)
         self.cache_report = self.route.adapter.cache_report(upstream.headers)
-        if self.tracker.explain is not None:
-            self.tracker.explain.upstream_status = upstream.status_code
         return upstream
 
     async def relay_error(self, upstream: httpx.Response, headers: list[tuple[bytes, bytes]]) -> Outcome:
@@ -153,20 +144,10 @@ async def forward_plain(exchange: Exchange) -> Outcome:
     headers = exchange.headers(upstream)
     if upstream.status_code >= 400:
         return await exchange.relay_error(upstream, headers)
-    try:
-        payload = _DECODER.decode(upstream.content)
-    except msgspec.DecodeError:
-        payload = None
-    choices = payload.get("choices") if isinstance(payload, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise UpstreamBadAnswer(f"The upstream {exchange.route.name!r} answered without a chat completion.")
-    assert isinstance(payload, dict)
-    explain = exchange.tracker.explain
-    if explain is not None and isinstance(payload.get("prefix_cache"), dict):
-        explain.prefix_cache = payload["prefix_cache"]
+    payload, choice = chat_completion(exchange, upstream)
     usage = exchange.usage(exchange.route.adapter.usage(payload))
-    message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
-    status, reason = finish_status(choices[0].get("finish_reason"))
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    status, reason = finish_status(choice.get("finish_reason"))
     response = exchange.response(status, output_items(message, status), usage, reason)
     outcome = Outcome(upstream.status_code)
     exchange.answered(outcome)
@@ -180,55 +161,23 @@ async def forward_stream(exchange: Exchange) -> Outcome:
     try:
         headers = exchange.headers(upstream)
         if upstream.status_code >= 400:
-            try:
-                await upstream.aread()
-            except httpx.HTTPError as exc:
-                raise map_transport_error(exc, exchange.route) from None
+            await read_error_body(exchange, upstream)
             return await exchange.relay_error(upstream, headers)
         writer = EventWriter(exchange.response)
-        try:
-            await exchange.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
-            await exchange.send({"type": "http.response.body", "body": writer.start(), "more_body": True})
-            return await _pump(exchange, upstream, writer)
-        finally:
-            if exchange.tracker.answer is None:  # cut off (client gone): what was learnt so far is recorded
-                exchange.answered(None)
+        return await stream_events(exchange, headers, writer.start(), lambda: _pump(exchange, upstream, writer))
     finally:
         await upstream.aclose()
 
 
 async def _pump(exchange: Exchange, upstream: httpx.Response, writer: EventWriter) -> Outcome:
-    tracker = exchange.tracker
-    adapter = exchange.route.adapter
-    usage = UsageReport()
-    error: tuple[str, str, int] | None = None  # message, error type, recorded status
-    try:
-        async for chunk in chat_chunks(upstream):
-            if isinstance(chunk, UpstreamStreamError):
-                error = (chunk.message, chunk.error_type, upstream.status_code)
-                break
-            if adapter.has_usage(chunk):
-                usage = adapter.usage(chunk)
-                if tracker.explain is not None and isinstance(chunk.get("prefix_cache"), dict):
-                    tracker.explain.prefix_cache = chunk["prefix_cache"]
-            out = writer.feed(chunk)
-            if exchange.ttft_ms is None and writer.saw_content:
-                exchange.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
-            if out:
-                await exchange.send({"type": "http.response.body", "body": out, "more_body": True})
-    except httpx.HTTPError as exc:
-        failure = map_transport_error(exc, exchange.route)
-        log.warning("upstream stream from %s broke: %s", exchange.route.name, failure.message)
-        error = (failure.message, failure.error_type, failure.status_code)
-    if error is not None:
-        message, error_type, status_code = error
-        outcome = Outcome(status_code, error_type)
-        exchange.answered(outcome)
-        failed = writer.fail(message, error_type)
-        await exchange.send({"type": "http.response.body", "body": failed, "more_body": False})
-        return outcome
+    def error_ending(message: str, error_type: str, _status_code: int) -> bytes:
+        return writer.fail(message, error_type)
+
+    end = await relay_chat_stream(exchange, upstream, writer, error_ending)
+    if end.failure is not None:
+        return end.failure
     status, reason = finish_status(writer.finish_reason)
-    closing, response = writer.finish(status, exchange.usage(usage), reason)
+    closing, response = writer.finish(status, exchange.usage(end.usage or UsageReport()), reason)
     outcome = Outcome(upstream.status_code)
     exchange.answered(outcome)
     await exchange.send({"type": "http.response.body", "body": closing, "more_body": False})

@@ -10,8 +10,6 @@ recorded as the outcome's error type. `on_answer` receives the final Response ob
 
 from __future__ import annotations
 
-import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,23 +17,16 @@ from typing import Any
 import httpx
 import msgspec
 
-from gateway.asgi_io import Send, send_response
-from gateway.forwarding import map_transport_error, upstream_error_type
+from gateway.asgi_io import SSE_HEADERS, Send, send_response
+from gateway.forwarding import map_transport_error, open_upstream, upstream_error_type
+from gateway.passthrough_relay import EventStreamReader, relay_events, response_headers
 from gateway.provider_diagnostics import from_openai
 from gateway.recording import RequestTracker
 from gateway.request_stages import Answered, Outcome
 from gateway.upstreams.route import Route
 from gateway.upstreams.base import UsageReport, _int_or_none
 
-log = logging.getLogger(__name__)
-
 _DECODER = msgspec.json.Decoder()
-_BOUNDARY = re.compile(rb"\r\n\r\n|\n\n")
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 _FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _CONTENT_EVENTS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 
@@ -66,26 +57,6 @@ def _answer(
     return Answered(outcome, usage, ttft_ms=ttft_ms, provider_diagnosis=diagnosis)
 
 
-def _headers(tracker: RequestTracker, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
-    headers = [(b"x-request-id", tracker.request_id.encode())]
-    content_type = upstream.headers.get("content-type")
-    if content_type and not content_type.startswith("text/event-stream"):
-        headers.append((b"content-type", content_type.encode("latin-1")))
-    return headers
-
-
-async def _open(client: httpx.AsyncClient, route: Route, request: httpx.Request, tracker: RequestTracker,
-                stream: bool) -> httpx.Response:
-    tracker.sending_upstream()
-    try:
-        upstream = await client.send(request, stream=stream)
-    except httpx.HTTPError as exc:
-        raise map_transport_error(exc, route) from None
-    if tracker.explain is not None:
-        tracker.explain.upstream_status = upstream.status_code
-    return upstream
-
-
 async def forward_plain(
     client: httpx.AsyncClient,
     route: Route,
@@ -94,7 +65,7 @@ async def forward_plain(
     send: Send,
     on_answer: Callable[[dict[str, Any]], None],
 ) -> Outcome:
-    upstream = await _open(client, route, upstream_request(route, "responses", payload=payload), tracker, False)
+    upstream = await open_upstream(client, route, upstream_request(route, "responses", payload=payload), tracker, False)
     body = upstream.content
     answer: Any = None
     if upstream.status_code >= 400:
@@ -106,44 +77,30 @@ async def forward_plain(
             answer = None
         outcome = Outcome(upstream.status_code)
     tracker.answered(_answer(outcome, answer if isinstance(answer, dict) else None))
-    await send_response(send, upstream.status_code, body, _headers(tracker, upstream))
+    await send_response(send, upstream.status_code, body, response_headers(tracker, upstream))
     if isinstance(answer, dict):
         on_answer(answer)
     return outcome
 
 
-class EventReader:
+class EventReader(EventStreamReader):
     """Reads the final response, the first content and errors out of Responses events as their bytes go by;
     `answer` makes the request's answered stage of them."""
 
     def __init__(self, start_perf: float) -> None:
+        super().__init__()
         self._start_perf = start_perf
-        self._buffer = b""
         self.final: dict[str, Any] | None = None
-        self.error_type: str | None = None
         self.ttft_ms: float | None = None  # the gateway's clock: the first content delta
 
     def answer(self, outcome: Outcome | None) -> Answered:
         return _answer(outcome, self.final, self.ttft_ms)
 
-    def feed(self, chunk: bytes) -> None:
-        data = self._buffer + chunk
-        position = 0
-        for match in _BOUNDARY.finditer(data):
-            self._event(data[position : match.start()])
-            position = match.end()
-        self._buffer = data[position:]
+    @property
+    def finished(self) -> bool:
+        return self.final is not None
 
-    def _event(self, event: bytes) -> None:
-        lines = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
-        if not lines:
-            return
-        try:
-            payload = _DECODER.decode(b"\n".join(lines))
-        except msgspec.DecodeError:
-            return
-        if not isinstance(payload, dict):
-            return
+    def read_event(self, payload: dict[str, Any]) -> None:
         kind = payload.get("type")
         if kind in _CONTENT_EVENTS and self.ttft_ms is None:
             self.ttft_ms = (time.perf_counter() - self._start_perf) * 1000.0
@@ -165,7 +122,7 @@ async def forward_stream(
     start_perf: float,
     on_answer: Callable[[dict[str, Any]], None],
 ) -> Outcome:
-    upstream = await _open(client, route, upstream_request(route, "responses", payload=payload), tracker, True)
+    upstream = await open_upstream(client, route, upstream_request(route, "responses", payload=payload), tracker, True)
     try:
         if upstream.status_code >= 400:
             try:
@@ -174,13 +131,13 @@ async def forward_stream(
                 raise map_transport_error(exc, route) from None
             outcome = Outcome(upstream.status_code, upstream_error_type(body))
             tracker.answered(Answered(outcome))
-            await send_response(send, upstream.status_code, body, _headers(tracker, upstream))
+            await send_response(send, upstream.status_code, body, response_headers(tracker, upstream))
             return outcome
-        headers = _SSE_HEADERS + _headers(tracker, upstream)
+        headers = SSE_HEADERS + response_headers(tracker, upstream)
         reader = EventReader(start_perf)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            outcome = await _relay_events(upstream, reader, route, send, tracker)
+            outcome = await relay_events(upstream, reader, route, send, tracker)
         finally:
             if tracker.answer is None:  # cut off (client gone): what was learnt so far is recorded
                 tracker.answered(reader.answer(None))
@@ -189,25 +146,3 @@ async def forward_stream(
         return outcome
     finally:
         await upstream.aclose()
-
-
-async def _relay_events(
-    upstream: httpx.Response, reader: EventReader, route: Route, send: Send, tracker: RequestTracker
-) -> Outcome:
-    """Pass the events through as they come; the outcome is fixed (the answered stage set) before the last byte."""
-    try:
-        async for chunk in upstream.aiter_raw():
-            reader.feed(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except httpx.HTTPError as exc:
-        error = map_transport_error(exc, route)
-        log.warning("upstream stream from %s broke: %s", route.name, error.message)
-        if reader.final is None and reader.error_type is None:
-            outcome = Outcome(error.status_code, error.error_type)
-            tracker.answered(reader.answer(outcome))
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return outcome
-    outcome = Outcome(upstream.status_code, reader.error_type)
-    tracker.answered(reader.answer(outcome))
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-    return outcome

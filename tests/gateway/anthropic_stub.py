@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from asgi_stub import AsgiStub, sse_event
+
 STUB_MISSED_TOKENS = 4321
 STUB_USAGE = {
     "input_tokens": 7,
@@ -27,39 +29,21 @@ class AnthropicStubState:
     headers: list[dict[str, str]] = field(default_factory=list)
 
 
-def _event(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
-
-
-class AnthropicStub:
+class AnthropicStub(AsgiStub):
     def __init__(self) -> None:
         self.state = AnthropicStubState()
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = json.loads(b"".join(chunks))
+    async def answer(self, scope: dict[str, Any], raw: bytes, send: Any) -> None:
+        body = json.loads(raw)
         self.state.requests.append(body)
         self.state.paths.append(scope["path"])
         self.state.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
         if scope["path"].endswith("/count_tokens"):
-            await self._json(send, 200, {"input_tokens": 137})
+            await self.send_json(send, 200, {"input_tokens": 137})
             return
         if body["model"].startswith("err-"):
             error = {"type": "error", "error": {"type": "overloaded_error", "message": "stub is overloaded"}}
-            await self._json(send, int(body["model"][4:]), error)
+            await self.send_json(send, int(body["model"][4:]), error)
             return
         message_id = f"msg_stub{len(self.state.requests)}"
         # Cache diagnostics (Anthropic's "Cache diagnostics"): asked for with `diagnostics`; no divergence on a first
@@ -81,9 +65,8 @@ class AnthropicStub:
                 "usage": STUB_USAGE,
                 **diagnostics,
             }
-            await self._json(send, 200, answer)
+            await self.send_json(send, 200, answer)
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         start_usage = {**STUB_USAGE, "output_tokens": 1}
         message = {
             "id": message_id,
@@ -97,22 +80,22 @@ class AnthropicStub:
             **diagnostics,
         }
         events = [
-            _event("message_start", {"type": "message_start", "message": message}),
-            _event(
+            sse_event("message_start", {"type": "message_start", "message": message}),
+            sse_event(
                 "content_block_start",
                 {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
             ),
-            _event("ping", {"type": "ping"}),
-            _event(
+            sse_event("ping", {"type": "ping"}),
+            sse_event(
                 "content_block_delta",
                 {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
             ),
-            _event(
+            sse_event(
                 "content_block_delta",
                 {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " there"}},
             ),
-            _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
-            _event(
+            sse_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            sse_event(
                 "message_delta",
                 {
                     "type": "message_delta",
@@ -120,15 +103,6 @@ class AnthropicStub:
                     "usage": {"output_tokens": 3},
                 },
             ),
-            _event("message_stop", {"type": "message_stop"}),
+            sse_event("message_stop", {"type": "message_stop"}),
         ]
-        for event in events:
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    @staticmethod
-    async def _json(send: Any, status: int, obj: Any) -> None:
-        await send(
-            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
-        )
-        await send({"type": "http.response.body", "body": json.dumps(obj).encode(), "more_body": False})
+        await self.send_events(send, events)

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from asgi_stub import AsgiStub, sse_event
+
 STUB_MISSED_TOKENS = 1536
 STUB_USAGE = {
     "input_tokens": 2048,
@@ -27,50 +29,31 @@ class ResponsesStubState:
     kept: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _event(data: dict[str, Any]) -> bytes:
-    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
-
-
-class ResponsesStub:
+class ResponsesStub(AsgiStub):
     def __init__(self) -> None:
         self.state = ResponsesStubState()
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
+    async def answer(self, scope: dict[str, Any], raw: bytes, send: Any) -> None:
         self.state.calls.append((scope["method"], scope["path"]))
         if scope["path"].startswith("/v1/responses/"):
             response_id = scope["path"].rsplit("/", 1)[1]
             kept = self.state.kept.get(response_id)
             if kept is None:
-                await self._json(send, 404, {"error": {"message": "not found", "type": "invalid_request_error"}})
+                await self.send_json(send, 404, {"error": {"message": "not found", "type": "invalid_request_error"}})
             elif scope["method"] == "DELETE":
                 del self.state.kept[response_id]
-                await self._json(send, 200, {"id": response_id, "object": "response.deleted", "deleted": True})
+                await self.send_json(send, 200, {"id": response_id, "object": "response.deleted", "deleted": True})
             else:
-                await self._json(send, 200, kept)
+                await self.send_json(send, 200, kept)
             return
-        body = json.loads(b"".join(chunks))
+        body = json.loads(raw)
         self.state.requests.append(body)
         response = self._response(body, f"resp_upstream{len(self.state.requests)}")
         if body.get("store", True):
             self.state.kept[response["id"]] = response
         if not body.get("stream"):
-            await self._json(send, 200, response)
+            await self.send_json(send, 200, response)
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         opening = {**response, "status": "in_progress", "output": [], "usage": None}
         opening.pop("prompt_cache_diagnostics", None)
         events = [
@@ -79,9 +62,7 @@ class ResponsesStub:
              "content_index": 0, "delta": "Hi there", "logprobs": []},
             {"type": "response.completed", "sequence_number": 2, "response": response},
         ]
-        for event in events:
-            await send({"type": "http.response.body", "body": _event(event), "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self.send_events(send, [sse_event(event["type"], event) for event in events])
 
     def _response(self, body: dict[str, Any], response_id: str) -> dict[str, Any]:
         text = {"type": "output_text", "text": "Hi there", "annotations": [], "logprobs": []}
@@ -114,10 +95,3 @@ class ResponsesStub:
             else:
                 response["prompt_cache_diagnostics"] = {"type": "comparison_response_not_found"}
         return response
-
-    @staticmethod
-    async def _json(send: Any, status: int, obj: Any) -> None:
-        await send(
-            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
-        )
-        await send({"type": "http.response.body", "body": json.dumps(obj).encode(), "more_body": False})
