@@ -120,16 +120,16 @@ def _port_requests(args: argparse.Namespace, programs: list[Program]) -> list[Po
     ]
 
 
-def _print_state(args: argparse.Namespace, engine_key_file: Path) -> None:
+def _print_state(args: argparse.Namespace) -> None:
     """Where this stack keeps its state, resolved (the same from any working directory)."""
     from db.config import database_url_from_env, shown_url
-    from prefixscope.paths import state_dir
+    from prefixscope.paths import engine_api_key_path, state_dir
 
     print(f"state     {state_dir()}", flush=True)
     print(f"database  {shown_url(database_url_from_env(args.database_url))}", flush=True)
     if args.config:
         print(f"config    {Path(args.config).resolve()}", flush=True)
-    print(f"engine key {engine_key_file} (bearer token for the engines' /metrics)", flush=True)
+    print(f"engine key {engine_api_key_path()} (bearer token for the engines' /metrics)", flush=True)
 
 
 OPEN_BANNER = """
@@ -291,11 +291,11 @@ def _up(args: argparse.Namespace) -> int:
     from prefixscope.paths import engine_api_key_path
 
     try:
-        engine_key_file = save_engine_api_key(programs, engine_api_key_path())
+        save_engine_api_key(programs, engine_api_key_path())
     except OSError as exc:
         print(f"prefixscope up: cannot write the engine API key: {exc}", file=sys.stderr)
         return 2
-    _print_state(args, engine_key_file)
+    _print_state(args)
     if gateway_open(args):
         print(OPEN_BANNER, file=sys.stderr, flush=True)
         ready = OPEN_BANNER
