@@ -56,6 +56,9 @@ _UPSTREAM_COMMON: dict[str, Any] = {
     "presence_penalty": _passed(_NUMBER),
     "frequency_penalty": _passed(_NUMBER),
     "logit_bias": _passed(_OBJECT),
+    "repetition_penalty": _passed(_NUMBER),
+    "min_tokens": _passed(_INTEGER),
+    "response_format": _passed(_OBJECT),
     "user": _passed(_STRING),
     "cache_salt": _passed(_STRING, "replaced by the tenant's salt (so are salt, extra_key and prompt_cache_key)"),
     "hash_block_size": _passed(_INTEGER),
@@ -69,7 +72,6 @@ _UPSTREAM_CHAT: dict[str, Any] = {
     "parallel_tool_calls": _passed(_BOOLEAN),
     "logprobs": _passed(_BOOLEAN),
     "top_logprobs": _passed(_INTEGER),
-    "response_format": _passed(_OBJECT),
     "metadata": _passed(_OBJECT),
     "store": _passed(_BOOLEAN),
 }
