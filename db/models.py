@@ -131,6 +131,8 @@ class RequestRecordRow(Base):
         Index("ix_requests_prefix_hash_created_at", "prefix_hash", "created_at"),
         Index("ix_requests_miss_reason_created_at", "miss_reason", "created_at"),
         Index("ix_requests_replica_created_at", "replica", "created_at"),
+        # The conversation view reads one conversation's turns.
+        Index("ix_requests_tenant_conversation_id", "tenant", "conversation_id"),
         # Only the rows that kept their prompt: finds a prefix's newest stored prompt (its label) at once, even for a
         # prefix with a million requests and no stored prompt at all.
         Index(
@@ -223,6 +225,24 @@ class HourlyRollup(Base):
     requests_with_known_tiers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     cache_load_ms_sum: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     cache_load_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The token ledger (`db.ledger`): its parts summed over the requests that have one, and the prompt and cached
+    # tokens of those requests (what the eligible hit rate, cached / (prompt - new), divides).
+    ledger_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    ledger_cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    new_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    unknown_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_system_changed_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_tools_changed_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_messages_changed_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_answer_rewritten_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_reordered_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_volatile_value_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_model_changed_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_evicted_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_expired_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_routed_away_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_page_alignment_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    lost_cache_scope_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     __table_args__ = (
         # Dashboard filters by tenant or model over a time range; the primary key already leads with bucket_start.

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from db.advice import AdviceOutcome
 from db.chains import RequestChain
+from db.ledger import NOT_IN_LEDGER
 from db.record_schema import stored
 from db.signatures import PromptSignature
 from db.timeutil import as_utc
@@ -50,7 +51,9 @@ MISS_KINDS: Final = ("hit", "partial", "cold", "evicted", "expired")
 # `messages_changed` the first difference from the cached prefix lies there; `volatile_value` it is a value that
 # changes on every call (a date, an id); `reordered` the same parts in another order; `new_prefix` nothing like it
 # was cached; `evicted` / `expired` it was cached but dropped for space or by TTL; `below_page` everything matched but a
-# tail shorter than one cache page.
+# tail shorter than one cache page (or all that was shared with earlier requests was shorter than one page);
+# `answer_rewritten` the client re-sent the previous answer differently; `routed_away` another replica held more of
+# it; `cache_scope` it was cached under another tenant or salt.
 MISS_REASONS: Final = (
     "hit",
     "model_changed",
@@ -63,6 +66,9 @@ MISS_REASONS: Final = (
     "evicted",
     "expired",
     "below_page",
+    "answer_rewritten",
+    "routed_away",
+    "cache_scope",
 )
 
 UNAUTHENTICATED_TENANT: Final = "unauthenticated"
@@ -241,6 +247,81 @@ class RequestRecord:
     )
     provider_missed_tokens: int | None = field(
         default=None, metadata=stored("int", unit="tokens", null="the upstream returned no diagnosis or no count")
+    )
+    # The conversation this request is a turn of (`db.ledger`, `docs/conversations.md`): its id (keyed per tenant),
+    # where the id came from (one of `CONVERSATION_SOURCES`), the turn's index (1 for the first) and the request it
+    # follows, and the seconds since that request was answered.
+    conversation_id: str | None = field(
+        default=None, metadata=stored("string", max_chars=64, null="not linked: explanations off, or not read")
+    )
+    conversation_source: str | None = field(
+        default=None, metadata=stored("string", max_chars=16, null="not linked to a conversation")
+    )
+    turn_index: int | None = field(default=None, metadata=stored("int", null="not linked to a conversation"))
+    parent_request_id: str | None = field(
+        default=None, metadata=stored("string", max_chars=64, null="the first turn, or not linked")
+    )
+    idle_s: float | None = field(
+        default=None, metadata=stored("float", unit="s", null="the first turn, or not linked")
+    )
+    # The previous answer re-sent differently from how the gateway returned it: how (one of `ANSWER_REWRITES`), and
+    # where the re-sent text first differs (segment `messages[i]` and character offset inside it).
+    answer_rewrite: str | None = field(
+        default=None, metadata=stored("string", max_chars=24, null="the previous answer came back as it was sent")
+    )
+    answer_rewrite_segment: str | None = field(
+        default=None, metadata=stored("string", max_chars=SEGMENT_MAX, cut=True, null="no answer rewritten")
+    )
+    answer_rewrite_char_offset: int | None = field(
+        default=None, metadata=stored("int", unit="characters", null="no answer rewritten")
+    )
+    # The token ledger (`db.ledger.TokenLedger`): `prompt_tokens` = cached + new + lost by cause + unknown.
+    new_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("new_tokens",))
+    )
+    lost_system_changed_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_system_changed_tokens",))
+    )
+    lost_tools_changed_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_tools_changed_tokens",))
+    )
+    lost_messages_changed_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_messages_changed_tokens",))
+    )
+    lost_answer_rewritten_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_answer_rewritten_tokens",))
+    )
+    lost_reordered_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_reordered_tokens",))
+    )
+    lost_volatile_value_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_volatile_value_tokens",))
+    )
+    lost_model_changed_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_model_changed_tokens",))
+    )
+    lost_evicted_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_evicted_tokens",))
+    )
+    lost_expired_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_expired_tokens",))
+    )
+    lost_routed_away_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_routed_away_tokens",))
+    )
+    lost_page_alignment_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_page_alignment_tokens",))
+    )
+    lost_cache_scope_tokens: int | None = field(
+        default=None, metadata=stored("int", unit="tokens", null=NOT_IN_LEDGER, sums=("lost_cache_scope_tokens",))
+    )
+    unknown_tokens: int | None = field(
+        default=None,
+        metadata=stored("int", unit="tokens", null="the prompt tokens are unknown", sums=("unknown_tokens",)),
+    )
+    # The tier the evicted KV was last held in (one of `CACHE_TIERS`), when tokens were lost to eviction.
+    evicted_tier: str | None = field(
+        default=None, metadata=stored("string", max_chars=16, null="nothing was lost to eviction, or not said")
     )
 
     @property

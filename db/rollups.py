@@ -115,6 +115,9 @@ class RollupAccumulator:
             if record.prompt_tokens is not None:
                 sums["cache_known_prompt_tokens"] += record.prompt_tokens
                 sums["cache_known_cached_tokens"] += record.cached_tokens
+        if record.new_tokens is not None and record.prompt_tokens is not None and record.cached_tokens is not None:
+            sums["ledger_prompt_tokens"] += record.prompt_tokens  # what the eligible hit rate divides
+            sums["ledger_cached_tokens"] += record.cached_tokens
         split = tier_split(record)
         if split is not None:
             for tier, tokens in zip(("device", "host", "disk"), split, strict=True):

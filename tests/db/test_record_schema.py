@@ -18,6 +18,7 @@ from sqlalchemy import Boolean, Float, Integer, SmallInteger, String, Text
 from db import queries
 from db.chains import RequestChain
 from db.engine import create_sync_engine_for
+from db.ledger import LOST_CAUSES, lost_field
 from db.models import HourlyRollup, RequestRecordRow, table_of
 from db.queries.results import RequestRow
 from db.record_schema import listed_fields, listed_row, stored, stored_fields
@@ -118,6 +119,18 @@ def _full_record(make_record: Callable[..., RequestRecord]) -> RequestRecord:
         cache_load_ms=1.5,
         provider_miss_reason="tools_changed",
         provider_missed_tokens=1536,
+        conversation_id="c" * 32,
+        conversation_source="content",
+        turn_index=2,
+        parent_request_id="p1",
+        idle_s=4.5,
+        answer_rewrite="whitespace",
+        answer_rewrite_segment="messages[2]",
+        answer_rewrite_char_offset=25,
+        new_tokens=20,
+        unknown_tokens=0,
+        evicted_tier="host",
+        **{lost_field(cause): index + 1 for index, cause in enumerate(LOST_CAUSES)},
     )
 
 
