@@ -151,6 +151,8 @@ async def forward_plain(exchange: Exchange) -> Outcome:
         "stop_sequence": sequence,
         "usage": split.as_dict(usage.completion_tokens or 0),
     }
+    if exchange.tracker.span is not None:
+        exchange.tracker.span.response.read_message(exchange.message_id, exchange.request.model, reason)
     outcome = Outcome(upstream.status_code)
     exchange.answered(outcome)
     await send_response(exchange.send, 200, _ENCODER.encode(body), [*headers, JSON_CONTENT_TYPE])
@@ -190,6 +192,10 @@ async def _pump(exchange: Exchange, upstream: httpx.Response, points: list[Cache
     split = exchange.cache_usage(usage or UsageReport(), points)
     final = split.as_dict((usage.completion_tokens if usage else None) or 0)
     final.pop("cache_creation")
+    if exchange.tracker.span is not None:
+        stops = exchange.request.body.get("stop_sequences")
+        reason, _ = stop_reason(translator.finish_reason, translator.matched_stop, stops)
+        exchange.tracker.span.response.read_message(exchange.message_id, exchange.request.model, reason)
     outcome = Outcome(upstream.status_code)
     exchange.answered(outcome)
     await exchange.send({"type": "http.response.body", "body": translator.finish(final), "more_body": False})

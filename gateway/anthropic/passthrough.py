@@ -31,6 +31,7 @@ from gateway.request_stages import Outcome
 from gateway.upstreams.base import UsageReport
 from gateway.upstreams.kinds import HEADER_MATCHED, HEADER_PROMPT, anthropic_usage
 from gateway.telemetry.request_span import with_trace_context
+from gateway.telemetry.response_facts import ResponseFacts
 from gateway.upstreams.route import Route
 
 DEFAULT_VERSION = "2023-06-01"
@@ -130,6 +131,8 @@ async def forward_plain(
             decoded = None
         if isinstance(decoded, dict):
             usage, writes = _usage(None, decoded.get("usage"))
+            if tracker.span is not None:
+                tracker.span.response.read_message(decoded.get("id"), decoded.get("model"), decoded.get("stop_reason"))
             if baseline is not None:
                 diagnosis = baseline.message(decoded)
         outcome = Outcome(upstream.status_code)
@@ -149,9 +152,12 @@ class EventReader(EventStreamReader):
     """Reads usage, the first content, the cache diagnosis and errors out of Anthropic events as their bytes go by;
     `answer` makes the request's answered stage of them."""
 
-    def __init__(self, start_perf: float, baseline: DiagnosisBaseline | None = None) -> None:
+    def __init__(
+        self, start_perf: float, baseline: DiagnosisBaseline | None = None, facts: ResponseFacts | None = None
+    ) -> None:
         super().__init__()
         self._baseline = baseline
+        self._facts = facts  # the request span's, when tracing
         self._start_perf = start_perf
         self.stopped = False
         self.usage: UsageReport | None = None
@@ -188,10 +194,16 @@ class EventReader(EventStreamReader):
     def read_event(self, payload: dict[str, Any]) -> None:
         kind = payload.get("type")
         if kind == "message_start" and isinstance(payload.get("message"), dict):
-            self._read_usage(payload["message"].get("usage"))
-            self._read_diagnosis(payload["message"])
+            message = payload["message"]
+            self._read_usage(message.get("usage"))
+            self._read_diagnosis(message)
+            if self._facts is not None:
+                self._facts.read_message(message.get("id"), message.get("model"), None)
         elif kind == "message_delta":
             self._read_usage(payload.get("usage"))
+            delta = payload.get("delta")
+            if self._facts is not None and isinstance(delta, dict):
+                self._facts.read_message(None, None, delta.get("stop_reason"))
             if "diagnostics" in payload:
                 self._read_diagnosis({"diagnostics": payload["diagnostics"]})
         elif kind == "content_block_delta" and self.ttft_ms is None:
@@ -223,7 +235,7 @@ async def forward_stream(
             tracker.answered(request_stages.Answered(outcome))
             await send_response(send, upstream.status_code, body, _headers(tracker, upstream))
             return outcome
-        reader = EventReader(start_perf, baseline)
+        reader = EventReader(start_perf, baseline, tracker.span.response if tracker.span is not None else None)
         try:
             await send(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + _headers(tracker, upstream)}

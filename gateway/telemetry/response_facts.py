@@ -51,6 +51,13 @@ class ResponseFacts:
     def add_finish_reason(self, reason: str) -> None:
         self.finish_reasons.append(reason)
 
+    def read_message(self, message_id: Any, model: Any, stop_reason: Any) -> None:
+        """From an Anthropic Messages API message (or its stream's `message_start` / `message_delta`): `id`, `model`
+        and `stop_reason`, which the GenAI conventions record as the finish reason."""
+        self.read_body(message_id, model, None)
+        if isinstance(stop_reason, str):
+            self.finish_reasons.append(stop_reason)
+
     def copy_to(self, other: ResponseFacts) -> None:
         other.response_id = self.response_id
         other.response_model = self.response_model

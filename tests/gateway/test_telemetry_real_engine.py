@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -147,6 +148,33 @@ def test_one_trace_from_application_through_gateway_and_engine(stack: Stack, str
         for value in span.attributes.values():
             assert "locker" not in str(value), (span.name, value)
     assert stack.receiver.content_types == {"application/x-protobuf"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_a_messages_api_span_names_the_message_its_model_and_stop_reason(stack: Stack, stream: bool):
+    traceparent, trace_id, _ = _traceparent()
+    client = anthropic.Anthropic(base_url=stack.gateway_url, api_key=stack.keys["quiet"], max_retries=0, timeout=120)
+    request = {
+        "model": "smollm2",
+        "max_tokens": 4,
+        "temperature": 0.0,
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": "Do you sell helmets?"}],
+        "extra_headers": {"traceparent": traceparent},
+    }
+    if stream:
+        with client.messages.stream(**request) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**request)
+    spans = stack.receiver.wait_for(lambda _: len(stack.receiver.in_trace(trace_id)) >= 5)
+    gateway = _one(stack.receiver.in_trace(trace_id), service_name="prefixscope-gateway", kind="server")
+    assert gateway.name == "chat smollm2"
+    assert gateway.attributes[genai.RESPONSE_ID] == message.id
+    assert gateway.attributes[genai.RESPONSE_MODEL] == message.model == "smollm2"
+    assert list(gateway.attributes[genai.RESPONSE_FINISH_REASONS]) == [message.stop_reason]
+    assert message.stop_reason in ("max_tokens", "end_turn")
+    assert len(spans) >= 5
 
 
 def _span_of(spans: list[ReceivedSpan], request_id: str) -> str:
