@@ -34,7 +34,7 @@ from gateway.parsing import CHAT, COMPLETIONS
 from gateway.proxy import CompletionProxy
 from gateway.record_keys import RecordHasher
 from gateway.recording import Recorder, RecordSink
-from gateway.replicas.health_view import replica_health
+from gateway.replicas.health_view import replica_health, upstreams_without_replicas
 from gateway.responses.handler import ResponseResource, ResponsesProxy
 from gateway.responses.store import ResponseStore
 from gateway.routing import Router
@@ -171,10 +171,16 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     def health() -> Response[dict[str, Any]]:
         counters = storage.sink.counters()
         refused = keys.refusal_reason()
+        unserved = upstreams_without_replicas(runtime.router)
+        # "degraded", for `reason`: the gateway refuses every request (HTTP 503), or an upstream has no replica in
+        # rotation (HTTP 503 when it is the default upstream, else 200: other upstreams still serve).
+        reason = refused
+        if reason is None and unserved:
+            reason = f"no replica of upstream {', '.join(map(repr, unserved))} is in rotation"
+        unavailable = refused is not None or config.default_upstream in unserved
         body = {
-            # "degraded" (HTTP 503): the gateway runs but refuses every request, for `reason`.
-            "status": "ok" if refused is None else "degraded",
-            "reason": refused,
+            "status": "ok" if reason is None else "degraded",
+            "reason": reason,
             "open_mode": keys.open_mode,
             "api_keys": keys.num_active_keys,
             "key_snapshot_age_s": None if (age := keys.snapshot_age_s) is None else round(age, 1),
@@ -198,7 +204,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
                 "cpu_s": round(advisor.capacity.cpu_s_total, 3),
             },
         }
-        return Response(content=body, status_code=200 if refused is None else 503)
+        return Response(content=body, status_code=503 if unavailable else 200)
 
     @get("/metrics", sync_to_thread=False)
     def metrics_endpoint() -> Response[bytes]:

@@ -336,7 +336,8 @@ def openapi_document() -> dict[str, Any]:
             }},
             "/health": {"get": {"summary": "Health", "responses": {
                 "200": {"description": "OK"},
-                "503": {"description": "degraded: every request is refused, for the stated reason"}}}},
+                "503": {"description": "degraded, for the stated reason: every request is refused, or the default "
+                                       "upstream has no replica in rotation"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OK"}}}},
         },
         "components": {

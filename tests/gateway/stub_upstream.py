@@ -35,6 +35,7 @@ class StubState:
     tiers: Any = None
     load_ms: Any = None
     tiers_header: str | None = None
+    health_status: int = 200  # what `GET /health` answers
 
 
 def _sse(obj: Any) -> bytes:
@@ -70,7 +71,7 @@ class StubUpstream:
                     return
         path = scope["path"]
         if path == "/health":
-            await self._json(send, 200, {"status": "ok"})
+            await self._json(send, self.state.health_status, {"status": "ok"})
             return
         if path.endswith("/models"):
             await self._json(send, 200, {"object": "list", "data": [{"id": "stub-model", "object": "model"}]})

@@ -258,3 +258,24 @@ def test_a_replica_whose_events_are_missing_is_predicted_approximately(tmp_path)
         body = {"model": "llama", "max_tokens": 2, "messages": [{"role": "user", "content": "w1 w2 w3"}]}
         assert httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
         assert gateway.wait_records(1)[0].routing_index_source == "approximate"
+
+
+def test_health_is_degraded_while_no_replica_of_the_default_upstream_is_in_rotation(tmp_path):
+    write_tokenizer(tmp_path / "model")
+    with ExitStack() as stack:
+        fleet = Fleet(stack)
+        gateway = stack.enter_context(running_gateway(fleet_config(fleet, tmp_path / "model")))
+        assert httpx.get(f"{gateway.url}/health", timeout=5).json()["status"] == "ok"
+        fleet.stubs[0].state.health_status = 503
+        assert wait_until(lambda: not replica_states(gateway.url)[0]["healthy"], 20)
+        health = httpx.get(f"{gateway.url}/health", timeout=5)
+        assert (health.status_code, health.json()["status"]) == (200, "ok")  # two replicas still serve
+        for stub in fleet.stubs[1:]:
+            stub.state.health_status = 503
+        assert wait_until(lambda: not any(r["healthy"] for r in replica_states(gateway.url)), 20)
+        health = httpx.get(f"{gateway.url}/health", timeout=5)
+        assert health.status_code == 503
+        assert health.json()["status"] == "degraded" and "'fleet'" in health.json()["reason"]
+        for stub in fleet.stubs:
+            stub.state.health_status = 200
+        assert wait_until(lambda: httpx.get(f"{gateway.url}/health", timeout=5).status_code == 200, 20)
