@@ -1,6 +1,7 @@
 """The Rule advice page's retention and fleet-pattern sections (`dashboard.views.advice` calls them): per tenant and
 its largest prefixes, today's class, the best class, the saving per day, the writes never read again and the gaps
-between uses, with the prefixscope.toml lines; then the fleet-wide prompt patterns with their token cost."""
+between uses, the reads each tier served and the entries lost to eviction (by tier) and expiry (by class), with the
+prefixscope.toml lines; then the fleet-wide prompt patterns with their token cost."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dashboard import data_advice
 from db.advice import MERGE_HINT
 from db.retention.advice import GAP_EDGES_S
 from db.retention.costs import HOSTED_KINDS
+from db.retention.reuse import PrefixReuse
 
 PRICE_CHOICES = ("local_engine", *HOSTED_KINDS)
 
@@ -26,6 +28,19 @@ GAP_LABELS = [_gap_label(edge) for edge in GAP_EDGES_S] + [f">{GAP_EDGES_S[-1] /
 
 def _class(name: str) -> str:
     return "do not cache" if name == "none" else name
+
+
+def reuse_row(prefix_hash: str, reuse: PrefixReuse) -> dict[str, object]:
+    """One row of the reuse table: requests read from each tier, entries evicted from each tier and expired under
+    each class, and how often the lost entries had been read."""
+    row: dict[str, object] = {"prefix": prefix_hash[:16]}
+    row |= {f"read from {r.tier}": r.requests for r in reuse.reads}
+    row |= {f"evicted from {loss.key}": loss.count for loss in reuse.evicted}
+    row |= {f"expired ({loss.key})": loss.count for loss in reuse.expired}
+    lost = [*reuse.evicted, *reuse.expired]
+    count = sum(loss.count for loss in lost)
+    row["reads per lost entry"] = sum(loss.reads_before for loss in lost) / count if count else None
+    return row
 
 
 def show_retention(url: str, since: datetime, until: datetime, tenant: str | None) -> None:
@@ -71,6 +86,15 @@ def show_retention(url: str, since: datetime, until: datetime, tenant: str | Non
         )
         st.caption("Gaps between uses of each prefix (how many next uses came within each interval):")
         st.bar_chart(gaps)
+        reuse = [reuse_row(p.prefix_hash, p.reuse) for p in advice.prefixes if p.reuse != PrefixReuse()]
+        if reuse:
+            st.caption("Reuse by tier and class (requests): the tier that served the reads, the entries evicted (by "
+                       "the tier they were last held in) and expired (by the class they were sent with), and how "
+                       "often a lost entry had been read.")
+            table = pd.DataFrame(reuse)
+            counts = [name for name in table.columns if name not in ("prefix", "reads per lost entry")]
+            table[counts] = table[counts].fillna(0).astype(int)
+            st.dataframe(table, hide_index=True)
         if advice.toml_lines:
             st.code("\n".join(advice.toml_lines), language="toml")
             st.caption(f"To apply it, add these lines to prefixscope.toml ({MERGE_HINT}).")

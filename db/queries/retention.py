@@ -4,7 +4,8 @@ class their requests asked for, handed to `db.retention.advice`.
 A prefix's length in tokens: when two or more of its first `CHAINS_PER_PREFIX` requests carry a block hash chain, the
 leading blocks those chains share (block size x blocks, the part a cache could reuse between them); else the shortest
 prompt among its requests (the prefix cannot be longer). A prefix also carries the cached tokens the upstream reported
-on its requests and whether its first block starts another prefix of the tenant (see `PrefixUses.reused`). Reads at most `max_rows` answered requests (the latest), so the work is bounded whatever the
+on its requests and whether its first block starts another prefix of the tenant (see `PrefixUses.reused`), the reads
+each tier served and the entries lost to eviction and expiry (`db.retention.reuse`), and which uses found it evicted. Reads at most `max_rows` answered requests (the latest), so the work is bounded whatever the
 range; requests without a prefix hash or prompt tokens (rejected, unknown usage) are skipped.
 """
 
@@ -22,6 +23,7 @@ from db.models import RequestChainRow, RequestRecordRow, table_of
 from db.queries.totals import Reader
 from db.retention.advice import PrefixUses, TenantRetention, advise_tenant
 from db.retention.costs import CostModel
+from db.retention.reuse import PrefixReuseTally
 from db.timeutil import as_utc, observed_days, utc_now
 
 REQUESTS = table_of(RequestRecordRow)
@@ -40,6 +42,8 @@ class _Prefix:
     classes: Counter[str | None] = field(default_factory=Counter)
     upstreams: Counter[str] = field(default_factory=Counter)
     cached_tokens: int = 0
+    reuse: PrefixReuseTally = field(default_factory=PrefixReuseTally)
+    evicted: list[int] = field(default_factory=list)
 
 
 def shared_chain_tokens(chains: list[tuple[int, tuple[int, ...]]]) -> int | None:
@@ -84,7 +88,9 @@ def load_prefix_uses(
     stmt = (
         select(
             REQUESTS.c.id, REQUESTS.c.tenant, REQUESTS.c.prefix_hash, REQUESTS.c.created_at, REQUESTS.c.prompt_tokens,
-            REQUESTS.c.retention_class, REQUESTS.c.upstream, REQUESTS.c.cached_tokens,
+            REQUESTS.c.retention_class, REQUESTS.c.upstream, REQUESTS.c.cached_tokens, REQUESTS.c.cached_tokens_device,
+            REQUESTS.c.cached_tokens_host, REQUESTS.c.cached_tokens_disk, REQUESTS.c.miss_kind,
+            REQUESTS.c.lost_evicted_tokens, REQUESTS.c.evicted_tier, REQUESTS.c.lost_expired_tokens, REQUESTS.c.idle_s,
         )
         .join(latest, latest.c.id == REQUESTS.c.id)
         .order_by(REQUESTS.c.created_at, REQUESTS.c.id)
@@ -101,6 +107,8 @@ def load_prefix_uses(
         prefix.classes[row.retention_class] += 1
         prefix.upstreams[row.upstream] += 1
         prefix.cached_tokens += int(row.cached_tokens or 0)
+        if prefix.reuse.add(row):
+            prefix.evicted.append(len(prefix.times) - 1)
     ids = list(chain_ids)
     for offset in range(0, len(ids), _ID_CHUNK):
         chunk = ids[offset : offset + _ID_CHUNK]
@@ -121,7 +129,8 @@ def load_prefix_uses(
         requested = prefix.classes.most_common(1)[0][0]
         upstream = prefix.upstreams.most_common(1)[0][0]
         uses = PrefixUses(
-            name, prefix_hash, tokens, tuple(prefix.times), requested, "", prefix.cached_tokens, shares
+            name, prefix_hash, tokens, tuple(prefix.times), requested, "", prefix.cached_tokens, shares,
+            tuple(prefix.evicted), prefix.reuse.result(),
         )
         result[name].append((uses, upstream))
     return dict(result)

@@ -13,6 +13,11 @@ its first block starts another prefix of the tenant too) while its own replay se
 its tenant is advised no class shorter than today's (the replay cannot say how long the reuse it misses needs). The second matters when a volatile value (a timestamp) makes every request's
 prefix hash unique: each prefix looks used once, yet the engine reuses the leading blocks before the value.
 
+A prefix whose uses found it evicted (`PrefixUses.evicted`, from the records) is replayed with each of those uses
+writing, whatever the class (`db.retention.replay`), and its local capacity is priced at the tiers its reads came from
+(`PrefixUses.reuse`, `CostModel.held_price`). When today's class saw evictions before its TTL, the action says so and
+names the tier to grow: a longer class cannot keep an entry that pressure evicts.
+
 Gap histogram: the seconds between consecutive uses of a prefix, in `GAP_EDGES_S` bins (bin i counts gaps in
 `(edge[i-1], edge[i]]`, the last bin everything longer), with the median and the 90th percentile gap.
 """
@@ -28,6 +33,7 @@ from typing import Final
 from db.advice import toml_key
 from db.retention.costs import CLASS_TTL_S, NO_CACHE, CostModel
 from db.retention.replay import ClassOutcome, best_class, replay_all, replay_class
+from db.retention.reuse import UNKNOWN_TIER, PrefixReuse
 
 GAP_EDGES_S: Final = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0, 86400.0)
 # What `default` (no class sent) means, per family: hosted APIs cache 5 minutes; the local engine keeps a prefix
@@ -40,6 +46,9 @@ _ACTIONS: Final = {
     "1h": "cache it for 1 hour",
     "persistent": "keep it persistently",
 }
+# Where an entry evicted from a tier could have been kept instead.
+_GROW: Final = {"device": "add host tier capacity (or device memory)", "host": "add disk tier capacity (or host memory)",
+                "disk": "add disk tier capacity", UNKNOWN_TIER: "add cache capacity"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +64,8 @@ class PrefixUses:
     upstream_kind: str
     cached_tokens: int = 0  # cached tokens the upstream reported on these requests (reuse a whole-prefix replay misses)
     shares_leading_blocks: bool = False  # its chains start with a block another prefix of the tenant starts with
+    evicted: tuple[int, ...] = ()  # indexes into `times` of the uses that found the entry evicted (the records say)
+    reuse: PrefixReuse = PrefixReuse()  # reads by tier, entries lost by tier and by class (`db.retention.reuse`)
 
     @property
     def reused(self) -> bool:
@@ -80,7 +91,7 @@ class GapHistogram:
 class PrefixRetention:
     """Advice for one prefix. `today` is today's class (`default` resolved in `today_outcome`), `best` the class
     with the best net saving, `saving_per_day` what switching saves per day (model unit), `unread_write_share` the
-    share of today's writes never read again."""
+    share of today's writes never read again, `reuse` what the records say of its entries by tier and class."""
 
     prefix_hash: str
     prefix_tokens: int
@@ -94,6 +105,7 @@ class PrefixRetention:
     gaps: GapHistogram
     action: str
     kept_for_reuse: bool = False  # the replay saw no reuse, but the upstream did (`PrefixUses.reused`): today's class kept
+    reuse: PrefixReuse = PrefixReuse()
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,10 +148,11 @@ def today_class(requested: str | None, model: CostModel) -> str:
 
 def advise_prefix(uses: PrefixUses, model: CostModel, days: float, end_s: float | None = None) -> PrefixRetention:
     """One prefix's advice over an observed range of `days` days ending at `end_s` (default: the last use)."""
-    outcomes = replay_all(uses.times, uses.prefix_tokens, model, end_s)
+    held = None if model.hosted else model.held_price(uses.reuse.read_tokens_by_tier())
+    outcomes = replay_all(uses.times, uses.prefix_tokens, model, end_s, uses.evicted, held)
     today = today_class(uses.requested_class, model)
     today_outcome = next((o for o in outcomes if o.retention == today), None) or replay_class(
-        uses.times, uses.prefix_tokens, today, model, end_s
+        uses.times, uses.prefix_tokens, today, model, end_s, uses.evicted, held
     )
     best = best_class(outcomes)
     kept_for_reuse = best.retention == NO_CACHE and uses.reused
@@ -157,9 +170,29 @@ def advise_prefix(uses: PrefixUses, model: CostModel, days: float, end_s: float 
         saving_per_day=(best.saving - today_outcome.saving) / days,
         unread_write_share=today_outcome.unread_write_share,
         gaps=gap_histogram(gaps),
-        action=_action(best.retention, today, uses if kept_for_reuse else None),
+        action=_action(best.retention, today, uses if kept_for_reuse else None)
+        + _eviction_note(today_outcome, best.retention, today, uses.reuse, model.classes[-1]),
         kept_for_reuse=kept_for_reuse,
+        reuse=uses.reuse,
     )
+
+
+def _eviction_note(today_outcome: ClassOutcome, best: str, today: str, reuse: PrefixReuse, longest: str) -> str:
+    """`; evicted from device 5 times before its TTL (5m): ...` when today's class saw evictions before its TTL
+    (`longest`: the longest class the upstream offers)."""
+    count = today_outcome.evictions
+    if not count:
+        return ""
+    tier = reuse.main_eviction_tier or UNKNOWN_TIER
+    where = "" if tier == UNKNOWN_TIER else f" from {tier}"
+    times = "once" if count == 1 else f"{count} times"
+    if CLASS_TTL_S.get(today, 0.0) is None:
+        return f"; evicted{where} {times} though kept persistently: {_GROW[tier]}"
+    if _RANK.index(best) > _RANK.index(today):
+        return f"; evicted{where} {times} before its TTL: {_GROW[tier]} to keep it for the longer class"
+    if today == longest:
+        return f"; evicted{where} {times} before its TTL ({today}): {_GROW[tier]}"
+    return f"; evicted{where} {times} before its TTL ({today}): a longer class buys nothing; {_GROW[tier]}"
 
 
 def _action(best: str, today: str, uses: PrefixUses | None) -> str:

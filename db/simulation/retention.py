@@ -6,7 +6,9 @@ stores or reads, in every tier (the engine applies one TTL per class to the devi
 tier changes where a block is, not how long it lives), and the longest class a block was used under wins. `none`
 stands for "do not cache": such a request neither reads nor stores anything. A request at time `t` hits its leading
 blocks that are cached and idle for at most their TTL (exactly TTL seconds still hits), then stores or refreshes all
-its blocks. Capacity is unlimited: a class bounds a block's lifetime, eviction under pressure only shortens it.
+its blocks. Capacity is unlimited: a class bounds a block's lifetime; a request the records show found its prefix
+evicted (`RetentionRequest.evicted`: the ledger's `lost_evicted_tokens`, or `miss_kind` `evicted`) reads nothing under
+any class and stores its blocks again: an observed eviction ends the entry, as in the advisor's replay.
 
 For requests whose chains are a prefix's blocks followed by blocks of their own, this is the per-prefix replay of the
 retention advisor (`db.retention.replay`) at block granularity; a test replays one recorded trace through both.
@@ -23,13 +25,15 @@ from db.retention.costs import CLASS_TTL_S, NO_CACHE
 @dataclass(frozen=True, slots=True)
 class RetentionRequest:
     """One request: arrival (seconds), prompt length (tokens), chained block hashes, block size (tokens), and the
-    key of the prefix it belongs to (the keyed `prefix_hash`, or any label)."""
+    key of the prefix it belongs to (the keyed `prefix_hash`, or any label); `evicted`: the recorded request found
+    its cached prefix evicted."""
 
     timestamp_s: float
     input_length: int
     hash_ids: tuple[int, ...]
     block_size: int
     prefix: str
+    evicted: bool = False
 
 
 @dataclass(slots=True)
@@ -76,7 +80,7 @@ def replay_retention(requests: Iterable[RetentionRequest], class_of: Callable[[s
             continue
         ttl = CLASS_TTL_S[retention]
         hits = 0
-        for block in request.hash_ids:
+        for block in () if request.evicted else request.hash_ids:
             touched = last_use.get(block)
             block_ttl = ttl_of.get(block)
             if touched is None or (block_ttl is not None and now - touched > block_ttl):

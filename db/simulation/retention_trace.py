@@ -1,5 +1,5 @@
 """Reading stored requests as a retention trace: each request's block hash chain with its tenant's prefix, for the
-what-if replay with a class per prefix (`db.simulation.retention`)."""
+what-if replay with a class per prefix (`db.simulation.retention`), and whether the request found its prefix evicted."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from sqlalchemy import Connection, select
 
 from db.chains import unpack_hash_ids
 from db.models import RequestChainRow, RequestRecordRow, table_of
+from db.retention.reuse import was_evicted
 from db.simulation.retention import RetentionRequest
 from db.timeutil import as_utc
 
@@ -31,7 +32,7 @@ def retention_trace(
         clauses.append(CHAINS.c.tenant == tenant)
     stmt = (
         select(CHAINS.c.created_at, CHAINS.c.tenant, CHAINS.c.block_size, CHAINS.c.input_length, CHAINS.c.hash_ids,
-               REQUESTS.c.prefix_hash)
+               REQUESTS.c.prefix_hash, REQUESTS.c.lost_evicted_tokens, REQUESTS.c.miss_kind)
         .join(REQUESTS, REQUESTS.c.id == CHAINS.c.request_id)
         .where(*clauses)
         .order_by(CHAINS.c.created_at.desc(), CHAINS.c.request_id)
@@ -43,6 +44,7 @@ def retention_trace(
         RetentionRequest(
             (as_utc(row.created_at) - start).total_seconds(), int(row.input_length), unpack_hash_ids(row.hash_ids),
             int(row.block_size), prefix_key(row.tenant, row.prefix_hash),
+            was_evicted(row.lost_evicted_tokens, row.miss_kind),
         )
         for row in rows
     ]

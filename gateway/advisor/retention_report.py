@@ -9,6 +9,7 @@ from typing import Any
 from db.advice import MERGE_HINT
 from db.patterns.finder import FleetPattern
 from db.retention.advice import GAP_EDGES_S, GapHistogram, PrefixRetention, TenantRetention
+from db.retention.reuse import EntryLosses, PrefixReuse
 from gateway.advisor.report import per_day_note, tokens_text
 
 
@@ -39,6 +40,29 @@ def gap_line(gaps: GapHistogram) -> str:
     return f"{bins}; median {_seconds(gaps.median_s or 0)}, 90% within {_seconds(gaps.p90_s or 0)}"
 
 
+def _losses(losses: tuple[EntryLosses, ...]) -> str:
+    parts = []
+    for loss in losses:
+        idle = "" if loss.median_idle_s is None else f", median idle {_seconds(loss.median_idle_s)}"
+        tokens = f", {tokens_text(loss.tokens)} tokens" if loss.tokens else ""
+        parts.append(f"{loss.key} {loss.count}x (read {loss.reads_per_entry:.1f}x each before{tokens}{idle})")
+    return ", ".join(parts)
+
+
+def reuse_line(reuse: PrefixReuse) -> str | None:
+    """`reads by tier: device 40 (12k tokens), host 3 (900 tokens); evicted from: device 5x (read 2.0x each
+    before); expired by class: 5m 3x (...)`; None when the records say nothing of its entries."""
+    parts = []
+    if reuse.reads:
+        parts.append("reads by tier: " + ", ".join(
+            f"{r.tier} {r.requests} ({tokens_text(r.tokens)} tokens)" for r in reuse.reads))
+    if reuse.evicted:
+        parts.append(f"evicted from: {_losses(reuse.evicted)}")
+    if reuse.expired:
+        parts.append(f"expired by class: {_losses(reuse.expired)}")
+    return "; ".join(parts) or None
+
+
 def prefix_lines(prefix: PrefixRetention, unit: str, days: float = 1.0) -> list[str]:
     unread = "-" if prefix.unread_write_share is None else f"{100 * prefix.unread_write_share:.0f}%"
     best = prefix.best.retention
@@ -47,6 +71,7 @@ def prefix_lines(prefix: PrefixRetention, unit: str, days: float = 1.0) -> list[
         f"today {prefix.today}, "
         f"best {best if best != 'none' else 'do not cache'} -> saves {_amount(prefix.saving_per_day, unit)} per day{per_day_note(days)}",
         f"    writes never read again today: {unread}; gaps between uses: {gap_line(prefix.gaps)}",
+        *([f"    {line}"] if (line := reuse_line(prefix.reuse)) else []),
         f"    to do: {prefix.action}",
     ]
 

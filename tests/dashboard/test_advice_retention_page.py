@@ -1,5 +1,6 @@
 """Rule advice page, retention and fleet patterns: per tenant and prefix, today's class, the best class, the saving per
-day and the toml lines (priced as the kind chosen on the page), and the patterns found in stored signatures."""
+day and the toml lines (priced as the kind chosen on the page), the reuse by tier and class, and the patterns found
+in stored signatures."""
 
 from __future__ import annotations
 
@@ -37,7 +38,21 @@ def _records() -> list[RequestRecord]:
                       prompt_tokens=500, prefix_hash=f"{i % 3}" * 16, signature=_signature(i % 3), **BASE)
         for i in range(6)
     ]
+    records += [_tiered(start, i) for i in range(6)]
     return records
+
+
+def _tiered(start, i: int) -> RequestRecord:  # type: ignore[no-untyped-def]
+    """A local prefix used every minute: odd uses read 192 tokens from the device and 64 from host memory, uses 2
+    and 4 found it evicted from the device (the ledger says so)."""
+    fields = {**BASE, "prompt_tokens": 400}
+    if i % 2:
+        fields |= {"cached_tokens": 256, "cached_tokens_device": 192, "cached_tokens_host": 64, "cached_tokens_disk": 0}
+    elif i:
+        fields |= {"miss_kind": "evicted", "lost_evicted_tokens": 256, "evicted_tier": "device", "new_tokens": 144,
+                   "unknown_tokens": 0}
+    return RequestRecord(request_id=f"e{i}", created_at=start + timedelta(seconds=60 * i + 3), tenant="gpu",
+                         prefix_hash="e" * 16, **fields)
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +85,13 @@ def test_local_engine_prices_are_in_prefill_time(run_page, retention_url) -> Non
     app = run_page("advice", retention_url)
     assert app.selectbox(key="retention_kind").value == "local_engine"
     assert any("ms of prefill" in str(t.value.columns) for t in app.dataframe)
+
+
+def test_reuse_by_tier_and_class(run_page, retention_url) -> None:
+    app = run_page("advice", retention_url)
+    table = next(t.value for t in app.dataframe if "evicted from device" in t.value.columns)
+    row = table.set_index("prefix").loc["e" * 16]
+    assert (row["read from device"], row["read from host"], row["evicted from device"]) == (3, 3, 2)
+    assert row["reads per lost entry"] == 1.0
+    advice = next(t.value for t in app.dataframe if "what to do" in t.value.columns and "e" * 16 in set(t.value["prefix"]))
+    assert "evicted from device 2 times" in advice.set_index("prefix").loc["e" * 16, "what to do"]
