@@ -16,10 +16,11 @@ from db.retention.advice import GAP_EDGES_S, PrefixUses, advise_tenant, gap_hist
 from db.retention.costs import CLASS_TTL_S, CostModel, PriceError
 from db.retention.prices import UpstreamPrices
 from db.retention.replay import replay_class
-from db.simulation.retention import RetentionRequest, replay_retention
+from db.simulation.retention import replay_retention
 from db.records import RequestRecord
 from db.store import store_records
 from prefixscope.cli import main
+from .retention_testkit import stored_advice, trace_of
 
 BASE_TIME = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)
 
@@ -134,19 +135,8 @@ def test_advice_and_simulator_agree_on_a_recorded_trace(
             records.append(make_record(created_at=BASE_TIME + timedelta(seconds=t), prefix_hash=name, chain=chain,
                                   prompt_tokens=chain.input_length, upstream="claude"))
     records.sort(key=lambda r: r.created_at)
-    engine = create_sync_engine_for(db_url)
-    try:
-        with engine.begin() as conn:
-            store_records(conn, records)
-        with engine.connect() as conn:
-            (advice,) = retention_advice(conn, BASE_TIME, lambda _: ANTHROPIC, until=BASE_TIME + timedelta(hours=6))
-    finally:
-        engine.dispose()
-    trace = [
-        RetentionRequest((r.created_at - BASE_TIME).total_seconds(), r.prompt_tokens, r.chain.hash_ids, block,
-                         r.prefix_hash)
-        for r in records
-    ]
+    advice = stored_advice(db_url, records, ANTHROPIC, BASE_TIME, BASE_TIME + timedelta(hours=6))
+    trace = trace_of(records, BASE_TIME, block)
     by_name = {p.prefix_hash: p for p in advice.prefixes}
     # The blocks a prefix's requests all share; a prefix used once is as long as its only prompt.
     assert by_name["every_3m"].prefix_tokens == len(prefix_blocks["every_3m"]) * block

@@ -21,9 +21,10 @@ from db.retention.advice import PrefixUses, advise_prefix
 from db.retention.costs import CostModel, PriceError
 from db.retention.replay import replay_class
 from db.retention.reuse import EntryLosses, PrefixReuse, TierReads
-from db.simulation.retention import RetentionRequest, replay_retention
+from db.simulation.retention import replay_retention
 from db.store import store_records
 from prefixscope.cli import main
+from .retention_testkit import stored_advice, trace_of
 
 BASE_TIME = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)
 LOCAL = CostModel.for_kind("local_engine")
@@ -211,20 +212,8 @@ def test_advice_and_simulator_agree_with_observed_evictions(
             records.append(make_record(created_at=BASE_TIME + timedelta(seconds=i * gap), prefix_hash=name,
                                        chain=chain, prompt_tokens=chain.input_length, **fields))
     records.sort(key=lambda r: r.created_at)
-    engine = create_sync_engine_for(db_url)
-    try:
-        with engine.begin() as conn:
-            store_records(conn, records)
-        with engine.connect() as conn:
-            (advice,) = retention_advice(conn, BASE_TIME, lambda _: LOCAL, until=BASE_TIME + timedelta(hours=6))
-    finally:
-        engine.dispose()
-    evicted = {r.request_id for r in records if r.miss_kind == "evicted"}
-    trace = [
-        RetentionRequest((r.created_at - BASE_TIME).total_seconds(), r.prompt_tokens, r.chain.hash_ids, block,
-                         r.prefix_hash, r.request_id in evicted)
-        for r in records
-    ]
+    advice = stored_advice(db_url, records, LOCAL, BASE_TIME, BASE_TIME + timedelta(hours=6))
+    trace = trace_of(records, BASE_TIME, block)
     by_name = {p.prefix_hash: p for p in advice.prefixes}
     assert by_name["every_3m"].prefix_tokens == 40 * block
     for retention in ("none", "5m", "1h", "persistent"):
