@@ -42,7 +42,7 @@ def page(database_url: str, engine_server, tmp_path_factory: pytest.TempPathFact
         )
         try:
             tab = chromium_browser.new_page(viewport={"width": 1400, "height": 1200})
-            tab.set_default_timeout(browser.PAGE_TIMEOUT_MS)
+            tab.set_default_timeout(3 * browser.PAGE_TIMEOUT_MS)  # a loaded machine starts Streamlit slowly
             tab.dashboard_url = url  # type: ignore[attr-defined]
             yield tab
         finally:
