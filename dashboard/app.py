@@ -19,6 +19,7 @@ st.set_page_config(page_title="prefixscope", page_icon=str(FAVICON), layout="wid
 pages = [
     st.Page(VIEWS / "overview.py", title="Overview", icon=":material/insights:", default=True),
     st.Page(VIEWS / "requests.py", title="Requests", icon=":material/receipt_long:", url_path="requests"),
+    st.Page(VIEWS / "conversations.py", title="Conversations", icon=":material/forum:", url_path="conversations"),
     st.Page(VIEWS / "prefixes.py", title="Prefixes and rules", icon=":material/account_tree:", url_path="prefixes"),
     st.Page(VIEWS / "why_misses.py", title="Why misses", icon=":material/troubleshoot:", url_path="why-misses"),
     st.Page(VIEWS / "advice.py", title="Rule advice", icon=":material/lightbulb:", url_path="advice"),

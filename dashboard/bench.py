@@ -78,6 +78,7 @@ def _replay(_conn: Any, sample: loaders_explain.ChainSample) -> what_if_model.Wh
 def _page_steps(engine: Any, since: datetime, until: datetime) -> dict[str, list[Step]]:
     """What each page loads with the default filters (all tenants, all models, the default range): one entry per
     page of `dashboard/views/`."""
+    from dashboard.data_conversations import load_conversation, load_conversations, load_eligible_hit_rates
     from dashboard.data_replicas import load_replicas
     from db.advice import DEFAULT_MIN_SAMPLES
     from db.queries.advice import advice
@@ -86,12 +87,18 @@ def _page_steps(engine: Any, since: datetime, until: datetime) -> dict[str, list
         newest = loaders.load_recent_requests(conn, since, until, None, None, None, None, limit=1)
         misses = loaders_explain.load_why_misses(conn, since, until, None).misses
         sample = loaders_explain.load_chain_sample(conn, since, until, None, what_if_model.DEFAULT_BLOCK_BUDGET)
+        worst = load_conversations(conn, since, until, None, limit=1).conversations
+    worst_id, worst_tenant = (worst[0].conversation_id, worst[0].tenant) if worst else ("", None)
     newest_id = newest[0].request_id if newest else ""
     # The Why misses page shows examples of the reason with the most missed requests first.
     example_reason = misses[0].reason if misses else "evicted"
     catalog: Step = ("catalog", loaders.load_catalog, ())
     return {
-        "overview": [catalog, ("overview", loaders.load_overview, (since, until, None, None))],
+        "overview": [
+            catalog,
+            ("overview", loaders.load_overview, (since, until, None, None)),
+            ("eligible_hit_rate", load_eligible_hit_rates, (since, until, None, None, None)),
+        ],
         "requests": [
             catalog,
             ("recent_requests", loaders.load_recent_requests, (since, until, None, None, None, None)),
@@ -102,7 +109,16 @@ def _page_steps(engine: Any, since: datetime, until: datetime) -> dict[str, list
             ),
             ("request_detail", loaders.load_request_detail, (newest_id,)),
         ],
-        "prefixes": [catalog, ("prefixes", loaders.load_prefixes, (since, until, None))],
+        "prefixes": [
+            catalog,
+            ("prefixes", loaders.load_prefixes, (since, until, None)),
+            ("eligible_hit_rate by tenant", load_eligible_hit_rates, (since, until, None, None, "tenant")),
+        ],
+        "conversations": [
+            catalog,
+            ("conversations", load_conversations, (since, until, None)),
+            ("conversation", load_conversation, (worst_id, worst_tenant)),
+        ],
         "cost": [catalog, ("model_usage", loaders.load_model_usage, (since, until, None))],
         "why_misses": [
             catalog,

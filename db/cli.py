@@ -1,7 +1,9 @@
-"""The database's subcommands of `prefixscope`: `db ...`, `keys ...`, `stats`, `bench db-queries`
+"""The database's subcommands of `prefixscope`: `db ...`, `keys ...`, `stats`, `conversations`, `conversation`,
+`bench db-queries`
 (`prefixscope demo-data` belongs to the gateway, whose request path makes the records: `gateway.demo`).
 
-Cheap to import: only argparse here. Each handler imports `db.commands` (and with it SQLAlchemy) when it runs.
+Cheap to import: only argparse here. Each handler imports `db.commands` or `db.conversation_commands` (and with
+them SQLAlchemy) when it runs.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from typing import Any
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _lazy(name: str) -> Handler:
-    """A handler that imports `db.commands` on first use and calls the function called `name`."""
+def _lazy(name: str, module: str = "db.commands") -> Handler:
+    """A handler that imports `module` on first use and calls its function called `name`."""
 
     def handler(args: argparse.Namespace) -> int:
-        from db import commands
+        import importlib
 
-        result: int = getattr(commands, name)(args)
+        result: int = getattr(importlib.import_module(module), name)(args)
         return result
 
     handler.__name__ = name
@@ -91,11 +93,29 @@ def _register_stats(commands: Any) -> None:
     stats.set_defaults(handler=_lazy("stats"))
 
 
+def _register_conversations(commands: Any) -> None:
+    listing = _with_url(
+        commands.add_parser("conversations", help="conversations and the prompt tokens they lost, worst first")
+    )
+    listing.add_argument("--since", default="7d", help="start: a duration before now (7d, 12h) or ISO time")
+    listing.add_argument("--until", default=None, help="end (exclusive): a duration before now or ISO time")
+    listing.add_argument("--tenant", default=None, help="only this tenant")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many conversations (default 50)")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(handler=_lazy("conversations_list", "db.conversation_commands"))
+    one = _with_url(commands.add_parser("conversation", help="one conversation turn by turn, with its token ledger"))
+    one.add_argument("conversation_id", metavar="ID", help="the conversation's id (as `conversations` shows it)")
+    one.add_argument("--tenant", default=None, help="the tenant, when two tenants have a conversation of this id")
+    one.add_argument("--json", action="store_true", help="print JSON")
+    one.set_defaults(handler=_lazy("conversation_show", "db.conversation_commands"))
+
+
 def register(commands: Any, bench_commands: Any) -> None:
     """Add the database's commands to the `prefixscope` parser (see `prefixscope.cli`)."""
     _register_db(commands)
     _register_keys(commands)
     _register_stats(commands)
+    _register_conversations(commands)
     bench = bench_commands.add_parser("db-queries", help="time the read-side queries on demo data")
     bench.add_argument("--database-url", default=None, help="database to time (default: a temporary SQLite file)")
     bench.add_argument("--rows", type=int, default=200_000, help="demo rows to generate first when the DB is empty")

@@ -39,6 +39,7 @@ from gateway.responses.handler import ResponseResource, ResponsesProxy
 from gateway.responses.store import ResponseStore
 from gateway.routing import Router
 from gateway.runtime import Runtime
+from gateway.conversations_api import make_conversation_handlers
 from gateway.stats_api import make_stats_handler
 from gateway.telemetry.setup import start_request_spans
 from gateway.tenancy import SaltDeriver, load_or_create_secret
@@ -62,6 +63,10 @@ class Storage(Protocol):
     async def stats(
         self, since: Any, until: Any, bucket: str, group_by: str | None, tenant: str | None
     ) -> list[Any]: ...
+
+    async def conversations(self, since: Any, until: Any, tenant: str | None, limit: int) -> list[Any]: ...
+
+    async def conversation(self, conversation_id: str, tenant: str | None) -> Any | None: ...
 
 
 def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start: bool = False) -> Litestar:
@@ -216,6 +221,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
         return await list_models(runtime)
 
     stats_handler = make_stats_handler(keys, storage)
+    conversation_handlers = make_conversation_handlers(keys, storage)
     openapi_body = msgspec.json.encode(openapi_document())
 
     @get("/openapi.json", sync_to_thread=False)
@@ -233,6 +239,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
             metrics_endpoint,
             models,
             stats_handler,
+            *conversation_handlers,
             openapi,
         ],
         lifespan=[lifespan],

@@ -334,6 +334,22 @@ def openapi_document() -> dict[str, Any]:
                               "400": {"description": "a parameter is not usable; error.param names it", **_ERROR_REF},
                               "403": {"description": "another tenant's statistics", **_ERROR_REF}},
             }},
+            "/api/conversations": {"get": {
+                "summary": "Conversations, worst first (most tokens lost)", "security": _AUTH,
+                "parameters": [*stats_parameters[:2], stats_parameters[4],
+                               _query("limit", "1-1000; default 100", {"type": "integer", "minimum": 1,
+                                                                       "maximum": 1000})],
+                "responses": {"200": {"description": "OK"},
+                              "400": {"description": "a parameter is not usable; error.param names it", **_ERROR_REF},
+                              "403": {"description": "another tenant's conversations", **_ERROR_REF}},
+            }},
+            "/api/conversations/{conversation_id}": {"get": {
+                "summary": "One conversation's turns, each with its token ledger", "security": _AUTH,
+                "parameters": [{"name": "conversation_id", "in": "path", "required": True,
+                                "schema": {"type": "string", "maxLength": 64}}, stats_parameters[4]],
+                "responses": {"200": {"description": "OK"},
+                              "404": {"description": "no such conversation (or another tenant's)", **_ERROR_REF}},
+            }},
             "/health": {"get": {"summary": "Health", "responses": {
                 "200": {"description": "OK"},
                 "503": {"description": "degraded, for the stated reason: every request is refused, or the default "

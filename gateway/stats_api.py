@@ -19,8 +19,9 @@ from typing import Any, Protocol
 import msgspec
 from litestar import Request, Response, get
 
+from gateway.api_params import readable_tenant, short_text, time_range
 from gateway.auth import KeyStore
-from gateway.errors import BadRequest, Forbidden, ServiceUnavailable
+from gateway.errors import BadRequest, ServiceUnavailable
 
 GROUP_BY = ("tenant", "model", "upstream")
 
@@ -34,30 +35,21 @@ class StatsSource(Protocol):
 def make_stats_handler(keys: KeyStore, source: StatsSource) -> Any:
     from db.queries.results import CacheFigures
     from db.queries.tiers import tier_totals
-    from db.timeutil import parse_moment, utc_now
 
     @get("/api/stats")
     async def stats(request: Request[Any, Any, Any]) -> Response[bytes]:
         principal = await keys.authenticate_now(request.headers.get("authorization"))
         params = request.query_params
-        now = utc_now()
-        since = _moment(parse_moment, params, "since", "24h", now)
-        until = _moment(parse_moment, params, "until", "now", now)
-        if since >= until:
-            raise BadRequest("'since' must be earlier than 'until'.", param="since")
-        for name in ("bucket", "group_by", "tenant"):
+        since, until = time_range(params)
+        for name in ("bucket", "group_by"):
             value = params.get(name)
-            if value is not None and ("\x00" in value or len(value) > 200):
-                raise BadRequest(f"{name} must be at most 200 characters, without NUL.", param=name)
+            if value is not None:
+                short_text(value, name, 200)
         bucket = params.get("bucket", "1h")
         group_by = params.get("group_by") or None
         if group_by is not None and group_by not in GROUP_BY:
             raise BadRequest(f"group_by must be one of {', '.join(GROUP_BY)}.", param="group_by")
-        tenant = params.get("tenant") or None
-        if not principal.is_admin:
-            if tenant is not None and tenant != principal.tenant:
-                raise Forbidden("This key may only read its own tenant's statistics.", param="tenant")
-            tenant = principal.tenant
+        tenant = readable_tenant(principal, params.get("tenant") or None, "statistics")
         try:
             rows = await source.stats(since, until, bucket, group_by, tenant)
         except ValueError as exc:  # unknown bucket and the like
@@ -79,13 +71,3 @@ def make_stats_handler(keys: KeyStore, source: StatsSource) -> Any:
 
     return stats
 
-
-def _moment(parse_moment: Any, params: Any, name: str, default: str, now: Any) -> Any:
-    """A query parameter as a time; a value that is not one, or lies outside the calendar, is a 400 naming it."""
-    text = params.get(name) or default
-    try:
-        return parse_moment(text, now)
-    except (ValueError, OverflowError) as exc:
-        shown = text if len(text) <= 100 else text[:100] + "..."
-        message = str(exc) if isinstance(exc, ValueError) and len(text) <= 100 else f"not a usable time: {shown!r}"
-        raise BadRequest(f"{name}: {message}", param=name) from None

@@ -144,6 +144,22 @@ class DatabaseStorage:
             self._engine, stats, since=since, until=until, bucket=bucket, group_by=group_by, tenant=tenant
         )
 
+    async def conversations(
+        self, since: datetime, until: datetime, tenant: str | None, limit: int
+    ) -> list[Any]:
+        """`db.queries.conversations.conversations` over this database."""
+        from db.engine import run_query
+        from db.queries.conversations import conversations
+
+        return await run_query(self._engine, conversations, since=since, until=until, tenant=tenant, limit=limit)
+
+    async def conversation(self, conversation_id: str, tenant: str | None) -> Any | None:
+        """`db.queries.conversations.conversation` over this database (None: no such conversation for `tenant`)."""
+        from db.engine import run_query
+        from db.queries.conversations import conversation
+
+        return await run_query(self._engine, conversation, conversation_id=conversation_id, tenant=tenant)
+
     async def record_engine_context(self, upstream: str, stats: dict[str, Any]) -> None:
         """Record an engine's `/v1/cache` answer as the database's context for `upstream` (`db.engine_context`)."""
         from datetime import UTC

@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, data, ui
+from dashboard.data_conversations import eligible_hit_rates
 from dashboard.engine_client import EngineUnavailable
 from dashboard.explain import ttft_caption
 from dashboard.loaders import OverviewData
@@ -57,16 +58,25 @@ HIT_HELP = (
 )
 
 
-def render_totals(result: OverviewData) -> None:
+ELIGIBLE_HELP = (
+    "cached / (prompt - new tokens), over the requests with a token ledger: the tokens a conversation's new turn "
+    "adds are misses no cache could avoid. `-`: no request in the range has a ledger."
+)
+
+
+def render_totals(result: OverviewData, eligible_rate: float | None) -> None:
     totals = result.totals
     speed, speed_source = prefill_speed()
     saved_s = totals.cached_tokens / speed
-    columns = st.columns(5)
+    columns = st.columns(6)
     columns[0].metric("Requests", f"{totals.requests:,}")
     columns[1].metric("Token hit rate", ui.format_share(totals.token_hit_rate), help="cached / prompt tokens")
-    columns[2].metric("Requests with any hit", ui.format_share(totals.request_hit_share), help=HIT_HELP)
-    columns[3].metric("Tokens served from cache", ui.format_tokens(totals.cached_tokens))
-    columns[4].metric("Prefill time saved", ui.format_seconds(saved_s), help="cached tokens / prefill speed")
+    columns[2].metric(
+        "Eligible hit rate", "-" if eligible_rate is None else ui.format_share(eligible_rate), help=ELIGIBLE_HELP
+    )
+    columns[3].metric("Requests with any hit", ui.format_share(totals.request_hit_share), help=HIT_HELP)
+    columns[4].metric("Tokens served from cache", ui.format_tokens(totals.cached_tokens))
+    columns[5].metric("Prefill time saved", ui.format_seconds(saved_s), help="cached tokens / prefill speed")
     st.caption(f"Prefill time saved uses {speed_source}.")
 
     columns = st.columns(5)
@@ -133,7 +143,10 @@ def live_overview() -> None:
     if result.totals.requests == 0:
         st.info("No requests in this time range. Pick a longer range or another tenant or model.")
         return
-    render_totals(result)
+    eligible = ui.read_database(
+        eligible_hit_rates, settings.database_url, current.since, current.until, current.tenant, current.model
+    )
+    render_totals(result, eligible.get(None))
     left, right = st.columns(2)
     x_range = (result.first_bucket_start, current.until)
     left.plotly_chart(charts.hit_rate_figure(result.series, x_range), width="stretch")

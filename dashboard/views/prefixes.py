@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, data, ui
+from dashboard.data_conversations import eligible_hit_rates
 
 settings = ui.load_settings()
 st.title("Prefixes and rules")
@@ -83,12 +84,16 @@ else:
     )
 
 st.subheader("Tenants")
+eligible = ui.read_database(
+    eligible_hit_rates, settings.database_url, filters.since, filters.until, filters.tenant, None, "tenant"
+)
 st.dataframe(
     [
         {
             "tenant": item.group,
             "requests": item.requests,
             "token hit rate": item.token_hit_rate,
+            "eligible hit rate": eligible.get(item.group),
             "requests with any hit": item.request_hit_share,
             "tokens from cache": item.cached_tokens,
             "prompt tokens": item.prompt_tokens,
@@ -104,6 +109,9 @@ st.dataframe(
         "tokens from cache": st.column_config.NumberColumn(format="localized"),
         "prompt tokens": st.column_config.NumberColumn(format="localized"),
         "token hit rate": st.column_config.NumberColumn(format="percent"),
+        "eligible hit rate": st.column_config.NumberColumn(
+            format="percent", help="cached / (prompt - new tokens); empty where no request has a token ledger"
+        ),
         "requests with any hit": st.column_config.NumberColumn(format="percent"),
         "TTFT p50 hits (ms)": st.column_config.NumberColumn(format="%.0f"),
         "TTFT p50 misses (ms)": st.column_config.NumberColumn(format="%.0f"),

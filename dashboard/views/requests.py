@@ -11,6 +11,7 @@ from dashboard.explain import (
     describe_provider_diagnosis,
     request_table_rows,
 )
+from dashboard.ledger_text import conversation_sentence, ledger_sentence
 from db.records import MISS_KINDS, MISS_REASONS
 
 settings = ui.load_settings()
@@ -118,6 +119,10 @@ if all(tokens is not None for tokens in tiers):
     st.markdown(f"**Cached tokens by tier:** {served}{load}")
 else:
     st.markdown("**Cached tokens by tier:** unknown (the upstream does not report tiers)")
+st.markdown(f"**Token ledger:** {ledger_sentence(detail)}")
+linked = conversation_sentence(detail)
+if linked:
+    st.markdown(f"**Conversation:** {linked}")
 if detail.retention_class:
     st.markdown(f"**Retention class:** {detail.retention_class}")
 why = describe_divergence(

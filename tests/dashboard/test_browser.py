@@ -250,7 +250,7 @@ def test_the_dashboard_works_offline_no_request_leaves_127_0_0_1(browser_page, d
     the browser would fetch is served by the dashboard itself."""
     page = browser_page
     paths = every_page_path()
-    assert len(paths) == 9, paths
+    assert len(paths) == 10, paths
     for path in paths:
         page.goto(f"{dashboard_url}/{path}")
         _wait_until_rendered(page)

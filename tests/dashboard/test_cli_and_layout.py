@@ -83,7 +83,8 @@ def test_bench_prints_each_pages_query_time(tmp_path: Path, capsys: pytest.Captu
     assert code == (0 if report["pass"] else 1)  # the exit status follows the verdict, whatever this machine's speed
     assert report["requests"] == 300
     assert set(report["pages"]) == {
-        "overview", "requests", "prefixes", "why_misses", "advice", "what_if", "replicas", "cost", "engine"
+        "overview", "requests", "conversations", "prefixes", "why_misses", "advice", "what_if", "replicas", "cost",
+        "engine",
     }
     assert all("query_ms_median" in page for page in report["pages"].values())
 

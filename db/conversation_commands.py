@@ -1,0 +1,116 @@
+"""Handlers of `prefixscope conversations` and `prefixscope conversation ID` (registered lazily by `db.cli`).
+
+Token counts are prompt tokens; a count the upstream did not report prints `-`, never 0. Each handler returns an exit
+status: 0, or 2 for a bad argument, a missing database or an unknown conversation.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import asdict
+
+from db.commands import _engine, _fail, _guarded, _pct, _print_json, _table
+from db.queries.conversations import conversation, conversations
+from db.queries.results_conversations import ConversationSummary, ConversationTurn
+from db.timeutil import parse_moment, utc_now
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _causes(lost: Mapping[str, int]) -> str:
+    """`evicted 584, answer_rewritten 296`: the causes that lost tokens, most first."""
+    ranked = sorted(lost.items(), key=lambda item: (-item[1], item[0]))
+    return ", ".join(f"{cause} {tokens}" for cause, tokens in ranked) or "-"
+
+
+@_guarded
+def conversations_list(args: argparse.Namespace) -> int:
+    now = utc_now()
+    since = parse_moment(args.since, now)
+    until = parse_moment(args.until, now) if args.until else now
+    with _engine(args) as engine, engine.connect() as conn:
+        listed = conversations(conn, since, until, tenant=args.tenant, limit=args.limit)
+    if args.json:
+        _print_json([asdict(row) for row in listed])
+        return 0
+    if not listed:
+        print("no conversations in this range")
+        return 0
+    headers = ["CONVERSATION", "TENANT", "TURNS", "LAST (UTC)", "PROMPT TOK", "CACHED TOK", "NEW TOK", "LOST TOK",
+               "TOKEN HIT", "ELIGIBLE HIT", "REWRITES", "REPLICAS", "LOST BY CAUSE"]
+    print(_table(headers, [_summary_cells(row) for row in listed]))
+    return 0
+
+
+def _summary_cells(row: ConversationSummary) -> list[str]:
+    return [
+        row.conversation_id,
+        row.tenant,
+        str(row.turns),
+        f"{row.last_at:%Y-%m-%d %H:%M}",
+        _count(row.prompt_tokens),
+        _count(row.cached_tokens),
+        _count(row.new_tokens),
+        _count(row.lost_tokens),
+        _pct(row.token_hit_rate),
+        _pct(row.eligible_hit_rate),
+        str(row.answer_rewrites),
+        str(row.replicas),
+        _causes(row.lost_by_cause),
+    ]
+
+
+@_guarded
+def conversation_show(args: argparse.Namespace) -> int:
+    with _engine(args) as engine, engine.connect() as conn:
+        found = conversation(conn, args.conversation_id, tenant=args.tenant)
+    if found is None:
+        return _fail(f"no conversation {args.conversation_id!r}" + (f" of tenant {args.tenant!r}" if args.tenant else ""))
+    if args.json:
+        _print_json({"conversation": asdict(found.summary), "turns": [asdict(turn) for turn in found.turns]})
+        return 0
+    summary = found.summary
+    print(
+        f"conversation {summary.conversation_id} (tenant {summary.tenant}): {summary.turns} turns, "
+        f"{summary.first_at:%Y-%m-%d %H:%M:%S} to {summary.last_at:%Y-%m-%d %H:%M:%S} UTC; token hit "
+        f"{_pct(summary.token_hit_rate)}, eligible hit {_pct(summary.eligible_hit_rate)}; lost "
+        f"{_count(summary.lost_tokens)} tokens ({_causes(summary.lost_by_cause)})"
+    )
+    headers = ["TURN", "TIME (UTC)", "IDLE s / TTL", "REPLICA", "PROMPT", "CACHED dev/host/disk", "NEW", "LOST",
+               "UNKNOWN", "TOKEN HIT", "ELIGIBLE", "REASON @ WHERE", "ANSWER REWRITE"]
+    print(_table(headers, [_turn_cells(turn) for turn in found.turns]))
+    return 0
+
+
+def _turn_cells(turn: ConversationTurn) -> list[str]:
+    tiers = turn.cached_by_tier
+    cached = _count(turn.cached_tokens)
+    if tiers is not None:
+        cached += f" ({tiers['device']}/{tiers['host']}/{tiers['disk']})"
+    idle = "-" if turn.idle_s is None else f"{turn.idle_s:.0f}"
+    ttl = "-" if turn.ttl_s is None else f"{turn.ttl_s:.0f}"
+    where = turn.divergence_segment or ""
+    if where and turn.divergence_char_offset is not None:
+        where += f"+{turn.divergence_char_offset}"
+    rewrite = "-"
+    if turn.answer_rewrite is not None:
+        rewrite = f"{turn.answer_rewrite} @ {turn.answer_rewrite_segment or '?'}+{turn.answer_rewrite_char_offset}"
+    lost = _causes(turn.lost) if turn.has_ledger else "-"
+    return [
+        "-" if turn.turn_index is None else str(turn.turn_index),
+        f"{turn.created_at:%Y-%m-%d %H:%M:%S}",
+        f"{idle} / {ttl}" + (" (past TTL)" if turn.idle_beyond_ttl else ""),
+        (turn.replica or "-") + (" (changed)" if turn.replica_changed else ""),
+        _count(turn.prompt_tokens),
+        cached,
+        _count(turn.new_tokens),
+        lost,
+        _count(turn.unknown_tokens),
+        _pct(turn.token_hit_rate),
+        _pct(turn.eligible_hit_rate),
+        (turn.miss_reason or "-") + (f" @ {where}" if where else ""),
+        rewrite,
+    ]

@@ -1,0 +1,80 @@
+"""`GET /api/conversations` and `GET /api/conversations/{id}`: conversations and their turns from the database,
+scoped to what the caller may see.
+
+The list takes `since` and `until` (as `/api/stats`; default the last 24 hours), `tenant` and `limit` (1-1000,
+default 100) and answers `data`, one conversation per object (`db.queries.results_conversations.ConversationSummary`),
+worst first (most tokens lost). The detail answers `conversation` (the summary over every turn) and `turns` in time
+order, each with its token ledger (`ConversationTurn`); an admin may name the `tenant` when two tenants' ids collide.
+Admin keys see every tenant; a tenant key sees only its own: naming another tenant is a 403, and another tenant's
+conversation is a 404, as one that does not exist. Counts the upstream did not report are null, never 0.
+These endpoints await the database; they are not on the request path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import msgspec
+from litestar import Request, Response, get
+
+from gateway.api_params import readable_tenant, short_text, time_range
+from gateway.auth import KeyStore
+from gateway.errors import BadRequest, NotFound, ServiceUnavailable
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+ID_MAX_CHARS = 64  # `requests.conversation_id`
+
+
+class ConversationSource(Protocol):
+    async def conversations(self, since: Any, until: Any, tenant: str | None, limit: int) -> list[Any]: ...
+
+    async def conversation(self, conversation_id: str, tenant: str | None) -> Any | None: ...
+
+
+def make_conversation_handlers(keys: KeyStore, source: ConversationSource) -> list[Any]:
+    """The two route handlers, reading through `source` (`gateway.storage.DatabaseStorage` in production)."""
+
+    @get("/api/conversations")
+    async def list_conversations(request: Request[Any, Any, Any]) -> Response[bytes]:
+        principal = await keys.authenticate_now(request.headers.get("authorization"))
+        params = request.query_params
+        since, until = time_range(params)
+        tenant = readable_tenant(principal, params.get("tenant") or None, "conversations")
+        limit = _limit(params.get("limit"))
+        rows = await _read(source.conversations(since, until, tenant, limit))
+        body = {"since": since, "until": until, "tenant": tenant, "limit": limit, "data": rows}
+        return Response(content=msgspec.json.encode(msgspec.to_builtins(body)), media_type="application/json")
+
+    @get("/api/conversations/{conversation_id:str}")
+    async def one_conversation(request: Request[Any, Any, Any]) -> Response[bytes]:
+        principal = await keys.authenticate_now(request.headers.get("authorization"))
+        conversation_id: str = request.path_params["conversation_id"]
+        short_text(conversation_id, "conversation_id", ID_MAX_CHARS)
+        tenant = readable_tenant(principal, request.query_params.get("tenant") or None, "conversations")
+        found = await _read(source.conversation(conversation_id, tenant))
+        if found is None:
+            raise NotFound(f"No conversation {conversation_id!r}.", param="conversation_id")
+        body = {"conversation": found.summary, "turns": found.turns}
+        return Response(content=msgspec.json.encode(msgspec.to_builtins(body)), media_type="application/json")
+
+    return [list_conversations, one_conversation]
+
+
+def _limit(text: str | None) -> int:
+    if text is None:
+        return DEFAULT_LIMIT
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LIMIT:
+        raise BadRequest(f"limit must be a whole number from 1 to {MAX_LIMIT}.", param="limit")
+    return value
+
+
+async def _read(query: Any) -> Any:
+    try:
+        return await query
+    except Exception as exc:
+        raise ServiceUnavailable(f"The database could not be queried: {type(exc).__name__}.") from None

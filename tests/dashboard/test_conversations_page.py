@@ -1,0 +1,109 @@
+"""The Conversations page, the Requests page's ledger and conversation link, and the eligible hit rate beside the
+token hit rate, over a database of conversations (`tests/conversation_samples.py`)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pandas as pd
+import pytest
+from dashboard_testkit import create_database
+
+from db.ledger import TokenLedger
+from db.timeutil import utc_now
+from tests.conversation_samples import conversation_records
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return conversation_records(utc_now() - timedelta(hours=2))
+
+
+@pytest.fixture(scope="module")
+def conversations_url(tmp_path_factory, sample):
+    return create_database(tmp_path_factory.mktemp("conversations") / "prefixscope.db", sample)
+
+
+def metrics(app) -> dict[str, str]:
+    return {metric.label: metric.value for metric in app.metric}
+
+
+def bars(app) -> dict[str, list]:
+    """The waterfall's stacked bars: trace name -> tokens per turn."""
+    specs = [json.loads(chart.proto.spec) for chart in app.get("plotly_chart")]
+    waterfall = next(spec for spec in specs if "per turn" in json.dumps(spec["layout"]["title"]))
+    return {trace["name"]: trace for trace in waterfall["data"]}
+
+
+def expected_totals(records) -> dict[str, str]:
+    """The page's first metrics, computed from the rows written (turns of a conversation only)."""
+    turns = [r for r in records if r.conversation_id is not None]
+    ledgers = [TokenLedger.of(r) for r in turns]
+    known = [r for r in turns if r.cached_tokens is not None]
+    cached = sum(r.cached_tokens for r in known)
+    eligible = sum(r.prompt_tokens - r.new_tokens for r in known)
+    return {
+        "Conversations": str(len({(r.tenant, r.conversation_id) for r in turns})),
+        "Turns": str(len(turns)),
+        "Token hit rate": f"{cached / sum(r.prompt_tokens for r in known):.1%}",
+        "Eligible hit rate": f"{cached / eligible:.1%}",
+        "Tokens lost": f"{sum(ledger.lost_tokens for ledger in ledgers if ledger.cached_tokens is not None):,}",
+    }
+
+
+def test_conversations_worst_first_and_the_worst_ones_waterfall(run_page, conversations_url, sample):
+    app = run_page("conversations", conversations_url)
+    shown = metrics(app)
+    assert {label: shown[label] for label in expected_totals(sample)} == expected_totals(sample)
+    table = app.dataframe[0].value
+    assert list(table["conversation"]) == ["conv-a", "conv-b", "conv-c"]
+    assert list(table["tokens lost"]) == ["912", "4", "-"]  # unknown is `-`, never 0
+    assert list(table["eligible hit rate"]) == ["24.0%", "96.0%", "-"]
+    # The worst conversation is shown: one bar per turn, the parts of each adding up to its prompt tokens.
+    turns = [r for r in sample if r.conversation_id == "conv-a"]
+    traces = bars(app)
+    stacked = [name for name, trace in traces.items() if trace["type"] == "bar"]
+    for position, record in enumerate(turns):
+        assert sum(traces[name]["y"][position] for name in stacked) == record.prompt_tokens
+    assert traces["cached (host)"]["y"] == [0, 0, 32, 0]
+    assert traces["lost: answer_rewritten"]["y"] == [0, 0, 296, 0]
+    assert traces["lost: evicted"]["y"] == [0, 0, 0, 584]
+    assert traces["answer rewritten"]["x"] == ["turn 3"]
+    assert traces["replica changed"]["x"] == ["turn 3"]
+    assert traces["idle past TTL"]["x"] == ["turn 3", "turn 4"]
+    assert traces["divergence"]["x"] == ["turn 3", "turn 4"]
+    assert metrics(app)["Conversation tokens lost"] == "912"
+
+
+def test_a_linked_conversation_of_an_upstream_that_reports_nothing(run_page, conversations_url):
+    app = run_page("conversations", conversations_url)
+    app.query_params["conversation"] = "conv-c"
+    app.query_params["tenant"] = "beta"
+    app.run()
+    assert not app.exception
+    assert app.subheader[0].value == "Conversation conv-c"
+    shown = metrics(app)
+    assert shown["Conversation eligible hit rate"] == "-" and shown["Conversation tokens lost"] == "-"
+    assert list(bars(app)) == ["unknown"]
+
+
+def test_requests_detail_shows_the_ledger_and_links_its_conversation(run_page, conversations_url, sample):
+    third = [r for r in sample if r.conversation_id == "conv-a"][2]
+    app = run_page("requests", conversations_url)
+    app.text_input(key="requests_detail_id").input(third.request_id).run()
+    text = "\n".join(item.value for item in app.markdown)
+    assert ("**Token ledger:** cached 96 (device 64 · host 32 · disk 0) + new 200 + lost 304 (answer_rewritten 296, "
+            "page_alignment 8) + unknown 0 = 600 prompt tokens; eligible hit rate 24.0%") in text
+    assert "[conv-a](conversations?conversation=conv-a&tenant=acme) · turn 3" in text
+    assert "previous answer rewritten: whitespace at messages[2] +25" in text
+
+
+def test_overview_and_tenants_show_the_eligible_hit_rate(run_page, conversations_url, seeded_url):
+    shown = metrics(run_page("overview", conversations_url))
+    # Over every request with a ledger: conv-a and conv-b (conv-c's upstream reports no cached tokens).
+    assert shown["Eligible hit rate"] == f"{(288 + 96) / (1200 + 100):.1%}"
+    assert metrics(run_page("overview", seeded_url))["Eligible hit rate"] == "-"  # rows without a ledger
+    tenants = run_page("prefixes", conversations_url).dataframe[-1].value.set_index("tenant")
+    assert tenants.loc["acme", "eligible hit rate"] == pytest.approx((288 + 96) / 1300)
+    assert pd.isna(tenants.loc["beta", "eligible hit rate"])  # no request of beta has a ledger

@@ -1,0 +1,90 @@
+"""`GET /api/conversations` and `/api/conversations/{id}` over a real database: who sees what, the figures, and the
+parameters refused."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+import pytest
+from gateway_testkit import db_storage, gateway_config, running_gateway
+
+from db.engine import create_sync_engine_for
+from db.keys import create_api_key
+from db.migrate import upgrade
+from db.store import store_records
+from db.timeutil import utc_now
+from tests.conversation_samples import EXPECTED, comparable, conversation_records, figures
+
+
+@pytest.fixture
+def conversations_gateway(stub_url, tmp_path):
+    url = f"sqlite:///{tmp_path}/conversations.db"
+    upgrade(url)
+    engine = create_sync_engine_for(url)
+    with engine.begin() as conn:
+        store_records(conn, conversation_records(utc_now() - timedelta(hours=1)))
+    keys = {
+        "admin": create_api_key(engine, "ops", is_admin=True).plaintext_key,
+        "acme": create_api_key(engine, "acme").plaintext_key,
+        "beta": create_api_key(engine, "beta").plaintext_key,
+    }
+    engine.dispose()
+    with running_gateway(gateway_config(stub_url, auth="keys"), db_storage(url, tmp_path)) as gw:
+        yield gw, keys
+
+
+def get(gw, key, path="", **params):
+    return httpx.get(f"{gw.url}/api/conversations{path}", params=params, headers={"authorization": f"Bearer {key}"})
+
+
+def test_admin_sees_every_tenant_worst_first(conversations_gateway):
+    gw, keys = conversations_gateway
+    body = get(gw, keys["admin"]).json()
+    assert (body["tenant"], body["limit"]) == (None, 100)
+    assert [row["conversation_id"] for row in body["data"]] == ["conv-a", "conv-b", "conv-c"]
+    for row in body["data"]:
+        assert figures(row) == comparable(EXPECTED[row["conversation_id"]])
+    unknown = body["data"][2]
+    assert unknown["cached_tokens"] is None and unknown["eligible_hit_rate"] is None  # null, never 0
+    assert [row["conversation_id"] for row in get(gw, keys["admin"], tenant="beta").json()["data"]] == ["conv-c"]
+    assert len(get(gw, keys["admin"], limit="1").json()["data"]) == 1
+
+
+def test_tenant_key_sees_only_its_own(conversations_gateway):
+    gw, keys = conversations_gateway
+    body = get(gw, keys["acme"]).json()
+    assert body["tenant"] == "acme"
+    assert [row["conversation_id"] for row in body["data"]] == ["conv-a", "conv-b"]
+    assert get(gw, keys["acme"], tenant="beta").status_code == 403
+    assert get(gw, keys["beta"], "/conv-c").status_code == 200
+    refused = get(gw, keys["beta"], "/conv-a")  # another tenant's conversation: as if it did not exist
+    assert refused.status_code == 404 and refused.json()["error"]["type"] == "not_found_error"
+    assert get(gw, keys["acme"], "/conv-c").status_code == 404
+    assert get(gw, keys["acme"], "/no-such-id").status_code == 404
+
+
+def test_one_conversation_turn_by_turn(conversations_gateway):
+    gw, keys = conversations_gateway
+    body = get(gw, keys["acme"], "/conv-a").json()
+    assert body["conversation"]["turns"] == 4 and body["conversation"]["lost_tokens"] == 912
+    turns = body["turns"]
+    assert [turn["turn_index"] for turn in turns] == [1, 2, 3, 4]
+    for turn in turns:
+        parts = turn["cached_tokens"] + turn["new_tokens"] + sum(turn["lost"].values()) + turn["unknown_tokens"]
+        assert parts == turn["prompt_tokens"] and turn["adds_up"] is True
+    assert turns[2]["answer_rewrite"] == "whitespace" and turns[2]["replica_changed"] is True
+    assert turns[2]["cached_by_tier"] == {"device": 64, "host": 32, "disk": 0}
+    assert [turn["idle_beyond_ttl"] for turn in turns] == [None, False, True, True]
+    unknown = get(gw, keys["admin"], "/conv-c").json()["turns"]
+    assert [(t["cached_tokens"], t["new_tokens"], t["unknown_tokens"]) for t in unknown] == [(None, None, 300)] * 2
+
+
+def test_parameters_are_refused_by_name(conversations_gateway):
+    gw, keys = conversations_gateway
+    for params, name in (({"since": "yesterday-ish"}, "since"), ({"limit": "0"}, "limit"),
+                         ({"limit": "many"}, "limit"), ({"limit": "1001"}, "limit")):
+        answer = get(gw, keys["admin"], **params)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == name
+    assert get(gw, keys["admin"], "/" + "x" * 65).status_code == 400
+    assert httpx.get(f"{gw.url}/api/conversations").status_code == 401
