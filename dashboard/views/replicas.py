@@ -41,19 +41,26 @@ for column, title in (("token hit rate", "Token hit rate per replica"),
 
 totals = (
     pd.DataFrame(
-        [{"replica": r.replica, "requests": r.requests, "prompt": r.prompt_tokens, "cached": r.cached_tokens}
+        [{"replica": r.replica, "requests": r.requests, "prompt": r.prompt_tokens, "cached": r.cached_tokens,
+          "eligible": r.eligible_tokens, "eligible cached": r.eligible_cached_tokens}
          for r in result.history]
     )
     .groupby("replica", as_index=False)
     .sum()
 )
 totals["token hit rate"] = totals["cached"] / totals["prompt"].where(totals["prompt"] > 0)
+# cached / (prompt - new) over the requests with a token ledger; empty for a replica without any.
+eligible = totals.pop("eligible")
+totals["eligible hit rate"] = totals.pop("eligible cached") / eligible.where(eligible > 0)
 totals["share of requests"] = totals["requests"] / totals["requests"].sum()
 st.dataframe(
     totals.rename(columns={"prompt": "prompt tokens", "cached": "cached tokens"}),
     hide_index=True,
     column_config={
         "token hit rate": st.column_config.NumberColumn(format="percent"),
+        "eligible hit rate": st.column_config.NumberColumn(
+            format="percent", help="cached / (prompt - new tokens); empty where no request has a token ledger"
+        ),
         "share of requests": st.column_config.NumberColumn(format="percent"),
     },
 )

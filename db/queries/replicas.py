@@ -41,11 +41,14 @@ def replica_history(
     conn: Reader, since: datetime, until: datetime | None = None, bucket: str = "1h", upstream: str | None = None
 ) -> list[ReplicaBucket]:
     """Per time bucket and replica: requests, prompt and cached tokens (token hit rate = cached / prompt over the
-    requests whose counts are known) and the replica's share of the bucket's requests; ordered by bucket, replica."""
+    requests whose counts are known), the eligible tokens (prompt - new) and their cached tokens over the requests
+    with a token ledger (eligible hit rate), and the replica's share of the bucket's requests; ordered by bucket,
+    replica."""
     size_s, offset_s = bucket_geometry(bucket)
     table = REQUESTS
     index = bucket_index(conn, table.c.created_at, size_s, offset_s).label("bucket_index")
     known = and_(table.c.prompt_tokens.is_not(None), table.c.cached_tokens.is_not(None))
+    in_ledger = and_(known, table.c.new_tokens.is_not(None))
     stmt = (
         select(
             index,
@@ -53,6 +56,8 @@ def replica_history(
             func.count().label("requests"),
             _sum(case((known, table.c.prompt_tokens), else_=0)).label("prompt_tokens"),
             _sum(case((known, table.c.cached_tokens), else_=0)).label("cached_tokens"),
+            _sum(case((in_ledger, table.c.prompt_tokens - table.c.new_tokens), else_=0)).label("eligible_tokens"),
+            _sum(case((in_ledger, table.c.cached_tokens), else_=0)).label("eligible_cached_tokens"),
         )
         .where(*_routed(since, until, upstream))
         .group_by(index, table.c.replica)
@@ -70,6 +75,8 @@ def replica_history(
             prompt_tokens=int(row.prompt_tokens),
             cached_tokens=int(row.cached_tokens),
             request_share=int(row.requests) / per_bucket[int(row.bucket_index)],
+            eligible_tokens=int(row.eligible_tokens),
+            eligible_cached_tokens=int(row.eligible_cached_tokens),
         )
         for row in rows
     ]

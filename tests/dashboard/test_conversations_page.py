@@ -107,3 +107,11 @@ def test_overview_and_tenants_show_the_eligible_hit_rate(run_page, conversations
     tenants = run_page("prefixes", conversations_url).dataframe[-1].value.set_index("tenant")
     assert tenants.loc["acme", "eligible hit rate"] == pytest.approx((288 + 96) / 1300)
     assert pd.isna(tenants.loc["beta", "eligible hit rate"])  # no request of beta has a ledger
+
+
+def test_replicas_show_the_eligible_hit_rate(run_page, conversations_url):
+    totals = run_page("replicas", conversations_url).dataframe[0].value.set_index("replica")
+    # http://r1 served conv-a's turns 1 and 2, http://r2 turns 3 and 4: cached / (prompt - new) over each.
+    assert totals.loc["http://r1", "eligible hit rate"] == pytest.approx(192 / 200)
+    assert totals.loc["http://r2", "eligible hit rate"] == pytest.approx(96 / 1000)
+    assert totals.loc["http://r1", "token hit rate"] == pytest.approx(192 / 600)

@@ -9,6 +9,7 @@ import pytest
 
 from db.engine import create_sync_engine_for
 from db.queries.conversations import conversation, conversation_totals, conversations
+from db.queries.replicas import replica_history
 from db.queries.results_conversations import ConversationTotals
 from db.store import store_records
 from tests.conversation_samples import EXPECTED, comparable, conversation_records, figures
@@ -98,3 +99,11 @@ def test_totals_over_every_conversation(conn):
     assert totals.answer_rewrites == 1
     assert conversation_totals(conn, tenant="beta").lost_tokens is None
     assert conversation_totals(conn, tenant="nobody") == ConversationTotals()
+
+
+def test_replica_history_carries_the_eligible_hit_rate(conn):
+    rows = {row.replica: row for row in replica_history(conn, BASE_TIME, BASE_TIME + timedelta(hours=1), "1h")}
+    # http://r1 served conv-a's turns 1 and 2, http://r2 turns 3 and 4; the other turns went to no replica set.
+    assert (rows["http://r1"].eligible_tokens, rows["http://r1"].eligible_cached_tokens) == (200, 192)
+    assert (rows["http://r2"].eligible_tokens, rows["http://r2"].eligible_cached_tokens) == (1000, 96)
+    assert rows["http://r2"].eligible_hit_rate == pytest.approx(96 / 1000)
