@@ -148,7 +148,7 @@ class FakeKey:
 
 
 class FakeStorage:
-    """In-memory keys and records; `stats` returns what the test put in `stats_rows`."""
+    """In-memory keys and records; `stats` returns what the test put in `stats_rows`; no conversations."""
 
     def __init__(self) -> None:
         self.sink = FakeSink()
@@ -187,6 +187,12 @@ class FakeStorage:
             {"since": since, "until": until, "bucket": bucket, "group_by": group_by, "tenant": tenant}
         )
         return [row for row in self.stats_rows if tenant is None or row.get("tenant") == tenant]
+
+    async def conversations(self, since: Any, until: Any, tenant: str | None, limit: int) -> list[Any]:
+        return []
+
+    async def conversation(self, conversation_id: str, tenant: str | None) -> Any | None:
+        return None
 
 
 # --- a TCP proxy whose plug can be pulled (database outages) -----------------------------------------------------

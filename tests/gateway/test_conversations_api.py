@@ -88,3 +88,9 @@ def test_parameters_are_refused_by_name(conversations_gateway):
         assert answer.status_code == 400 and answer.json()["error"]["param"] == name
     assert get(gw, keys["admin"], "/" + "x" * 65).status_code == 400
     assert httpx.get(f"{gw.url}/api/conversations").status_code == 401
+
+
+def test_open_gateway_without_conversations(stub_url):
+    with running_gateway(gateway_config(stub_url)) as gw:  # open mode: every caller reads as an admin
+        assert httpx.get(f"{gw.url}/api/conversations").json()["data"] == []
+        assert httpx.get(f"{gw.url}/api/conversations/conv-a").status_code == 404
