@@ -140,7 +140,8 @@ def test_a_streamed_strict_tool_call_matches_its_schema(client):
 
 
 def test_a_strict_schema_that_does_not_compile_is_a_400_naming_the_tool(client):
-    broken = {"type": "function", "function": {"name": "broken", "strict": True, "parameters": {
+    # Named to sort last: the gateway's tool_order rule forwards the tools sorted by name, and the index is theirs.
+    broken = {"type": "function", "function": {"name": "zz_broken", "strict": True, "parameters": {
         "type": "object", "properties": {"a": {"type": "no-such-type"}}}}}
     with pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
