@@ -26,6 +26,7 @@ from local_engine.api.fields import (
     stop_strings,
 )
 from local_engine.engine.sampling import SamplingParams
+from local_engine.engine.tool_call_grammar import strict_tool_schemas, tool_call_grammar
 from local_engine.prompt.tool_calls import format_for
 
 CHAT = "chat.completions"
@@ -117,6 +118,7 @@ class _ToolSetup:
     stops: tuple[str, ...] = ()  # a forced call ends at its close tag (one call per forced answer),
     closing_json: str = ""  # or where its JSON body closes, as small models often write on past it
     names: tuple[str, ...] = ()  # the names it may take, when the prompt leaves its name to the model
+    grammar: str | None = None  # with strict tools: the calls' grammar (`local_engine.engine.tool_call_grammar`)
 
 
 def _tool_setup(body: dict, endpoint: str, loaded: LoadedModel) -> _ToolSetup:
@@ -124,17 +126,33 @@ def _tool_setup(body: dict, endpoint: str, loaded: LoadedModel) -> _ToolSetup:
         return _ToolSetup()
     tools = check_tools(body.get("tools"))
     choice = parse_tool_choice(body.get("tool_choice"), tools)
+    strict = strict_tool_schemas(tools)
+    fmt = format_for(loaded.tokenizer)
+    all_names = tuple(tool["function"]["name"] for tool in tools or ())
     if choice.mode != "required":
-        return _ToolSetup(choice)
+        grammar = tool_call_grammar(fmt, all_names, strict, "") if choice.mode == "auto" and strict else None
+        return _ToolSetup(choice, grammar=grammar)
     names: tuple[str, ...] = ()
     if choice.function is None and len(tools) == 1:
         choice = ToolChoice("required", tools[0]["function"]["name"])  # "required" with one tool names it
     elif choice.function is None:
-        names = tuple(tool["function"]["name"] for tool in tools)
+        names = all_names
+    if strict.keys() & set(names or (choice.function,)):
+        # The grammar writes the arguments (their keys too): the opening stops before them.
+        opening = fmt.open_tag + fmt.body_head(choice.function) if choice.function else fmt.opening(None)
+        grammar = tool_call_grammar(fmt, names or (choice.function,), strict, opening)
+        return _ToolSetup(choice, opening, (fmt.close_tag,), fmt.opened_json(opening), grammar=grammar)
     argument = first_argument(tools, choice.function)
-    fmt = format_for(loaded.tokenizer)
     opening = fmt.opening(choice.function, argument, takes_a_string(tools, choice.function, argument))
     return _ToolSetup(choice, opening, (fmt.close_tag,), fmt.opened_json(opening), names)
+
+
+def _grammar(tools: _ToolSetup, response_format: str | None) -> str | None:
+    """The grammar the output follows: a forced call's (none when no strict tool is involved: `response_format`
+    shapes text, not calls); with `auto`, the strict tools' unless `response_format` sets one."""
+    if tools.choice.mode == "required":
+        return tools.grammar
+    return response_format if response_format is not None else tools.grammar
 
 
 def parse_prompt(
@@ -208,7 +226,7 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         ignore_eos=optional_bool(body, "ignore_eos", False),
         closing_json=tools.closing_json,
         tool_names=tools.names,
-        **fields.sampling,
+        **{**fields.sampling, "grammar": _grammar(tools, fields.sampling["grammar"])},
     )
     return ParsedRequest(
         endpoint=endpoint,

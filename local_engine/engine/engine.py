@@ -292,11 +292,11 @@ class Engine:
         sequence.token_ids.append(token_id)
         sequence.cumulative_logprob += sampled.logprob
         params = sequence.request.sampling
+        logprobs = (sampled.entry,) if sampled.entry is not None else ()  # EOS's too, as vLLM reports it
         if token_id in self.loaded.eos_token_ids and not params.ignore_eos:
-            self._emit_text(sequence, sequence.detokenizer.flush())
+            self._emit_text(sequence, sequence.detokenizer.flush(), logprobs)
             self._finish(sequence, "stop")
             return
-        logprobs = (sampled.entry,) if sampled.entry is not None else ()
         text = sequence.detokenizer.feed(token_id)
         if sequence.detokenizer.stopped:
             self._emit_text(sequence, text, logprobs)

@@ -105,8 +105,8 @@ class Scheduler:
     def start_forks(self, parent: Sequence) -> list[Sequence]:
         """At `parent`'s first token: the sequences it holds (`n`, `best_of`) start running from its computed
         prompt, sharing its KV (`SequenceKV.fork`), and are returned to draw their first tokens from the same logits.
-        One the pool cannot take now waits at the queue's head and is recomputed from the cache, as after a
-        preemption. Forked sequences run even past `max_num_seqs`: they were admitted with their parent."""
+        One that would take the running requests past `max_num_seqs`, or that the pool cannot take now, waits at the
+        queue's head and is recomputed from the cache, as after a preemption."""
         if not parent.forks or parent.num_generated:
             return []
         held, parent.forks = parent.forks, []
@@ -114,7 +114,7 @@ class Scheduler:
         for child in held:
             child.mark_admitted()
             child.matched_tokens, child.admitted_s, child.needs_store = parent.matched_tokens, parent.admitted_s, False
-            if self.kv.fork(parent, child):
+            if len(self.running) < self.config.max_num_seqs and self.kv.fork(parent, child):
                 self.running.append(child)
                 started.append(child)
             else:

@@ -1,5 +1,6 @@
-"""Structured outputs: `response_format` (`json_object`, `json_schema`) and strict function tools, enforced by
-constrained decoding with llguidance (the grammar engine vLLM and SGLang use; https://github.com/guidance-ai/llguidance).
+"""Structured outputs: `response_format` (`json_object`, `json_schema`) and strict function tools
+(`local_engine.engine.tool_call_grammar`), enforced by constrained decoding with llguidance (the grammar engine vLLM
+and SGLang use; https://github.com/guidance-ai/llguidance).
 
 A request's format becomes an llguidance grammar when it is parsed (a schema it cannot compile is a 400 naming
 `response_format`). The engine builds one `LLMatcher` per request from the shared `LLTokenizer`; in each step the
@@ -26,7 +27,8 @@ _JSON_OPTIONS = {"whitespace_flexible": False}
 _PARALLEL_FROM_ROWS = 4
 
 
-def _compile(schema: dict, strict: bool, param: str) -> str:
+def compile_json_schema(schema: dict, strict: bool, param: str) -> str:
+    """The llguidance grammar of a JSON schema. Raises InvalidRequest naming `param` when it cannot be compiled."""
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
             schema, defaults={**_JSON_OPTIONS, "lenient": not strict}
@@ -52,7 +54,7 @@ def response_format_grammar(value: object) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return _compile({"type": "object"}, strict=False, param="response_format")
+        return compile_json_schema({"type": "object"}, strict=False, param="response_format")
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
@@ -62,7 +64,7 @@ def response_format_grammar(value: object) -> str | None:
         if strict is not None and not isinstance(strict, bool):
             raise InvalidRequest("response_format.json_schema.strict must be a boolean", param="response_format")
         # OpenAI allows the schema to be left out (any JSON); an empty schema compiles to any JSON value.
-        return _compile(spec.get("schema") or {}, strict=bool(strict), param="response_format")
+        return compile_json_schema(spec.get("schema") or {}, strict=bool(strict), param="response_format")
     raise InvalidRequest(
         f"response_format.type must be one of text, json_object, json_schema; got {str(kind)[:100]!r}",
         param="response_format",

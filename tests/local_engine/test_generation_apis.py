@@ -121,3 +121,31 @@ async def test_prompt_logprobs_are_computed_whole_and_match_a_full_forward(make_
         assert entry.logprob == pytest.approx(reference[position - 1, PROMPT[position]].item(), abs=1e-4)
         assert [t for t, _ in entry.top] == reference[position - 1].topk(2).indices.tolist()
     engine.check_integrity()
+
+
+async def test_sequences_beyond_max_num_seqs_wait_for_room_and_draw_the_same(make_engine):
+    """`n` larger than `--max-num-seqs`: the forks that do not fit wait at the queue's head (their prompt then read
+    from the cache), so no step runs more than max_num_seqs sequences, and each draws what it would have drawn."""
+    narrow = make_engine(kv_cache_tokens=2048, max_num_seqs=2)
+    batch_sizes = []
+    run = narrow.runner.run
+    narrow.runner.run = lambda chunks: batch_sizes.append(len(chunks)) or run(chunks)
+    params = SamplingParams(max_tokens=5, temperature=1.0, seed=4, ignore_eos=True, logprobs=0, n=5, best_of=5)
+    _, queued = await collect(narrow, GenerationRequest(PROMPT, params))
+    assert max(batch_sizes) == 2
+    _, wide = await collect(make_engine(kv_cache_tokens=2048), GenerationRequest(PROMPT, params))
+    assert [tokens(c) for c in queued.choices] == [tokens(c) for c in wide.choices]
+    assert [c.finished.completion_tokens for c in queued.choices] == [5] * 5
+    narrow.check_integrity()
+
+
+async def test_a_choice_ended_by_eos_carries_the_eos_logprob(make_engine):
+    """As vLLM reports it: the EOS token that ends a choice has its entry, the last one."""
+    engine = make_engine(kv_cache_tokens=2048)
+    eos = min(engine.loaded.eos_token_ids)
+    params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=2, min_tokens=3, logit_bias=((eos, 100.0),))
+    _, collector = await collect(engine, GenerationRequest(PROMPT, params))
+    (choice,) = collector.choices
+    assert choice.finished.finish_reason == "stop" and choice.finished.completion_tokens == 4
+    assert len(choice.logprobs) == 4 and choice.logprobs[-1].token_id == eos
+    assert choice.finished.cumulative_logprob == pytest.approx(sum(e.logprob for e in choice.logprobs), abs=1e-3)

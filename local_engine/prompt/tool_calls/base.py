@@ -58,6 +58,12 @@ class ToolCallFormat:
         """One call from the text between the tags, or None when it is not a call."""
         raise NotImplementedError
 
+    def body_head(self, function: str) -> str:
+        """A call's body up to its arguments (after `open_tag`); the arguments' JSON object follows it."""
+        raise NotImplementedError
+
+    body_tail: str = ""  # what closes a call's body after its arguments, before `close_tag`
+
     def opening(self, function: str | None, first_argument: str | None = None, opens_string: bool = False) -> str:
         """Text that starts the assistant turn to force a call (of `function`, when named, and then its
         `first_argument`, when the function's schema names one, with the quote of its value when `opens_string`)."""

@@ -42,10 +42,15 @@ class HermesFormat(ToolCallFormat):
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
 
+    body_tail = "}"
+
+    def body_head(self, function: str) -> str:
+        return '{"name": ' + json.dumps(function) + ', "arguments": '
+
     def opening(self, function: str | None, first_argument: str | None = None, opens_string: bool = False) -> str:
         if function is None:
             return '<tool_call>{"name": "'
-        opening = '<tool_call>{"name": ' + json.dumps(function) + ', "arguments": {'
+        opening = self.open_tag + self.body_head(function) + "{"
         if not first_argument:
             return opening
         return opening + json.dumps(first_argument) + (': "' if opens_string else ": ")
