@@ -175,20 +175,25 @@ class AdviceSampler:
 
     async def _drain(self) -> None:
         """One worker: the queued samples one at a time, resting between them as the capacity's pace says."""
-        while self._queue:
-            rest = self.capacity.rest_s()
-            if rest > 0 and not self._stopping:
+        try:
+            while self._queue:
+                rest = self.capacity.rest_s()
+                if rest > 0 and not self._stopping:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), rest)
+                    except TimeoutError:
+                        pass
+                    continue  # the queue may have been emptied by another worker meanwhile
+                sample = self._queue.popleft()
+                self._running += 1
                 try:
-                    await asyncio.wait_for(self._wake.wait(), rest)
-                except TimeoutError:
-                    pass
-                continue  # the queue may have been emptied by another worker meanwhile
-            sample = self._queue.popleft()
-            self._running += 1
-            try:
-                await self._run(sample)
-            finally:
-                self._running -= 1
+                    await self._run(sample)
+                finally:
+                    self._running -= 1
+        finally:
+            # Leave the set in the same step as the queue was found empty (a done callback would run later, and a
+            # sample queued meanwhile would find no worker to start).
+            self._workers.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     async def _run(self, sample: _Sample) -> None:
         job, record = sample.job, sample.record
