@@ -20,7 +20,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-DEFAULT_CPU_BUDGET = 0.25  # share of one core
+# A share of one core: the core that also serves every request (one event loop), so whatever the advisor takes under
+# full load comes off the gateway's throughput.
+DEFAULT_CPU_BUDGET = 0.1
 DEFAULT_WINDOW_S = 10.0
 DEFAULT_MAX_PENDING = 8  # estimates queued or running
 
