@@ -62,7 +62,8 @@ class RequestSpan:
                 span.update_name(f"{genai.operation_name(record.endpoint)} {record.model}")
             if record.status_code >= 500:  # as HTTP server spans do: a 4xx is the client's error, not the server's
                 span.set_status(Status(StatusCode.ERROR, record.error_type or str(record.status_code)))
-            provider, response = self._spans.provider_for(record.upstream), self.response
+            provider, response = self._spans.provider_for(record.upstream), ResponseFacts()
+            self.response.copy_to(response)  # as it stands now: the export thread reads it later
             self._spans.tracing.defer_attributes(
                 span.get_span_context().span_id, lambda: genai.record_attributes(record, provider, response)
             )
