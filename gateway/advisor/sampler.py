@@ -8,7 +8,8 @@ handful of requests and a busy gateway stays bounded. Taking a sample on the req
 costs only a check and a queue entry: its record is held (the writer journals it: see `db.held_record`) and the
 sample waits in a bounded queue, which `concurrency` background workers (one by default) drain one estimate
 (`gateway.advisor.estimate`) at a time; the record is then submitted with the estimates attached, so the client
-never waits. A request that finds no room is not sampled (counted in `skipped`).
+never waits. One tenant may hold at most three quarters of the queue, so a busy tenant leaves room for the others.
+A request that finds no room is not sampled (counted in `skipped`).
 
 Each estimate is charged its whole CPU time: its steps on the event loop (`gateway.advisor.metered`: the dry runs'
 payloads, JSON and HTTP work) and its worker-thread parts. A worker paces itself by the budget, resting after each
@@ -53,6 +54,7 @@ Submit = Callable[[RequestRecord], None]
 class _Sample:
     """A sampled request waiting for its estimate: the job, the held record and where to submit it."""
 
+    tenant: str
     job: AdviceJob
     record: RequestRecord
     submit: Submit
@@ -89,6 +91,8 @@ class AdviceSampler:
         self._candidate_sets: dict[TenantSettings, tuple[Candidate, ...]] = {}
         self._queue: deque[_Sample] = deque()
         self._running = 0  # estimates started and not yet finished
+        self._tenant_limit = max(1, max_pending * 3 // 4)  # samples one tenant may have queued or running
+        self._pending_by_tenant: dict[str, int] = {}
         self._workers: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()  # set by `stop`: a resting worker goes on at once
         self._stopping = False
@@ -128,7 +132,8 @@ class AdviceSampler:
         if not candidates:
             history.add(entry)
             return False
-        if self._stopping or not self.capacity.has_room(self.pending):
+        tenant_pending = self._pending_by_tenant.get(context.tenant, 0)
+        if self._stopping or tenant_pending >= self._tenant_limit or not self.capacity.has_room(self.pending):
             self.skipped += 1
             history.add(entry)
             return False
@@ -148,7 +153,8 @@ class AdviceSampler:
             settings=self._fingerprint(settings),
             scan_limit=self._scan_limit,
         )
-        self._queue.append(_Sample(job, record, submit))
+        self._queue.append(_Sample(context.tenant, job, record, submit))
+        self._pending_by_tenant[context.tenant] = tenant_pending + 1
         if len(self._workers) < self._concurrency:
             worker = asyncio.get_running_loop().create_task(self._drain())
             self._workers.add(worker)
@@ -190,6 +196,7 @@ class AdviceSampler:
                     await self._run(sample)
                 finally:
                     self._running -= 1
+                    self._done(sample)
         finally:
             # Leave the set in the same step as the queue was found empty (a done callback would run later, and a
             # sample queued meanwhile would find no worker to start).
@@ -239,7 +246,13 @@ class AdviceSampler:
                 await asyncio.gather(*still_running, return_exceptions=True)
         while self._queue:
             sample = self._queue.popleft()
+            self._done(sample)
             sample.submit(sample.record)
+
+    def _done(self, sample: _Sample) -> None:
+        left = self._pending_by_tenant.pop(sample.tenant) - 1
+        if left:
+            self._pending_by_tenant[sample.tenant] = left
 
 
 def _signed(job: AdviceJob, key: bytes, prompt_tokens: int | None) -> tuple[PromptSignature, float]:

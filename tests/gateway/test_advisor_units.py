@@ -368,31 +368,33 @@ async def until_idle(sampler: AdviceSampler) -> None:
         await asyncio.sleep(0.001)
 
 
-def test_a_busy_tenant_gets_no_more_samples_than_the_queue_holds() -> None:
-    """A burst of requests in one turn of the event loop: only `max_pending` are sampled, the rest are skipped (their
-    records submitted by the caller at once); the sampled ones get their advice afterwards, one worker at a time."""
+def test_a_busy_tenant_gets_no_more_samples_than_its_share_of_the_queue() -> None:
+    """A burst of requests in one turn of the event loop: the busy tenant gets at most 3/4 of `max_pending` samples,
+    the rest are skipped (their records submitted by the caller at once), and a quiet tenant's request in the middle
+    of the burst still finds room; the sampled ones get their advice afterwards, one worker at a time."""
 
-    async def scenario() -> tuple[list[bool], list[RequestRecord], AdviceSampler, int]:
+    async def scenario() -> tuple[list[bool], bool, list[RequestRecord], AdviceSampler, int]:
         submitted: list[RequestRecord] = []
-        sampler = AdviceSampler(lambda: toy_engine([]), max_pending=3)
+        sampler = AdviceSampler(lambda: toy_engine([]), max_pending=8)
         settings = TenantSettings()
-        taken = [
-            sampler.observe(
-                _context("busy", settings, body(f"2025-06-01T10:00:{i:02d}Z", "Hi")),
-                _record(request_id=str(i)),
-                submitted.append,
-            )
-            for i in range(20)
-        ]
+
+        def request(tenant: str, i: int) -> bool:
+            raw = body(f"2025-06-01T10:00:{i:02d}Z", "Hi")
+            return sampler.observe(_context(tenant, settings, raw), _record(request_id=f"{tenant}{i}"), submitted.append)
+
+        busy = [request("busy", i) for i in range(10)]
+        quiet = request("quiet", 0)
+        busy += [request("busy", i) for i in range(10, 20)]
         pending = sampler.pending
         await until_idle(sampler)
         await sampler.stop()
-        return taken, submitted, sampler, pending
+        return busy, quiet, submitted, sampler, pending
 
-    taken, submitted, sampler, pending = asyncio.run(scenario())
-    assert taken == [True] * 3 + [False] * 17 and pending == 3
-    assert sampler.sampled == 3 and sampler.skipped == 17
-    assert sorted(r.request_id for r in submitted) == ["0", "1", "2"] and all(r.advice for r in submitted)
+    busy, quiet, submitted, sampler, pending = asyncio.run(scenario())
+    assert busy == [True] * 6 + [False] * 14 and quiet and pending == 7
+    assert sampler.sampled == 7 and sampler.skipped == 14
+    assert sorted(r.request_id for r in submitted) == [f"busy{i}" for i in range(6)] + ["quiet0"]
+    assert all(r.advice for r in submitted)
     assert len(sampler.histories.for_tenant("busy")) == 20  # every answered request is remembered
 
 
