@@ -62,6 +62,25 @@ class _RecorderCollector(Collector):
         yield held
 
 
+class _RecordCounters:
+    """The counter children one kind of record counts in (same endpoint, upstream, status, error, rules and miss
+    reason), looked up once per kind rather than label by label per request."""
+
+    __slots__ = ("requests", "error", "prompt_tokens", "cached_tokens", "cache_hits", "rules", "miss_reason",
+                 "recomputed_tokens")
+
+    def __init__(self, metrics: GatewayMetrics, record: RequestRecord) -> None:
+        upstream, reason = record.upstream, record.miss_reason
+        self.requests = metrics.requests.labels(record.endpoint, upstream, str(record.status_code))
+        self.error = None if record.error_type is None else metrics.error_counter(record.error_type)
+        self.prompt_tokens = metrics.prompt_tokens.labels(upstream)
+        self.cached_tokens = metrics.cached_tokens.labels(upstream)
+        self.cache_hits = metrics.cache_hits.labels(upstream)
+        self.rules = tuple(metrics.rules.labels(rule) for rule in record.applied_rules)
+        self.miss_reason = None if reason is None else metrics.miss_reasons.labels(reason)
+        self.recomputed_tokens = None if reason is None else metrics.recomputed_tokens.labels(reason)
+
+
 class GatewayMetrics:
     """Per-request counters, updated once per finished request."""
 
@@ -127,40 +146,46 @@ class GatewayMetrics:
         )
         self.replicas = ReplicaMetrics(self.registry)
         self.tenants = TenantMetrics(self.registry)
-        # labels() is comparatively slow; children are cached per label tuple.
-        self._children: dict[tuple[Any, ...], Any] = {}
+        # labels() is comparatively slow; children are cached per label set (a few kinds of record in practice).
+        self._errors: dict[str, Any] = {}
+        self._record_counters: dict[tuple[Any, ...], _RecordCounters] = {}
 
     def watch_recorder(self, counters: Callable[[], Any]) -> None:
         self.registry.register(_RecorderCollector(counters))
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
+    def error_counter(self, error_type: str) -> Any:
+        """The `prefixscope_gateway_errors` child for `error_type` (cached)."""
+        child = self._errors.get(error_type)
         if child is None:
-            child = self._children[key] = metric.labels(*labels)
+            child = self._errors[error_type] = self.errors.labels(error_type)
         return child
 
     def count_error(self, error_type: str) -> None:
         """An error on an endpoint without request records (`/v1/models`, `/api/stats`, unknown paths)."""
-        self._child(self.errors, error_type).inc()
+        self.error_counter(error_type).inc()
 
     def observe(self, record: RequestRecord) -> None:
-        self._child(self.requests, record.endpoint, record.upstream, str(record.status_code)).inc()
-        if record.error_type is not None:
-            self._child(self.errors, record.error_type).inc()
+        key = (record.endpoint, record.upstream, record.status_code, record.error_type, record.applied_rules,
+               record.miss_reason)
+        counters = self._record_counters.get(key)
+        if counters is None:
+            counters = self._record_counters[key] = _RecordCounters(self, record)
+        counters.requests.inc()
+        if counters.error is not None:
+            counters.error.inc()
         if record.prompt_tokens:
-            self._child(self.prompt_tokens, record.upstream).inc(record.prompt_tokens)
+            counters.prompt_tokens.inc(record.prompt_tokens)
         if record.cached_tokens:
-            self._child(self.cached_tokens, record.upstream).inc(record.cached_tokens)
+            counters.cached_tokens.inc(record.cached_tokens)
         if record.cache_hit:  # more than the template's fixed opening came from cache
-            self._child(self.cache_hits, record.upstream).inc()
-        for rule in record.applied_rules:
-            self._child(self.rules, rule).inc()
-        if record.miss_reason is not None:
-            self._child(self.miss_reasons, record.miss_reason).inc()
+            counters.cache_hits.inc()
+        for rule in counters.rules:
+            rule.inc()
+        if counters.miss_reason is not None:
+            counters.miss_reason.inc()
             recomputed = uncached_prompt_tokens(record)
             if recomputed:
-                self._child(self.recomputed_tokens, record.miss_reason).inc(recomputed)
+                counters.recomputed_tokens.inc(recomputed)
         if record.normalization_gain_tokens:
             self.normalization_gain_tokens.inc(record.normalization_gain_tokens)
         if record.replica is not None:

@@ -36,6 +36,7 @@ class RecordHasher:
             raise ValueError("the server secret must not be empty")
         self._secret = server_secret.encode("utf-8")
         self._keys: dict[str, bytes] = {}
+        self._chain_hashes: dict[str, hashlib.blake2b] = {}  # per tenant: BLAKE2b-64 keyed with its record key
 
     def key_for(self, tenant: str) -> bytes:
         """The tenant's 32-byte record key."""
@@ -54,10 +55,14 @@ class RecordHasher:
         """`chain` with every hash keyed for `tenant` (None stays None)."""
         if chain is None or not chain.hash_ids:
             return chain
-        key = self.key_for(tenant)
-        blake2b = hashlib.blake2b
-        keyed = tuple(
-            int.from_bytes(blake2b(h.to_bytes(8, "little", signed=True), digest_size=8, key=key).digest(), "big") >> 1
-            for h in chain.hash_ids
-        )
-        return RequestChain(chain.block_size, chain.input_length, keyed, chain.approximate)
+        keyed_hash = self._chain_hashes.get(tenant)
+        if keyed_hash is None:
+            keyed_hash = hashlib.blake2b(digest_size=8, key=self.key_for(tenant))
+            if len(self._chain_hashes) < _MAX_CACHED_TENANTS:
+                self._chain_hashes[tenant] = keyed_hash
+        keyed = []
+        for h in chain.hash_ids:
+            one = keyed_hash.copy()  # a copy of the keyed state: cheaper than keying a new hash per block
+            one.update(h.to_bytes(8, "little", signed=True))
+            keyed.append(int.from_bytes(one.digest(), "big") >> 1)
+        return RequestChain(chain.block_size, chain.input_length, tuple(keyed), chain.approximate)

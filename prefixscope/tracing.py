@@ -3,7 +3,9 @@
 Spans are exported over OTLP/HTTP (protobuf) by the SDK's `BatchSpanProcessor`: ending a span only appends it to a
 bounded in-memory queue, and a background thread encodes and posts batches. A slow or unreachable collector therefore
 costs the request path nothing; what it costs is counted here: spans exported, spans whose export failed (after the
-exporter's own retries), and spans dropped because the queue was full.
+exporter's own retries), and spans dropped because the queue was full. A program may also leave a span's attributes
+to the export thread (`Tracing.defer_attributes`): the request path then only says how to build them, and the SDK's
+per-attribute checks and locks run, with the building, in that thread.
 
 Where spans go comes from the program's config or from the standard environment variables of the OpenTelemetry
 specification (`export_from_env`): `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL) or
@@ -19,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, unquote
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -145,16 +148,48 @@ class ExportCounts:
             setattr(self, name, getattr(self, name) + value)
 
 
-class _CountingExporter(SpanExporter):
-    """The OTLP exporter, counting what each batch export achieved."""
+AttributeSource = Callable[[], Mapping[str, Any]]
 
-    def __init__(self, inner: SpanExporter, counts: ExportCounts) -> None:
+
+def with_attributes(span: ReadableSpan, attributes: Mapping[str, Any]) -> ReadableSpan:
+    """`span` with `attributes` added to its own (the values must already be valid attribute values)."""
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes={**span.attributes, **attributes},
+        events=span.events,
+        links=span.links,
+        kind=span.kind,
+        status=span.status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+class _CountingExporter(SpanExporter):
+    """The OTLP exporter, counting what each batch export achieved and adding each span's deferred attributes."""
+
+    def __init__(self, inner: SpanExporter, counts: ExportCounts, deferred: dict[int, AttributeSource]) -> None:
         self._inner = inner
         self._counts = counts
+        self._deferred = deferred
+
+    def _completed(self, span: ReadableSpan) -> ReadableSpan:
+        source = self._deferred.pop(span.context.span_id, None) if span.context is not None else None
+        if source is None:
+            return span
+        try:
+            return with_attributes(span, source())
+        except Exception:  # noqa: BLE001 - one span's attributes must not cost the batch
+            log.warning("span attributes could not be built", exc_info=True)
+            return span
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
-            result = self._inner.export(spans)
+            result = self._inner.export([self._completed(span) for span in spans])
         except Exception:  # noqa: BLE001 - a broken export must not kill the export thread
             log.warning("span export failed", exc_info=True)
             result = SpanExportResult.FAILURE
@@ -175,7 +210,9 @@ class _CountingExporter(SpanExporter):
 class _CountingBatchProcessor(BatchSpanProcessor):
     """The SDK's batch processor, counting ended spans and those the full queue turned away."""
 
-    def __init__(self, exporter: SpanExporter, counts: ExportCounts, export: TraceExport) -> None:
+    def __init__(
+        self, exporter: SpanExporter, counts: ExportCounts, export: TraceExport, deferred: dict[int, AttributeSource]
+    ) -> None:
         super().__init__(
             exporter,
             max_queue_size=export.max_queue_size,
@@ -185,11 +222,14 @@ class _CountingBatchProcessor(BatchSpanProcessor):
         )
         self._counts = counts
         self._max_queue_size = export.max_queue_size
+        self._deferred = deferred
 
     def on_end(self, span: ReadableSpan) -> None:
         self._counts.add("ended")
         if queue_length(self) >= self._max_queue_size:
             self._counts.add("dropped")
+            if span.context is not None:
+                self._deferred.pop(span.context.span_id, None)  # never exported: nothing to build
         super().on_end(span)
 
 
@@ -210,13 +250,24 @@ class Tracing:
         exporter = OTLPSpanExporter(
             endpoint=export.traces_url, headers=dict(export.headers), timeout=export.export_timeout_s
         )
-        self._processor = _CountingBatchProcessor(_CountingExporter(exporter, self.counts), self.counts, export)
+        # span id -> how to build the rest of its attributes (set on the request path, taken by the export thread;
+        # single dict operations, atomic under the interpreter lock)
+        self._deferred: dict[int, AttributeSource] = {}
+        self._processor = _CountingBatchProcessor(
+            _CountingExporter(exporter, self.counts, self._deferred), self.counts, export, self._deferred
+        )
         self.provider.add_span_processor(self._processor)
         self.tracer: Tracer = self.provider.get_tracer("prefixscope")
 
     @property
     def queued(self) -> int:
         return queue_length(self._processor)
+
+    def defer_attributes(self, span_id: int, source: AttributeSource) -> None:
+        """Have the export thread add `source()` to the attributes of the span `span_id` (a recording span of this
+        tracer, called before it ends). The values must be valid attribute values (str, bool, int, float, or tuples
+        of one of them); they are not checked again."""
+        self._deferred[span_id] = source
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         return self.provider.force_flush(int(timeout_s * 1000))

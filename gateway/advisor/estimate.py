@@ -4,7 +4,9 @@ For a candidate, the request (as the client sent it) is rewritten with the candi
 most recent earlier requests (at most `scan_limit` of them, each rewritten once per candidate and kept); the one sharing
 the most leading segments with it is the prefix a cache holding the rewritten traffic would have matched longest. So one
 sample costs at most `(scan_limit + 1) x candidates` rewrites, whatever the history holds, and the rewriting runs in a
-worker thread (`asyncio.to_thread`), never on the event loop. How many tokens the two share comes from the upstream
+worker thread (`asyncio.to_thread`), never on the event loop; given a `rest_after` (the advisor's pace), that thread
+sleeps after each rewrite in proportion to its CPU time, so it never keeps the interpreter from the event loop for
+more than one rewrite at a time. How many tokens the two share comes from the upstream
 itself: the engine's dry-run match (`POST /v1/cache/match`, nothing locked or changed) returns each prompt's token hash
 chain (block size 1), and the shared leading hashes are the shared tokens. For upstreams without a dry run, approximate
 chains over the prompts' canonical text (`gateway.explain.chains`) stand in, converted to tokens at the request's own
@@ -126,8 +128,15 @@ def scan_set(earlier: Sequence[Entry], endpoint: str, limit: int) -> tuple[Entry
 class Estimator:
     """Estimates for one sampled request; dry runs are memoized per prompt within the request."""
 
-    def __init__(self, job: AdviceJob, client: httpx.AsyncClient, timeout: httpx.Timeout) -> None:
+    def __init__(
+        self,
+        job: AdviceJob,
+        client: httpx.AsyncClient,
+        timeout: httpx.Timeout,
+        rest_after: Callable[[float], float] | None = None,
+    ) -> None:
         self._job = job
+        self._rest_after = rest_after  # seconds a worker thread rests after a rewrite of that many CPU seconds
         self._client = client
         self._timeout = timeout
         self._chains: dict[bytes, list[int]] = {}
@@ -151,7 +160,7 @@ class Estimator:
         best_actual = best_match(earlier, job.endpoint, CURRENT, None, actual.keys)
         plans = []
         for candidate, pipeline in job.candidates:
-            rewrite = _rewriter(pipeline)
+            rewrite = _rewriter(pipeline, self._rest_after)
             rewritten = rewrite(job.raw_body)
             target = Rendering(rewritten, segment_keys(job.endpoint, rewritten))
             best = best_match(earlier, job.endpoint, candidate.key, rewrite, target.keys)
@@ -247,8 +256,20 @@ def _same(best: _Best | None, best_actual: _Best | None) -> bool:
     return best.shared == best_actual.shared and best.rendering.keys == best_actual.rendering.keys
 
 
-def _rewriter(pipeline: Pipeline) -> Rewrite:
-    def rewrite(request: dict[str, Any]) -> dict[str, Any]:
-        return pipeline.apply(request).request
+def _rewriter(pipeline: Pipeline, rest_after: Callable[[float], float] | None) -> Rewrite:
+    if rest_after is None:
 
-    return rewrite
+        def rewrite(request: dict[str, Any]) -> dict[str, Any]:
+            return pipeline.apply(request).request
+
+        return rewrite
+
+    def paced(request: dict[str, Any]) -> dict[str, Any]:
+        started = time.thread_time()
+        rewritten = pipeline.apply(request).request
+        rest = rest_after(time.thread_time() - started)
+        if rest > 0:
+            time.sleep(rest)  # hands the interpreter to the event loop between rewrites
+        return rewritten
+
+    return paced

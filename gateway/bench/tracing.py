@@ -9,9 +9,9 @@ Two figures, one target:
   two gateways, rather than subtracting medians of two runs minutes apart, lets the machine's load fall on both;
 - in process: the tracing work of one request, timed one request at a time, in microseconds: before the response
   (start the span under an incoming `traceparent`, put its context on the upstream request) and after it (read the
-  response's id, model and finish reasons, set the attributes from the record and end the span into the batch
-  processor's queue; the gateway does this once the client has its whole response). The export itself runs on the
-  processor's thread.
+  response's id, model and finish reasons, name the span from the record and end it into the batch processor's
+  queue; the gateway does this once the client has its whole response). Building the attributes from the record and
+  the export itself run on the processor's thread.
 """
 
 from __future__ import annotations

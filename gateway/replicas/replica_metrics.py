@@ -35,21 +35,30 @@ class ReplicaMetrics:
             "prefixscope_gateway_replica_prompt_tokens", "Prompt tokens per replica.", labels, registry=registry
         )
         self._registry = registry
+        self._children: dict[tuple[str, str], tuple[Any, ...]] = {}
 
     def observe(self, record: RequestRecord) -> None:
         if record.replica is None:
             return
         labels = (record.upstream, record.replica)
-        self.requests.labels(*labels).inc()
+        children = self._children.get(labels)
+        if children is None:
+            # labels() is comparatively slow: looked up once per replica. The predicted counter is served from the
+            # replica's first request on, even at 0.
+            children = self._children[labels] = tuple(
+                metric.labels(*labels)
+                for metric in (self.requests, self.predicted_tokens, self.cached_tokens, self.prompt_tokens)
+            )
+        requests, predicted, cached, prompt = children
+        requests.inc()
         # Only where the engine reported what matched, as the dashboard's router accuracy counts, so that predicted
         # and actual cached tokens compare: a refused request's prediction has nothing to be compared with.
-        predicted = self.predicted_tokens.labels(*labels)  # served from the replica's first request on, even at 0
         if record.predicted_match_tokens and record.cached_tokens is not None and record.status_code < 400:
             predicted.inc(record.predicted_match_tokens)
         if record.cached_tokens:
-            self.cached_tokens.labels(*labels).inc(record.cached_tokens)
+            cached.inc(record.cached_tokens)
         if record.prompt_tokens:
-            self.prompt_tokens.labels(*labels).inc(record.prompt_tokens)
+            prompt.inc(record.prompt_tokens)
 
     def watch(self, replica_sets: Callable[[], Iterable[Any]]) -> None:
         self._registry.register(_ReplicaStateCollector(replica_sets))

@@ -3,8 +3,9 @@
 The span starts when the request arrives, as a child of the client's span when a W3C `traceparent` header came
 with it, and its context goes to the upstream in the same header, so the application's span, the gateway's and the
 engine's form one trace. It ends when the request's record is built (`RequestTracker.finish`), with attributes read
-from that record, so a span and its database row say the same thing. Ending only queues the span: the export runs on
-the batch processor's thread (`prefixscope.tracing`).
+from that record, so a span and its database row say the same thing. Ending only queues the span with the record:
+the attributes are built from it, and the span exported, on the batch processor's thread (`prefixscope.tracing`), so
+the request path pays for neither. A span that is not recording (its parent was not sampled) gets no attributes.
 
 No prompt text goes into a span unless the tenant's settings store it in the records too (`store_prompt_text`).
 """
@@ -53,16 +54,19 @@ class RequestSpan:
         return self._upstream_headers
 
     def end(self, record: RequestRecord) -> None:
-        """Set the attributes from the finished request's record and end the span (queued for export)."""
+        """End the span (queued for export) with its name, status and attributes from the finished request's
+        record; the attributes are built on the export thread."""
         span = self._span
-        operation = genai.operation_name(record.endpoint)
-        if record.model:
-            span.update_name(f"{operation} {record.model}")
-        span.set_attributes(
-            genai.record_attributes(record, self._spans.provider_for(record.upstream), self.response)
-        )
-        if record.status_code >= 500:  # as HTTP server spans do: a 4xx is the client's error, not the server's
-            span.set_status(Status(StatusCode.ERROR, record.error_type or str(record.status_code)))
+        if span.is_recording():
+            if record.model:
+                span.update_name(f"{genai.operation_name(record.endpoint)} {record.model}")
+            if record.status_code >= 500:  # as HTTP server spans do: a 4xx is the client's error, not the server's
+                span.set_status(Status(StatusCode.ERROR, record.error_type or str(record.status_code)))
+            provider, response = self._spans.provider_for(record.upstream), ResponseFacts()
+            self.response.copy_to(response)  # as it stands now: the export thread reads it later
+            self._spans.tracing.defer_attributes(
+                span.get_span_context().span_id, lambda: genai.record_attributes(record, provider, response)
+            )
         span.end()
 
 

@@ -55,26 +55,38 @@ class TenantMetrics:
             ("tenant", "reason"),
             registry=registry,
         )
-        # labels() is comparatively slow; children are cached per label tuple (tenants are few: one per API key's).
-        self._children: dict[tuple[Any, ...], Any] = {}
-
-    def _child(self, metric: Counter, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+        # labels() is comparatively slow; children are looked up once per (tenant, miss reason), not per request.
+        self._children: dict[tuple[str, str | None], _TenantCounters] = {}
 
     def observe(self, record: RequestRecord) -> None:
-        tenant, reason = record.tenant, record.miss_reason
+        key = (record.tenant, record.miss_reason)
+        counters = self._children.get(key)
+        if counters is None:
+            counters = self._children[key] = _TenantCounters(self, *key)
         if record.prompt_tokens is not None and record.cached_tokens is not None:
-            self._child(self.prompt_tokens, tenant).inc(record.prompt_tokens)
-            self._child(self.cached_tokens, tenant).inc(record.cached_tokens)
-            if reason is not None and reason != NEW_PREFIX:
-                self._child(self.eligible_prompt_tokens, tenant).inc(record.prompt_tokens)
-                self._child(self.eligible_cached_tokens, tenant).inc(record.cached_tokens)
-        if reason is not None:
-            self._child(self.miss_reasons, tenant, reason).inc()
+            counters.prompt_tokens.inc(record.prompt_tokens)
+            counters.cached_tokens.inc(record.cached_tokens)
+            if counters.eligible_prompt_tokens is not None:
+                counters.eligible_prompt_tokens.inc(record.prompt_tokens)
+                counters.eligible_cached_tokens.inc(record.cached_tokens)
+        if counters.miss_reasons is not None:
+            counters.miss_reasons.inc()
             recomputed = uncached_prompt_tokens(record)
             if recomputed:
-                self._child(self.recomputed_tokens, tenant, reason).inc(recomputed)
+                counters.recomputed_tokens.inc(recomputed)
+
+
+class _TenantCounters:
+    """The children one tenant's records with one miss reason count in."""
+
+    __slots__ = ("prompt_tokens", "cached_tokens", "eligible_prompt_tokens", "eligible_cached_tokens", "miss_reasons",
+                 "recomputed_tokens")
+
+    def __init__(self, metrics: TenantMetrics, tenant: str, reason: str | None) -> None:
+        self.prompt_tokens = metrics.prompt_tokens.labels(tenant)
+        self.cached_tokens = metrics.cached_tokens.labels(tenant)
+        eligible = reason is not None and reason != NEW_PREFIX
+        self.eligible_prompt_tokens: Any = metrics.eligible_prompt_tokens.labels(tenant) if eligible else None
+        self.eligible_cached_tokens: Any = metrics.eligible_cached_tokens.labels(tenant) if eligible else None
+        self.miss_reasons: Any = None if reason is None else metrics.miss_reasons.labels(tenant, reason)
+        self.recomputed_tokens: Any = None if reason is None else metrics.recomputed_tokens.labels(tenant, reason)

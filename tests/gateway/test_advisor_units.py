@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +20,7 @@ from gateway.advisor.capacity import AdvisorCapacity
 from gateway.advisor.candidates import candidates_for, settings_fingerprint
 from gateway.advisor.estimate import DEFAULT_SCAN_LIMIT, AdviceJob, Estimator, common_prefix
 from gateway.advisor.history import Entry
+from gateway.advisor.metered import Metered
 from gateway.advisor.sampler import AdviceSampler
 from gateway.config import SEMANTIC_RULES, TenantSettings, UpstreamConfig
 from gateway.explain.chains import canonical_prompt_text
@@ -341,3 +343,146 @@ def test_sampler_past_its_cpu_budget_samples_nothing_and_counts_it() -> None:
     sampler = asyncio.run(scenario())
     assert sampler.skipped == 1 and sampler.sampled == 0
     assert len(sampler.histories.for_tenant("busy")) == 1  # still remembered for later samples
+
+
+def burn_cpu(seconds: float) -> None:
+    """Spend `seconds` of this thread's CPU time (a deterministic amount of work for the budget to charge)."""
+    started = time.thread_time()
+    while time.thread_time() - started < seconds:
+        pass
+
+
+def costly_engine(cpu_s_per_match: float) -> httpx.AsyncClient:
+    """The toy engine, answering each dry run on the event loop after `cpu_s_per_match` CPU seconds of work."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        burn_cpu(cpu_s_per_match)
+        text = canonical_prompt_text(CHAT, msgspec.json.decode(request.content))
+        return httpx.Response(200, json={"matched_tokens": 0, "hash_chain": {"hash_ids": char_chain(text)}})
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+
+
+async def until_idle(sampler: AdviceSampler) -> None:
+    while sampler.pending:
+        await asyncio.sleep(0.001)
+
+
+def test_a_busy_tenant_gets_no_more_samples_than_its_share_of_the_queue() -> None:
+    """A burst of requests in one turn of the event loop: the busy tenant gets at most 3/4 of `max_pending` samples,
+    the rest are skipped (their records submitted by the caller at once), and a quiet tenant's request in the middle
+    of the burst still finds room; the sampled ones get their advice afterwards, one worker at a time."""
+
+    async def scenario() -> tuple[list[bool], bool, list[RequestRecord], AdviceSampler, int]:
+        submitted: list[RequestRecord] = []
+        sampler = AdviceSampler(lambda: toy_engine([]), max_pending=8)
+        settings = TenantSettings()
+
+        def request(tenant: str, i: int) -> bool:
+            raw = body(f"2025-06-01T10:00:{i:02d}Z", "Hi")
+            return sampler.observe(_context(tenant, settings, raw), _record(request_id=f"{tenant}{i}"), submitted.append)
+
+        busy = [request("busy", i) for i in range(10)]
+        quiet = request("quiet", 0)
+        busy += [request("busy", i) for i in range(10, 20)]
+        pending = sampler.pending
+        await until_idle(sampler)
+        await sampler.stop()
+        return busy, quiet, submitted, sampler, pending
+
+    busy, quiet, submitted, sampler, pending = asyncio.run(scenario())
+    assert busy == [True] * 6 + [False] * 14 and quiet and pending == 7
+    assert sampler.sampled == 7 and sampler.skipped == 14
+    assert sorted(r.request_id for r in submitted) == [f"busy{i}" for i in range(6)] + ["quiet0"]
+    assert all(r.advice for r in submitted)
+    assert len(sampler.histories.for_tenant("busy")) == 20  # every answered request is remembered
+
+
+def test_the_budget_charges_the_event_loop_work_and_pauses_sampling_until_its_window_has_room() -> None:
+    """Dry runs whose handling costs CPU on the event loop are charged to the budget: once one sample used more than
+    the window allows, the next request is not sampled, until the window has moved on."""
+    now = [1000.0]
+
+    async def scenario() -> tuple[list[bool], AdviceSampler, list[RequestRecord]]:
+        submitted: list[RequestRecord] = []
+        engine = costly_engine(0.005)
+        # 0.1% of a core over 10 s: 10 ms of CPU, less than one sample's dry runs (at least 3 x 5 ms)
+        sampler = AdviceSampler(lambda: engine, cpu_budget=0.001, window_s=10.0, clock=lambda: now[0])
+        settings = TenantSettings()
+        taken = []
+
+        def request(i: int) -> None:
+            raw = body(f"2025-06-01T10:0{i}:00Z", "Hi")
+            taken.append(sampler.observe(_context("t", settings, raw), _record(request_id=str(i)), submitted.append))
+
+        request(0)
+        await until_idle(sampler)
+        assert sampler.capacity.cpu_s_total >= 0.015
+        request(1)  # the window is over budget
+        now[0] += 11.0  # the sample's charge has left the window
+        request(2)
+        await until_idle(sampler)
+        await sampler.stop()
+        return taken, sampler, submitted
+
+    taken, sampler, submitted = asyncio.run(scenario())
+    assert taken == [True, False, True]
+    assert sampler.sampled == 2 and sampler.skipped == 1
+    assert [r.request_id for r in submitted] == ["0", "2"] and all(r.advice for r in submitted)
+
+
+def test_a_quiet_tenant_is_sampled_on_every_request() -> None:
+    """Requests that come one at a time, each after the previous estimate is done: every one is sampled and advised,
+    with the default budget, queue and worker."""
+
+    async def scenario() -> tuple[list[RequestRecord], AdviceSampler]:
+        submitted: list[RequestRecord] = []
+        sampler = AdviceSampler(lambda: toy_engine([]))
+        settings = TenantSettings()
+        for minute in range(8):
+            raw = body(f"2025-06-01T10:0{minute}:00Z", "Hi", "Hello!", f"Turn {minute}")
+            assert sampler.observe(_context("quiet", settings, raw), _record(request_id=str(minute)), submitted.append)
+            await until_idle(sampler)
+        await sampler.stop()
+        return submitted, sampler
+
+    submitted, sampler = asyncio.run(scenario())
+    assert sampler.sampled == 8 and sampler.skipped == 0 and sampler.failed == 0
+    assert [r.request_id for r in submitted] == [str(m) for m in range(8)] and all(r.advice for r in submitted)
+
+
+def test_capacity_paces_estimates_in_proportion_to_their_cpu() -> None:
+    now = [0.0]
+    capacity = AdvisorCapacity(cpu_budget=0.25, window_s=10.0, clock=lambda: now[0])
+    assert capacity.rest_s() == 0.0
+    capacity.charge(0.01)  # at a quarter of a core, 10 ms of work is followed by 30 ms of rest
+    assert capacity.rest_s() == pytest.approx(0.03)
+    now[0] = 0.02
+    assert capacity.rest_s() == pytest.approx(0.01)
+    now[0] = 0.05
+    assert capacity.rest_s() == 0.0
+    assert capacity.rest_after(100.0) == 10.0  # never longer than the window
+
+
+def test_metered_counts_a_coroutines_own_steps_and_passes_results_errors_and_cancellation() -> None:
+    async def work(fail: bool) -> str:
+        burn_cpu(0.01)
+        await asyncio.sleep(0.2)  # waiting is not charged
+        burn_cpu(0.01)
+        if fail:
+            raise LookupError("no")
+        return "done"
+
+    async def scenario() -> None:
+        metered = Metered(work(False))
+        assert await metered == "done"
+        assert 0.02 <= metered.cpu_s < 0.1
+        with pytest.raises(LookupError):
+            await Metered(work(True))
+        task = asyncio.ensure_future(Metered(asyncio.sleep(10)))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
