@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from db.chains import RequestChain
 from db.records import RequestRecord
-from gateway.explain.ledger import Routing, unexplained_ledger
+from gateway.explain.ledger import Routing, explained_fields
 from gateway.metrics import GatewayMetrics
 from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.request_stages import (
@@ -307,10 +307,6 @@ class RequestTracker:
         # The body's split (or the usage chunk's) wins over the header's; the load time is only ever in the body.
         tiers = usage.tiers if usage.tiers is not None else report.tiers
         explained = self._explained(status_code, report, prompt_tokens, cached_tokens, tiers)
-        # Every request with a prompt count has a ledger; the explainer's (engine detail) replaces the plain one.
-        ledger = unexplained_ledger(prompt_tokens, cached_tokens, tiers)
-        fields = {} if ledger is None else ledger.record_fields()
-        fields.update({} if explained is None else explained.record_fields(report))
         ttft_ms, ttft_source = gateway_ttft, TTFT_GATEWAY if gateway_ttft is not None else None
         if ttft_ms is None and not parsed.stream and report.ttft_ms is not None and status_code < 400:
             ttft_ms, ttft_source = report.ttft_ms, TTFT_ENGINE  # the engine's own queue + prefill time
@@ -353,7 +349,7 @@ class RequestTracker:
             routing_index_source=placed.routing_index_source,
             provider_miss_reason=None if diagnosis is None else diagnosis.reason,
             provider_missed_tokens=None if diagnosis is None else diagnosis.missed_tokens,
-            **fields,
+            **explained_fields(explained, report, prompt_tokens, cached_tokens, tiers),
         )
         if self.span is not None:
             self.span.end(record)

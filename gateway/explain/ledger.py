@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from db.ledger import LOST_CAUSES, TokenLedger
 from gateway.conversations.link import ConversationLink
@@ -53,6 +54,18 @@ def unexplained_ledger(prompt: int | None, cached: int | None, tiers: TierSplit 
         return TokenLedger(prompt, unknown_tokens=prompt)
     cached = min(max(cached, 0), prompt)
     return TokenLedger(prompt, cached, _by_tier(tiers, cached), unknown_tokens=prompt - cached)
+
+
+def explained_fields(
+    explained: Any, report: CacheReport, prompt: int | None, cached: int | None, tiers: TierSplit | None
+) -> dict[str, Any]:
+    """The record fields of the explained stage (`explained.record_fields(report)`, None: no explainer), under a
+    plain ledger (`unexplained_ledger`) for a request the explainer gave none: every request with a prompt count has
+    a ledger that adds up."""
+    ledger = unexplained_ledger(prompt, cached, tiers)
+    fields = {} if ledger is None else ledger.record_fields()
+    fields.update({} if explained is None else explained.record_fields(report))
+    return fields
 
 
 def _by_tier(tiers: TierSplit | None, cached: int) -> dict[str, int] | None:

@@ -73,6 +73,15 @@ def test_a_rewritten_answer_counts_the_whole_answer_as_sent_before():
     assert without_link == ledger
 
 
+def test_a_later_turn_counts_its_parent_s_prompt_and_answer_as_sent_before():
+    names = ["model", "system", "messages[1]", "messages[2]", "messages[3]"]
+    starts = (("system", 3), ("messages[1]", 20), ("messages[2]", 30), ("messages[3]", 70))
+    link = ConversationLink("c", "content", 2, "r1", 1.0, new_from_segment=4)
+    engine = report(90, 16, 20, segment_starts=starts)  # the system prompt changed at token 20
+    ledger = token_ledger(engine, Explanation("system_changed", "system", 50), conversation=link, segment_names=names)
+    assert dict(ledger.lost) == {"system_changed": 48, "page_alignment": 6} and ledger.new_tokens == 20
+
+
 def test_cached_by_tier_is_the_engine_split():
     ledger = token_ledger(report(100, 64, 64), Explanation("hit"), tiers=TierSplit(48, 16, 0))
     assert ledger.cached_by_tier == {"device": 48, "host": 16, "disk": 0} and ledger.adds_up()

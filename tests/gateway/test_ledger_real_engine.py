@@ -1,9 +1,10 @@
 """Acceptance: the explanations that were wrong, and each part of the token ledger, through the gateway and the real
 engine, as stored.
 
-Two engines: the session's default one (page size 1) and a paged one (`--page-size 16`, a 256-token pool, a short
-TTL), reached through the model alias `PAGED_MODEL`. Another alias of the same model (`ALIAS`) goes to the default
-engine: the same cache under another model name. Each case runs under its own tenant (its own cache namespace).
+Two engines of this module's own (page size 1; and `--page-size 16`, a 256-token pool, a short TTL, reached through
+the model alias `PAGED_MODEL`), both loading at once and given long to start on a busy machine. Another alias of the
+same model (`ALIAS`) goes to the first engine: the same cache under another model name. Each case runs under its own
+tenant (its own cache namespace).
 """
 
 from __future__ import annotations
@@ -51,18 +52,23 @@ class Deployment:
         return stored(self.database_url, "requests", "id", [request_id])[request_id]
 
 
+START_TIMEOUT_S = 1200.0  # loading two models at once on shared cores (it asserts nothing about time)
+
+
 @pytest.fixture(scope="module")
-def paged_engine() -> Iterator[EngineProcess]:
-    engine = EngineProcess("--page-size", "16", "--kv-cache-tokens", "256", "--ttl", str(TTL_S))
+def engines() -> Iterator[tuple[str, str]]:
+    plain = EngineProcess("--kv-cache-tokens", "4096")
+    paged = EngineProcess("--page-size", "16", "--kv-cache-tokens", "256", "--ttl", str(TTL_S))
     try:
-        yield engine
+        yield plain.wait_healthy(START_TIMEOUT_S), paged.wait_healthy(START_TIMEOUT_S)
     finally:
-        engine.stop()
+        plain.stop()
+        paged.stop()
 
 
 @pytest.fixture(scope="module")
-def deployment(paged_engine: EngineProcess, engine_url: str, tmp_path_factory) -> Iterator[Deployment]:
-    paged_url = paged_engine.wait_healthy()
+def deployment(engines: tuple[str, str], tmp_path_factory) -> Iterator[Deployment]:
+    engine_url, paged_url = engines
     tmp_path = tmp_path_factory.mktemp("ledger")
     database_url = f"sqlite:///{tmp_path}/gateway.db"
     keys = create_keys(database_url, list(CASES))
