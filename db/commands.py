@@ -206,6 +206,7 @@ def stats(args: argparse.Namespace) -> int:
         "PROMPT TOK",
         "CACHED TOK",
         "TOKEN HIT",
+        "ELIGIBLE HIT",
         "REQ HIT",
         "TTFT HIT p50/p95 ms",
         "TTFT MISS p50/p95 ms",
@@ -219,6 +220,7 @@ def stats(args: argparse.Namespace) -> int:
             # Upstreams that do not report cached tokens: unknown, not zero (as in the hit-rate columns).
             str(row.cached_tokens) if row.requests_with_known_cache else "-",
             _pct(row.token_hit_rate),
+            _pct(row.eligible_hit_rate),
             _pct(row.request_hit_share),
             f"{_ms(row.ttft_hit_p50_ms)}/{_ms(row.ttft_hit_p95_ms)}",
             f"{_ms(row.ttft_miss_p50_ms)}/{_ms(row.ttft_miss_p95_ms)}",

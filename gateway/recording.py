@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from db.chains import RequestChain
 from db.records import RequestRecord
+from gateway.explain.ledger import Routing, explained_fields
 from gateway.metrics import GatewayMetrics
 from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.request_stages import (
@@ -42,6 +43,7 @@ from gateway.request_stages import (
     StageSetTwice,
 )
 from gateway.upstreams.base import CacheReport, UsageReport
+from gateway.upstreams.tiers import TierSplit
 
 if TYPE_CHECKING:
     from gateway.telemetry.request_span import RequestSpan
@@ -87,7 +89,8 @@ class MissExplainer(Protocol):
     def prepare_soon(self, context: Any) -> None: ...
 
     def explain(
-        self, context: Any, *, recorded_status: int, engine: CacheReport, applied_rules: tuple[str, ...]
+        self, context: Any, *, recorded_status: int, engine: CacheReport, applied_rules: tuple[str, ...],
+        routing: Routing | None = None, tiers: TierSplit | None = None,
     ) -> ExplainedAnswer: ...
 
 
@@ -275,20 +278,17 @@ class RequestTracker:
             explainer.prepare_soon(explain)
 
     def _explained(self, status_code: int, report: CacheReport, prompt_tokens: int | None,
-                   cached_tokens: int | None) -> ExplainedAnswer | None:
-        """The explained stage: the recorder's explainer's answer (None without an explainer or explain context)."""
+                   cached_tokens: int | None, tiers: TierSplit | None) -> ExplainedAnswer | None:
+        """The explained stage: the recorder's explainer's answer (None without an explainer or explain context).
+        The engine's counts are the record's (the usage's, else the headers')."""
         explainer = self._recorder.explainer
         explain = self._prepared.explain
         if explainer is None or explain is None:
             return None
-        engine = replace(
-            report,
-            matched_tokens=report.matched_tokens if report.matched_tokens is not None else cached_tokens,
-            prompt_tokens=report.prompt_tokens if report.prompt_tokens is not None else prompt_tokens,
-        )
-        return explainer.explain(
-            explain, recorded_status=status_code, engine=engine, applied_rules=self._prepared.applied_rules
-        )
+        engine = replace(report, matched_tokens=cached_tokens, prompt_tokens=prompt_tokens)
+        routing = Routing(self._placed.predicted_match_tokens, self._placed.best_other_match_tokens)
+        return explainer.explain(explain, recorded_status=status_code, engine=engine,
+                                 applied_rules=self._prepared.applied_rules, routing=routing, tiers=tiers)
 
     def finish(self, status_code: int, error_type: str | None = None) -> None:
         """Record the request (only the first call counts)."""
@@ -306,7 +306,7 @@ class RequestTracker:
         cached_tokens = usage.cached_tokens if usage.cached_tokens is not None else report.matched_tokens
         # The body's split (or the usage chunk's) wins over the header's; the load time is only ever in the body.
         tiers = usage.tiers if usage.tiers is not None else report.tiers
-        explained = self._explained(status_code, report, prompt_tokens, cached_tokens)
+        explained = self._explained(status_code, report, prompt_tokens, cached_tokens, tiers)
         ttft_ms, ttft_source = gateway_ttft, TTFT_GATEWAY if gateway_ttft is not None else None
         if ttft_ms is None and not parsed.stream and report.ttft_ms is not None and status_code < 400:
             ttft_ms, ttft_source = report.ttft_ms, TTFT_ENGINE  # the engine's own queue + prefill time
@@ -349,7 +349,7 @@ class RequestTracker:
             routing_index_source=placed.routing_index_source,
             provider_miss_reason=None if diagnosis is None else diagnosis.reason,
             provider_missed_tokens=None if diagnosis is None else diagnosis.missed_tokens,
-            **({} if explained is None else explained.record_fields(report)),
+            **explained_fields(explained, report, prompt_tokens, cached_tokens, tiers),
         )
         if self.span is not None:
             self.span.end(record)

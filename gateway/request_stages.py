@@ -72,19 +72,22 @@ class Prepared:
 @dataclass(frozen=True, slots=True)
 class Placed:
     """Where a replica set sent the request: the last placement tried, after `failovers` retries on another replica
-    (counted here, not recorded: the replica set's metrics count them)."""
+    (counted here, not recorded: the replica set's metrics count them), and the most cached tokens predicted on
+    another replica (None: no other was predicted; the ledger's `routed_away`)."""
 
     replica: str | None
     routing_policy: str | None
     predicted_match_tokens: int | None
     routing_index_source: str | None
     failovers: int = 0
+    best_other_match_tokens: int | None = None
 
     @classmethod
     def of(cls, placement: Any, failovers: int = 0) -> Placed:
         """From a `gateway.replicas.replica_set.Placement`."""
         replica = placement.replica.url if placement.replica is not None else None
-        return cls(replica, placement.policy, placement.predicted_match_tokens, placement.index_source, failovers)
+        return cls(replica, placement.policy, placement.predicted_match_tokens, placement.index_source, failovers,
+                   placement.best_other_match_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,8 @@ class CacheFigures:
 
     `token_hit_rate` is cached / prompt tokens over requests that reported both; `request_hit_share` the share of
     requests with any cached token among those that reported cached tokens. Both are None when nothing was known.
+    `eligible_hit_rate` is cached / (prompt - new) tokens over requests with a token ledger (`db.ledger`: a
+    conversation's new turns are unavoidable misses); None when no request had one.
     TTFT quantiles come from the rollups' histograms, interpolated within the smallest and largest value observed in
     the bin that holds them (`ttft_ranges_ms` states that bound); None without samples. A request counts as a hit when
     it reused more than the chat template's fixed opening (`db.records.is_hit`).
@@ -60,6 +62,7 @@ class CacheFigures:
     requests_with_known_cache: int = 0
     requests_with_hit: int = 0
     token_hit_rate: float | None = None
+    eligible_hit_rate: float | None = None
     request_hit_share: float | None = None
     latency_mean_ms: float | None = None
     ttft_p50_ms: float | None = None

@@ -9,6 +9,7 @@ from sqlalchemy import ColumnElement, Connection, case, cast, func, select
 from sqlalchemy.orm import Session
 
 from db.histogram import Range, merge, quantile, quantile_range
+from db.ledger import eligible_hit_rate
 from db.models import HourlyRollup, HourlyTtftBin, table_of
 from db.queries.results import CachedByTier
 from db.records import RETENTION_CLASSES
@@ -75,6 +76,9 @@ class Totals:
             "requests_with_known_cache": int(s["requests_with_known_cache"]),
             "requests_with_hit": int(s["requests_with_hit"]),
             "token_hit_rate": _ratio(s["cache_known_cached_tokens"], s["cache_known_prompt_tokens"]),
+            "eligible_hit_rate": eligible_hit_rate(
+                int(s["ledger_cached_tokens"]), int(s["ledger_prompt_tokens"]), int(s["new_tokens"])
+            ),
             "request_hit_share": _ratio(s["requests_with_hit"], s["requests_with_known_cache"]),
             "latency_mean_ms": _ratio(s["latency_ms_sum"], s["requests"]),
             **{

@@ -13,14 +13,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from db.chains import RequestChain
+from db.ledger import TokenLedger
 from gateway.config.tenant import TenantSettings
+from gateway.conversations.link import ConversationLink
 from gateway.explain.chains import approximate_chain, canonical_prompt_text, engine_chain
 from gateway.explain.compare import compare
 from gateway.explain.history import HistoryIndex, Nearest
+from gateway.explain.ledger import Routing, evicted_tier, token_ledger
 from gateway.explain.located import engine_locates, explain_located
 from gateway.explain.reasons import Explanation, classify
 from gateway.explain.segments import PromptSegments, chat_segments, completion_segments
@@ -28,6 +31,7 @@ from gateway.explain.uplift import UpliftChecker, UpliftJob
 from gateway.parsing import CHAT
 from gateway.upstreams.base import CacheReport
 from gateway.upstreams.route import Route
+from gateway.upstreams.tiers import TierSplit
 
 log = logging.getLogger(__name__)
 
@@ -79,21 +83,27 @@ class ExplainContext:
 
 @dataclass(frozen=True, slots=True)
 class Explained:
-    """The explanation of one answered request, its hash chain, and the uplift check to run (if sampled)."""
+    """The explanation of one answered request, its token ledger, its hash chain, and the uplift check to run (if
+    sampled)."""
 
     explanation: Explanation | None = None
     chain: RequestChain | None = None
     normalization_gain_tokens: int | None = None
     uplift: UpliftJob | None = None
+    ledger: TokenLedger | None = None
+    evicted_tier: str | None = None
 
     def record_fields(self, report: CacheReport) -> dict[str, Any]:
         """The `RequestRecord` fields this fills, the hash chain aside (the recorder keys it); `report` is the
-        engine's own report (`diverged_at_token` is its matched tokens when it located the divergence)."""
+        engine's own report (`diverged_at_token` is its matched tokens when it located the divergence). The ledger
+        fields only when there is a ledger."""
+        ledger = {} if self.ledger is None else {**self.ledger.record_fields(), "evicted_tier": self.evicted_tier}
         explanation = self.explanation
         if explanation is None:
-            return {"normalization_gain_tokens": self.normalization_gain_tokens}
+            return {"normalization_gain_tokens": self.normalization_gain_tokens, **ledger}
         located = explanation.segment is not None
         return {
+            **ledger,
             "miss_reason": explanation.reason,
             "divergence_segment": explanation.segment,
             "divergence_char_offset": explanation.char_offset,
@@ -137,27 +147,43 @@ class Explainer:
         recorded_status: int,
         engine: CacheReport,
         applied_rules: tuple[str, ...],
+        conversation: ConversationLink | None = None,
+        routing: Routing | None = None,
+        tiers: TierSplit | None = None,
     ) -> Explained:
-        """Classify an answered request and remember it; nothing for a request the upstream did not answer."""
+        """Classify an answered request, account for its prompt tokens (`gateway.explain.ledger`) and remember it;
+        nothing for a request the upstream did not answer. `conversation`: where the request stands in its
+        conversation (`gateway.conversations`); `routing`: the replica set's predictions; `tiers`: the matched
+        tokens' split when the response body gave it."""
         status = context.upstream_status
         if status is None or status >= 400:
             return Explained()
         try:
-            return self._explain(context, recorded_status, engine, applied_rules)
+            explained = self._explain(context, recorded_status, engine, applied_rules, conversation)
+            names = None if context.segments is None else [segment.name for segment in context.segments.segments]
+            ledger = token_ledger(engine, explained.explanation, tiers=tiers, conversation=conversation,
+                                  routing=routing, segment_names=names)
+            return replace(explained, ledger=ledger, evicted_tier=evicted_tier(engine, ledger))
         except Exception:
             log.exception("could not explain a request")
             return Explained()
 
     def _explain(
-        self, context: ExplainContext, recorded_status: int, engine: CacheReport, applied_rules: tuple[str, ...]
+        self,
+        context: ExplainContext,
+        recorded_status: int,
+        engine: CacheReport,
+        applied_rules: tuple[str, ...],
+        conversation: ConversationLink | None,
     ) -> Explained:
         self.prepare(context)
         explanation = None
         if context.segments is not None:
             history = self.histories.for_tenant(context.tenant, context.settings.explain_history_size)
-            if engine_locates(engine):
-                explanation = explain_located(engine, context.segments, context.nearest, history)
-            else:
+            # Without a cached count there is no reason to know: NULL, never a guess (the ledger's `unknown_tokens`).
+            if engine.matched_tokens is not None and engine_locates(engine):
+                explanation = explain_located(engine, context.segments, context.nearest, history, conversation)
+            elif engine.matched_tokens is not None:
                 explanation = classify(engine, compare(context.segments, context.nearest, history.text))
             if recorded_status < 400:
                 history.add(context.segments, engine.prompt_tokens)

@@ -14,7 +14,11 @@ offset are the engine's, whatever the reason (a hit's new turn, a cold miss at `
      (only dates, ids or numbers differ), else `tools_changed` / `system_changed` / `messages_changed` by segment.
      The same segment text sent before but not matched: `evicted` (dropped without a trace in the ghost index).
      Never `new_prefix`: part of the prompt was cached.
-4. Nothing beyond the template's opening matched: the history method (`reasons.classify` on `compare`) decides, with a
+   Before those: the previous answer re-sent differently (`answer_rewritten`) when the conversation says so (at the
+   rewrite's segment and offset) or when the engine says where the tokens computed before end (`seen_segment`)
+   inside a message the earlier request did not send and the final turn does not hold (the answer it returned).
+4. Nothing beyond the template's opening matched: when the engine says what was computed before and a page more
+   could not have been matched from it (a shared opening shorter than a page), `below_page`; else the history method (`reasons.classify` on `compare`) decides, with a
    zero match: `new_prefix` when nothing earlier is like it (at the engine's location), `model_changed` (located at
    the model, by history: the engine cannot see another model's cache), else the reason with the engine's location.
 """
@@ -25,7 +29,9 @@ from dataclasses import replace
 
 from gateway.explain.compare import compare, similar_texts
 from gateway.explain.history import Entry, Nearest, TenantHistory
+from gateway.conversations.link import ConversationLink
 from gateway.explain.reasons import (
+    ANSWER_REWRITTEN,
     BELOW_PAGE,
     EVICTED,
     EXPIRED,
@@ -41,7 +47,15 @@ from gateway.explain.reasons import (
     classify,
     engine_hit,
 )
-from gateway.explain.segments import SYSTEM, TOOLS, PromptSegments, first_difference, shape_digest, unordered_digest
+from gateway.explain.segments import (
+    MESSAGE,
+    SYSTEM,
+    TOOLS,
+    PromptSegments,
+    first_difference,
+    shape_digest,
+    unordered_digest,
+)
 from gateway.upstreams.base import CacheReport
 
 ENGINE = "engine"
@@ -132,7 +146,11 @@ def _why(
 
 
 def explain_located(
-    engine: CacheReport, current: PromptSegments, nearest: Nearest | None, history: TenantHistory
+    engine: CacheReport,
+    current: PromptSegments,
+    nearest: Nearest | None,
+    history: TenantHistory,
+    conversation: ConversationLink | None = None,
 ) -> Explanation:
     """The explanation of a request whose engine reported where its match ended (see the module docstring)."""
     uncached = _uncached(engine)
@@ -147,6 +165,9 @@ def explain_located(
         return Explanation(engine.miss_kind, *location, recomputed_tokens=uncached, source=ENGINE)
     names = [segment.name for segment in current.segments]
     index = names.index(engine.divergence_segment) if engine.divergence_segment in names else None
+    rewritten = _answer_rewritten(engine, current, nearest, conversation, index)
+    if rewritten is not None:
+        return replace(rewritten, recomputed_tokens=uncached)
     reused = (engine.matched_tokens or 0) > (engine.template_tokens or 0)
     if reused:
         if index is None:
@@ -157,6 +178,8 @@ def explain_located(
             reason = _why(current, index, history)
         return Explanation(reason, *location, recomputed_tokens=uncached, source=ENGINE)
     approximate = classify(replace(engine, matched_tokens=0), compare(current, nearest, history.text))
+    if approximate.reason in (EVICTED, HIT, NEW_PREFIX) and _below_page(engine):
+        return Explanation(BELOW_PAGE, *location, recomputed_tokens=uncached, source=ENGINE)
     if approximate.reason == NEW_PREFIX and index is not None:
         # The newest request may be unlike this one while an older one is a version of it (A, B edited at its end,
         # then A with a line prepended): the prompt is not new when any earlier one sharing its leading segments is.
@@ -172,8 +195,58 @@ def explain_located(
     return Explanation(approximate.reason, *location, recomputed_tokens=uncached, source=ENGINE)
 
 
+def _equal_segments(nearest: Nearest | None) -> int:
+    """Leading segments of the request equal to the nearest earlier one's, the model counted as equal when only it
+    differs (called when the engine reused the cache: the other model name reached the same cache)."""
+    if nearest is None:
+        return 0
+    return nearest.shared + (1 if nearest.other_model else 0)
+
+
 def _only_adds(nearest: Nearest | None, index: int) -> bool:
-    """Whether an earlier request's segments all lie before the divergence: this prompt only adds to it."""
-    if nearest is None or nearest.other_model:
+    """Whether an earlier request's segments all lie before the divergence: this prompt only adds to it (what was
+    cached past them is that request's answer)."""
+    if nearest is None:
         return False
-    return nearest.shared >= len(nearest.entry.digests) and index >= nearest.shared
+    equal = _equal_segments(nearest)
+    return equal >= len(nearest.entry.digests) and index >= equal
+
+
+def _below_page(engine: CacheReport) -> bool:
+    """Whether the engine says something of the request beyond the template was computed before, yet less than a
+    page more than it matched could be (matches are page-aligned and leave the last token out)."""
+    seen, page, prompt = engine.seen_tokens, engine.page_size, engine.prompt_tokens
+    if seen is None or page is None or prompt is None or seen <= (engine.template_tokens or 0):
+        return False
+    could = min(seen, max(prompt - 1, 0))
+    return could - could % max(page, 1) <= (engine.matched_tokens or 0)
+
+
+def _answer_rewritten(
+    engine: CacheReport,
+    current: PromptSegments,
+    nearest: Nearest | None,
+    conversation: ConversationLink | None,
+    index: int | None,
+) -> Explanation | None:
+    """`answer_rewritten` where the previous answer, re-sent differently, ended the match (see the module
+    docstring); None when it did not."""
+    rewrite = conversation.answer_rewrite if conversation is not None else None
+    if rewrite is not None:
+        if index is not None and not rewrite.segment_index - 1 <= index <= rewrite.segment_index:
+            return None  # the match ended past the rewritten answer (it cost nothing), or well before it
+        source = ENGINE if engine.divergence_segment == rewrite.segment else HISTORY
+        return Explanation(ANSWER_REWRITTEN, rewrite.segment, rewrite.char_offset, source=source)
+    names = [segment.name for segment in current.segments]
+    seen_at = engine.seen_segment
+    if seen_at not in names or not engine.seen_char_offset:
+        return None
+    position = names.index(seen_at)
+    segment = current.segments[position]
+    if segment.kind != MESSAGE or position >= current.turn_start:
+        return None
+    if nearest is not None and not len(nearest.entry.digests) <= _equal_segments(nearest) <= position:
+        return None  # not the answer to the request this one extends
+    if index is not None and index > position or engine.seen_char_offset >= len(segment.text):
+        return None  # matched past it, or the tokens computed before end with its text: re-sent as returned
+    return Explanation(ANSWER_REWRITTEN, seen_at, engine.seen_char_offset, source=ENGINE)

@@ -40,6 +40,7 @@ NEW_PREFIX = "new_prefix"
 EVICTED = "evicted"
 EXPIRED = "expired"
 BELOW_PAGE = "below_page"
+ANSWER_REWRITTEN = "answer_rewritten"
 REASONS = MISS_REASONS  # declared with the record's fields; the names above are its members
 
 # How a prompt relates to the nearest earlier one.

@@ -32,6 +32,8 @@ PROMPT = "prompt"
 _ENCODER = msgspec.json.Encoder()  # keeps key order
 _TURN_ROLES = frozenset({"user", "tool", "function"})
 _INSTRUCTION_ROLES = frozenset({"system", "developer"})
+# Fields whose string value is often JSON text: a tool call's `arguments`, a message's (tool result's) `content`.
+_JSON_STRINGS = frozenset({"arguments", "content"})
 _KIND_TAGS = {MODEL: b"m", TOOLS: b"t", SYSTEM: b"s", MESSAGE: b"u", PROMPT: b"p"}
 _MONTHS = r"January|February|March|April|May|June|July|August|September|October|November|December"
 _WEEKDAYS = r"Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday"
@@ -158,15 +160,16 @@ def shape_digest(text: str) -> int:
 
 
 def _sorted_value(value: Any) -> Any:
-    """`value` with object keys sorted, tool-call argument strings canonical and a tool list in a canonical order."""
+    """`value` with object keys sorted, JSON held in strings (tool-call arguments, a tool result's content) canonical
+    and a tool list in a canonical order."""
     if isinstance(value, dict):
         items = {}
         for key in sorted(value, key=str):
             item = value[key]
-            if key == "arguments" and isinstance(item, str):
+            if key in _JSON_STRINGS and isinstance(item, str) and item.lstrip()[:1] in ("{", "["):
                 try:
                     item = json.loads(item)
-                except ValueError:
+                except (ValueError, RecursionError):
                     pass
             items[key] = _sorted_value(item)
         return items

@@ -96,6 +96,7 @@ class Placement:
     text: TextChain | None = None
     excluded: list[str] = field(default_factory=list)
     deferred_text: tuple[str, dict[str, Any], str, str] | None = None  # (endpoint, body, namespace, model)
+    best_other_match_tokens: int | None = None  # the most cached tokens predicted on another candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +251,8 @@ class ReplicaSet:
                                  now, excluded)
         if deferred:
             placement.deferred_text = (endpoint, body, namespace, model)
+        others = [p.tokens for position, p in predictions.items() if position != chosen.position]
+        placement.best_other_match_tokens = max(others, default=None)
         return placement
 
     def _text_chain(self, endpoint: str, body: dict[str, Any], namespace: str, model: str) -> TextChain:

@@ -49,6 +49,19 @@ class CacheReport:
     ttft_ms: float | None = None
     # The matched tokens by tier (`x-prefix-cache-tiers`).
     tiers: TierSplit | None = None
+    # Tokens per cache page; the longest prefix of the prompt an earlier request in the namespace computed (tokens,
+    # >= matched_tokens); the first token of each segment (`(("system", 3), ("messages[1]", 40))`).
+    page_size: int | None = None
+    seen_tokens: int | None = None
+    segment_starts: tuple[tuple[str, int], ...] | None = None
+    # Where `seen_tokens` ends in the request (segment, character offset), as the engine located it.
+    seen_segment: str | None = None
+    seen_char_offset: int | None = None
+    # On an evicted/expired miss: the tier the dropped prefix was last held in, its retention class and the seconds
+    # it had been idle (`x-prefix-cache-dropped`).
+    dropped_tier: str | None = None
+    dropped_retention: str | None = None
+    dropped_idle_s: float | None = None
 
 
 def _int_or_none(value: Any) -> int | None:

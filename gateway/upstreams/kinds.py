@@ -11,6 +11,7 @@ from typing import Any
 from db.records import MISS_KINDS
 from gateway.retention import REQUEST_FIELD as RETENTION_FIELD
 from gateway.upstreams.base import CacheReport, UpstreamAdapter, UsageReport, _int_or_none
+from gateway.upstreams.engine_report import LEDGER_HEADERS, ledger_fields
 from gateway.upstreams.prompt_cache_key import FIELD as PROMPT_CACHE_KEY
 from gateway.upstreams.prompt_cache_key import derive_prompt_cache_key
 from gateway.upstreams.tiers import HEADER_TIERS, load_ms_from_prefix_cache, tiers_from_header, tiers_from_prefix_cache
@@ -109,7 +110,9 @@ def _header_float(headers: Mapping[str, str], name: str) -> float | None:
 class LocalEngineAdapter(UpstreamAdapter):
     """prefixscope's own engine: salt in `cache_salt`; cached tokens in `usage.prompt_tokens_details`; the match
     report (matched/prompt tokens, the miss kind, the template's opening tokens and where the match ended in the
-    request) in `x-prefix-cache-*` headers, known before the first byte (and its TTFT on non-streamed responses); the
+    request; its page size, the tokens an earlier request computed, the segments' first tokens and what a miss
+    dropped: `gateway.upstreams.engine_report`) in `x-prefix-cache-*` headers, known before the first byte (and its
+    TTFT on non-streamed responses); the
     prompt's block hash chain in `prefix_cache.hash_chain` when asked (`return_hash_chain`); a dry-run match. It takes
     a retention class in `cache_retention` and splits the matched tokens over its cache tiers (`prefix_cache.tiers`
     and `load_ms` in the body or the usage chunk, `x-prefix-cache-tiers` in the headers)."""
@@ -118,7 +121,7 @@ class LocalEngineAdapter(UpstreamAdapter):
     salt_field = "cache_salt"
     retention_field = RETENTION_FIELD
     passthrough_headers = (HEADER_MATCHED, HEADER_PROMPT, HEADER_MISS, HEADER_TEMPLATE, HEADER_SEGMENT, HEADER_OFFSET,
-                           HEADER_TTFT, HEADER_TIERS)
+                           HEADER_TTFT, HEADER_TIERS, *LEDGER_HEADERS)
     returns_hash_chain = True
     supports_dry_run_match = True
 
@@ -140,6 +143,7 @@ class LocalEngineAdapter(UpstreamAdapter):
             divergence_char_offset=_header_int(headers, HEADER_OFFSET),
             ttft_ms=_header_float(headers, HEADER_TTFT),
             tiers=tiers_from_header(headers.get(HEADER_TIERS)),
+            **ledger_fields(headers),
         )
 
     def usage(self, payload: Mapping[str, Any]) -> UsageReport:

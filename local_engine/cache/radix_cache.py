@@ -26,7 +26,7 @@ from local_engine.cache.tiers import TierTokens
 from local_engine.cache.tiers.movement import TierMovement
 from local_engine.cache.tiers.store import DEVICE, TierStore
 from local_engine.cache.tree_views import CacheStats, cache_stats, check_tree_integrity, tree_snapshot
-from local_engine.cache.types import EvictedPrefix, InsertResult, MatchResult
+from local_engine.cache.types import EvictedPrefix, InsertResult, MatchResult, MissKind
 
 @dataclass(frozen=True)
 class RadixCacheConfig:
@@ -145,7 +145,20 @@ class RadixCache:
         miss_kind = tree.miss_kind(namespace, token_ids, matched, limit)
         locked_node = node if (node is not None and not node.is_root and not dry_run) else None
         tier_tokens = TierTokens(*per_tier) if tree.store.has_lower_tiers else None
-        return MatchResult(slots, matched, len(token_ids), miss_kind, locked_node, tier_tokens)
+        return MatchResult(slots, matched, len(token_ids), miss_kind, locked_node, tier_tokens,
+                           seen_tokens=tree.seen.seen_tokens(namespace, token_ids, matched),
+                           dropped=self.dropped(namespace, token_ids, matched, miss_kind))
+
+    def dropped(self, namespace: str, token_ids: list[int], matched: int, miss_kind: MissKind) -> dict | None:
+        """For an evicted/expired miss, what the ghost index says was dropped (`DroppedPrefix.as_dict`)."""
+        if miss_kind not in (MissKind.EVICTED, MissKind.EXPIRED):
+            return None
+        found = self._tree.dropped(namespace, token_ids, matched)
+        return None if found is None else found.as_dict(self._clock())
+
+    def remember_seen(self, namespace: str, token_ids: list[int]) -> None:
+        """Remember `token_ids` as sent in `namespace` (`MatchResult.seen_tokens`) without caching anything."""
+        self._tree.seen.remember(namespace, token_ids)
 
     # ---- reference counts ---------------------------------------------------------------------------------------
 
@@ -174,6 +187,7 @@ class RadixCache:
             raise ValueError(f"{len(token_ids)} tokens but {slots.numel()} slots")
         tree = self._tree
         lifetime = tree.lifetime(retention)
+        tree.seen.remember(namespace, token_ids)
         stored = len(token_ids) - len(token_ids) % self.page_size
         root = tree.root_for(namespace)
         now = self._clock()

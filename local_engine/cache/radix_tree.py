@@ -14,10 +14,11 @@ from typing import Callable
 import torch
 
 from local_engine.cache.block_events import BlockEvents
-from local_engine.cache.ghost_index import GhostIndex, prefix_hash
+from local_engine.cache.ghost_index import DroppedPrefix, GhostIndex, prefix_hash
 from local_engine.cache.radix_node import RadixNode, child_key
 from local_engine.cache.retention import Lifetime, lifetime_of
-from local_engine.cache.tiers.store import TierStore
+from local_engine.cache.seen_index import SeenIndex
+from local_engine.cache.tiers.store import TIER_NAMES, TierStore
 from local_engine.cache.types import EvictedPrefix, MissKind
 
 NO_SLOTS = torch.empty(0, dtype=torch.int64)
@@ -48,6 +49,7 @@ class RadixTree:
         self._default_ttl_s = default_ttl_s
         self._roots: dict[str, RadixNode] = {}
         self._ghosts = GhostIndex(ghost_capacity)
+        self.seen = SeenIndex(ghost_capacity, page_size)  # what each namespace computed, cached or not
         self.evictable = [0, 0, 0]  # per tier (device, host, disk): tokens held by unlocked nodes
         self.protected = [0, 0, 0]  # per tier: tokens held by locked nodes
         self.evicted_tokens_total = 0
@@ -154,14 +156,21 @@ class RadixTree:
             return MissKind.COLD
         if matched >= limit:
             return MissKind.HIT
-        removed = self._ghosts.lookup(prefix_hash(namespace, token_ids[: matched + self.page_size]))
+        removed = self.dropped(namespace, token_ids, matched)
         if removed is not None:
-            return removed
+            return removed.kind
         return MissKind.PARTIAL if matched else MissKind.COLD
 
+    def dropped(self, namespace: str, token_ids: list[int], matched: int) -> DroppedPrefix | None:
+        """What the ghost index remembers of the page after a match of `matched` tokens (None: nothing)."""
+        if matched + self.page_size > len(token_ids):
+            return None
+        return self._ghosts.lookup(prefix_hash(namespace, token_ids[: matched + self.page_size]))
+
     def forget_removed(self) -> None:
-        """Clear the ghost index (after a flush: nothing removed before it explains a later miss)."""
+        """Clear the ghost index and what was computed (after a flush: nothing before it explains a later miss)."""
         self._ghosts.clear()
+        self.seen.clear()
 
     # ---- removal ------------------------------------------------------------------------------------------------
 
@@ -194,6 +203,7 @@ class RadixTree:
         parent = leaf.parent
         path = leaf.path_token_ids()
         namespace = self.namespace_of(leaf)
+        held = TIER_NAMES[min(leaf.tier_index, 2)]  # before its copies are given back
         del parent.children[child_key(leaf.key, 0, self.page_size)]
         self.account(leaf, -1)
         for tier in range(3):
@@ -203,7 +213,9 @@ class RadixTree:
         if remember:
             first_removed_page = len(path) - leaf.num_tokens + self.page_size
             kind = MissKind.EXPIRED if expired else MissKind.EVICTED
-            self._ghosts.remember(prefix_hash(namespace, path[:first_removed_page]), kind)
+            lifetime = Lifetime(leaf.ttl_s, leaf.persistent)
+            dropped = DroppedPrefix(kind, held, lifetime.label, leaf.last_access_s)
+            self._ghosts.remember(prefix_hash(namespace, path[:first_removed_page]), dropped)
         if expired:
             self.expired_tokens_total += leaf.num_tokens
         else:

@@ -32,6 +32,10 @@ class MatchResult:
     node: Any  # an opaque handle for lock/unlock; None when nothing matched
     tier_tokens: TierTokens | None = None  # matched tokens by the tier holding them; None: all on the device
     load_ms: float = 0.0  # time spent loading the host and disk part into device slots (after `load_back`)
+    # The longest prefix an earlier request in the namespace computed (`SeenIndex.seen_tokens`; >= matched_tokens),
+    # and for an evicted/expired miss what was dropped (`DroppedPrefix.as_dict`: kind, tier, retention, idle_s).
+    seen_tokens: int = 0
+    dropped: dict | None = None
 
     @property
     def cached_tokens(self) -> int:

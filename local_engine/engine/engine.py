@@ -240,8 +240,7 @@ class Engine:
                     for counter, tokens in zip(self.tiers.counters, (tier_tokens.device, tier_tokens.host,
                                                                      tier_tokens.disk)):
                         counter.hit_tokens_total += tokens
-                report = MatchReport(len(sequence.prompt), match.matched_tokens, match.miss_kind,
-                                     tier_tokens=match.tier_tokens, load_ms=match.load_ms)
+                report = MatchReport.of(match, len(sequence.prompt), self.cache.page_size)
                 sequence.handle._resolve_report(report)
         self.counters.preemptions += len(plan.preempted)
 
@@ -316,6 +315,7 @@ class Engine:
             sequence.handle._fail(EngineError("cancelled before it started", code="cancelled"))
             return
         sequence.finish_reason = reason
+        self.kv.remember_answered(sequence)
         if sequence.first_token_s:
             sequence.decode_s = time.perf_counter() - sequence.first_token_s
         if sequence.locked_node is not None or sequence.num_slots:
@@ -359,7 +359,7 @@ class Engine:
     def dry_run_match(self, namespace: str, token_ids: list[int]) -> MatchReport:
         with self.tree_lock:
             match = self.cache.match(namespace, token_ids, dry_run=True)
-        return MatchReport(len(token_ids), match.matched_tokens, match.miss_kind, tier_tokens=match.tier_tokens)
+        return MatchReport.of(match, len(token_ids), self.cache.page_size)
 
     def cache_stats(self) -> dict:
         with self.tree_lock:

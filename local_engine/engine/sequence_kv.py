@@ -109,6 +109,14 @@ class SequenceKV:
             self._store(sequence)
         sequence.bookkeeping_s += time.perf_counter() - started
 
+    def remember_answered(self, sequence: Sequence) -> None:
+        """Remember the prompt and every generated token (the last one too, never computed) as seen: a follow-up
+        turn re-sending the answer as returned re-sends tokens this request produced (`SeenIndex`)."""
+        if isinstance(self.cache, NoPrefixCache):
+            return
+        with self.tree_lock:
+            self.cache.remember_seen(sequence.namespace, list(sequence.token_ids))
+
     def _store(self, sequence: Sequence) -> None:
         num_tokens, known = sequence.num_computed_tokens, sequence.num_tree_slots
         if isinstance(self.cache, NoPrefixCache) or num_tokens - known < self.cache.page_size:

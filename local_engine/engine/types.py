@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from local_engine.cache import MissKind
 from local_engine.cache.tiers import TierTokens
@@ -30,6 +31,17 @@ class MatchReport:
     # time spent loading the host and disk part back into device slots (ms).
     tier_tokens: TierTokens | None = None
     load_ms: float = 0.0
+    # Tokens per cache page (matches are page-aligned); the longest prefix an earlier request in the namespace
+    # computed (>= matched_tokens); for an evicted/expired miss, what was dropped (kind, tier, retention, idle_s).
+    page_size: int | None = None
+    seen_tokens: int | None = None
+    dropped: dict | None = None
+
+    @classmethod
+    def of(cls, match: Any, prompt_tokens: int, page_size: int) -> MatchReport:
+        """From a prefix cache's `MatchResult` for a prompt of `prompt_tokens` tokens."""
+        return cls(prompt_tokens, match.matched_tokens, match.miss_kind, tier_tokens=match.tier_tokens,
+                   load_ms=match.load_ms, page_size=page_size, seen_tokens=match.seen_tokens, dropped=match.dropped)
 
     @property
     def tiers(self) -> TierTokens:

@@ -70,6 +70,19 @@ class PromptLayout:
             count += 1
         return count
 
+    def segment_starts(self) -> tuple[tuple[str, int], ...]:
+        """Each part's first token, in prompt order: `(segment, token index)` of the first token that ends after the
+        part's first character (a token shared with the text before it counts as the part's)."""
+        starts: list[tuple[str, int]] = []
+        token = 0
+        for span in self.spans:
+            if starts and starts[-1][0] == span.segment:
+                continue  # a part in several spans (a message's text, then its tool calls)
+            while token < len(self.token_offsets) and self.token_offsets[token][1] <= span.start:
+                token += 1
+            starts.append((span.segment, token))
+        return tuple(starts)
+
     def locate(self, token_index: int) -> Location | None:
         """Where token `token_index` starts: inside a part, or (for template text between parts) at the end of the
         part it directly follows, else at the start of the next part. None past the prompt or without spans."""

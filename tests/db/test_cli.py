@@ -76,6 +76,9 @@ def test_stats_table_and_json(
             [
                 make_record(created_at=now - timedelta(hours=2), tenant="acme", prompt_tokens=100, cached_tokens=50),
                 make_record(created_at=now - timedelta(hours=2), tenant="globex", prompt_tokens=100, cached_tokens=0),
+                # A conversation's turn: 40 new tokens, 60 that could have been cached, 45 that were.
+                make_record(created_at=now - timedelta(hours=2), tenant="initech", prompt_tokens=100, cached_tokens=45,
+                            new_tokens=40, lost_evicted_tokens=15, unknown_tokens=0),
             ],
         )
     engine.dispose()
@@ -85,10 +88,13 @@ def test_stats_table_and_json(
     assert code == 0
     rows = {row["group"]: row for row in json.loads(out)}
     assert rows["acme"]["token_hit_rate"] == pytest.approx(0.5)
+    assert rows["acme"]["eligible_hit_rate"] is None  # no ledger: unknown, not 0
+    assert rows["initech"]["eligible_hit_rate"] == pytest.approx(0.75)
     assert rows["globex"]["request_hit_share"] == 0.0
 
     code, out, _ = _run(capsys, "stats", "--since", "1d", "--by", "tenant")
     assert code == 0 and "acme" in out and "50.0%" in out and "TOKEN HIT" in out
+    assert "ELIGIBLE HIT" in out and "75.0%" in out
     code, out, _ = _run(capsys, "stats", "--since", "1d", "--tenant", "nobody")
     assert code == 0 and "no requests" in out
 

@@ -52,7 +52,8 @@ def test_the_record_is_built_from_every_stage(metrics: GatewayMetrics) -> None:
     tracker.routed(Routed("local"))
     tracker.prepared(Prepared(("strip_dates",), "abc", "hello", "ns1", None, None))
     replica = SimpleNamespace(url="http://r1")
-    placement = SimpleNamespace(replica=replica, policy="cache_aware", predicted_match_tokens=7, index_source="events")
+    placement = SimpleNamespace(replica=replica, policy="cache_aware", predicted_match_tokens=7, index_source="events",
+                                best_other_match_tokens=None)
     tracker.placed(Placed.of(placement, failovers=1))
     usage = UsageReport(prompt_tokens=10, cached_tokens=4, completion_tokens=3)
     report = CacheReport(miss_kind="partial", template_tokens=2)

@@ -21,7 +21,7 @@ from local_engine.cache.tiers.disk_store import CorruptKVFile
 from local_engine.cache.radix_node import RadixNode
 from local_engine.cache.tiers.store import DEVICE, DISK, HOST
 from local_engine.cache.tiers import TierTokens
-from local_engine.cache.types import MatchResult
+from local_engine.cache.types import MatchResult, MissKind
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,9 @@ def load_back(movement, namespace: str, token_ids: list[int], match: MatchResult
     if cut:
         limit = movement.tree.max_matchable_tokens(len(token_ids))
         miss_kind = movement.tree.miss_kind(namespace, token_ids, matched, limit)
+        dropped = movement.tree.dropped(namespace, token_ids, matched)
+        known = miss_kind in (MissKind.EVICTED, MissKind.EXPIRED) and dropped is not None
+        match = dataclasses.replace(match, dropped=dropped.as_dict(movement.tree.now_s()) if known else None)
     return dataclasses.replace(
         match,
         slots=torch.cat([match.slots, slots[:offset]]),

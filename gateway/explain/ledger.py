@@ -1,0 +1,163 @@
+"""A request's token ledger (`db.ledger.TokenLedger`) from the engine's own report, the conversation the request
+belongs to, the explanation and the routing.
+
+The numbers come from the engine: `P` prompt tokens, `M` matched (cached) tokens, the page size and `seen_tokens`,
+the longest prefix an earlier request in the namespace computed. The explanation only says why content differs.
+
+- `R` (reusable): `max(seen_tokens, M)`; for a conversation's later turn, its parent's prompt and answer as re-sent
+  count as sent before: `R` reaches the first token of the first segment the parent had not sent
+  (`ConversationLink.new_from_segment`); when the previous answer was re-sent differently (the conversation's
+  `answer_rewrite`, or the explanation `answer_rewritten`), `R` reaches at least the segment after it. `R <= P`.
+- new = `P - R`.
+- `C = page_floor(min(R, P - 1))`: the most that could have been matched. `R - C` is lost to `page_alignment`.
+- `C - M` is lost to one cause: `evicted` / `expired` when the engine's ghost index says so; `routed_away` when
+  another replica was predicted to hold more than this one matched; else the explanation's reason when it is a cause
+  (content changed, reordered, volatile value, model changed, answer rewritten); `page_alignment` when the engine
+  matched all it could (`hit`, `below_page`: what it never computed, such as an answer's last token); else `evicted`
+  (computed before, gone without a trace).
+
+An upstream that reports no cached tokens gets `unknown = P` and nothing else; one that reports cached tokens but no
+engine detail (vLLM, SGLang, hosted APIs) gets `cached = M`, `unknown = P - M`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from db.ledger import LOST_CAUSES, TokenLedger
+from gateway.conversations.link import ConversationLink
+from gateway.explain.reasons import ANSWER_REWRITTEN, BELOW_PAGE, EVICTED, EXPIRED, HIT, Explanation
+from gateway.upstreams.base import CacheReport
+from gateway.upstreams.tiers import TierSplit
+
+ROUTED_AWAY = "routed_away"
+PAGE_ALIGNMENT = "page_alignment"
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """What the router predicted: cached tokens on the chosen replica and on the best other one (None: unknown, or
+    no other replica)."""
+
+    predicted_tokens: int | None = None
+    best_other_tokens: int | None = None
+
+
+def unexplained_ledger(prompt: int | None, cached: int | None, tiers: TierSplit | None = None) -> TokenLedger | None:
+    """The ledger of a request without engine detail: None without a prompt count; `unknown = P` without a cached
+    count; else `cached = M` (by tier when known) and `unknown = P - M`."""
+    if prompt is None or prompt < 0:
+        return None
+    if cached is None:
+        return TokenLedger(prompt, unknown_tokens=prompt)
+    cached = min(max(cached, 0), prompt)
+    return TokenLedger(prompt, cached, _by_tier(tiers, cached), unknown_tokens=prompt - cached)
+
+
+def explained_fields(
+    explained: Any, report: CacheReport, prompt: int | None, cached: int | None, tiers: TierSplit | None
+) -> dict[str, Any]:
+    """The record fields of the explained stage (`explained.record_fields(report)`, None: no explainer), under a
+    plain ledger (`unexplained_ledger`) for a request the explainer gave none: every request with a prompt count has
+    a ledger that adds up."""
+    ledger = unexplained_ledger(prompt, cached, tiers)
+    fields = {} if ledger is None else ledger.record_fields()
+    fields.update({} if explained is None else explained.record_fields(report))
+    return fields
+
+
+def _by_tier(tiers: TierSplit | None, cached: int) -> dict[str, int] | None:
+    if tiers is None:
+        return None
+    split = {"device": tiers.device_tokens, "host": tiers.host_tokens, "disk": tiers.disk_tokens}
+    return split if sum(split.values()) == cached and min(split.values()) >= 0 else None
+
+
+def _segment_start(engine: CacheReport, name: str | None, after: bool) -> int | None:
+    """The first token of segment `name` (or, `after`, of the segment that follows it) per the engine."""
+    starts = engine.segment_starts or ()
+    for position, (segment, start) in enumerate(starts):
+        if segment == name:
+            if not after:
+                return start
+            return starts[position + 1][1] if position + 1 < len(starts) else engine.prompt_tokens
+    return None
+
+
+def reusable_tokens(
+    engine: CacheReport,
+    explanation: Explanation | None,
+    link: ConversationLink | None,
+    segment_names: Sequence[str] | None = None,
+) -> int:
+    """`R` (see the module docstring), clamped to `[M, P]`; the engine's prompt and matched tokens must be known.
+    `segment_names`: the request's segments (`gateway.explain.segments`), which `new_from_segment` indexes."""
+    prompt, matched = engine.prompt_tokens or 0, engine.matched_tokens or 0
+    reusable = max(engine.seen_tokens or 0, matched)
+    if link is not None and link.parent_request_id is not None and link.new_from_segment is not None:
+        names = segment_names or ()
+        if 0 <= link.new_from_segment < len(names):
+            start = _segment_start(engine, names[link.new_from_segment], after=False)
+            reusable = max(reusable, start or 0)
+    rewritten = link.answer_rewrite.segment if link is not None and link.answer_rewrite is not None else None
+    if rewritten is None and explanation is not None and explanation.reason == ANSWER_REWRITTEN:
+        rewritten = explanation.segment
+    if rewritten is not None:
+        end = _segment_start(engine, rewritten, after=True)
+        if end is not None:
+            reusable = max(reusable, end)
+    return min(max(reusable, matched), prompt)
+
+
+def _cause(engine: CacheReport, explanation: Explanation | None, routing: Routing | None) -> str:
+    if engine.miss_kind in (EVICTED, EXPIRED):
+        return engine.miss_kind
+    if routing is not None and routing.best_other_tokens is not None:
+        here = routing.predicted_tokens or 0
+        if routing.best_other_tokens > max(here, engine.matched_tokens or 0):
+            return ROUTED_AWAY
+    if explanation is not None and explanation.reason in LOST_CAUSES:
+        return explanation.reason
+    if explanation is not None and explanation.reason in (HIT, BELOW_PAGE):
+        return PAGE_ALIGNMENT
+    return EVICTED  # computed before in this namespace, gone without a trace in the ghost index
+
+
+def token_ledger(
+    engine: CacheReport,
+    explanation: Explanation | None = None,
+    *,
+    tiers: TierSplit | None = None,
+    conversation: ConversationLink | None = None,
+    routing: Routing | None = None,
+    segment_names: Sequence[str] | None = None,
+) -> TokenLedger | None:
+    """The request's ledger (see the module docstring); None when the prompt token count is unknown. `tiers` is the
+    matched tokens' split (the body's, else the report's); `segment_names` the request's segments."""
+    prompt, matched = engine.prompt_tokens, engine.matched_tokens
+    tiers = tiers if tiers is not None else engine.tiers
+    if prompt is None or matched is None or engine.page_size is None or engine.seen_tokens is None:
+        return unexplained_ledger(prompt, matched, tiers)
+    matched = min(max(matched, 0), prompt)
+    engine_view = engine if engine.matched_tokens == matched else replace(engine, matched_tokens=matched)
+    reusable = reusable_tokens(engine_view, explanation, conversation, segment_names)
+    page = max(engine.page_size, 1)
+    could = min(reusable, max(prompt - 1, 0))
+    could -= could % page
+    could = max(could, matched)  # a match the engine made is never more than it could
+    lost: dict[str, int] = {}
+    if reusable - could > 0:
+        lost[PAGE_ALIGNMENT] = reusable - could
+    if could - matched > 0:
+        cause = _cause(engine, explanation, routing)
+        lost[cause] = lost.get(cause, 0) + could - matched
+    return TokenLedger(prompt, matched, _by_tier(tiers, matched), prompt - reusable, lost)
+
+
+def evicted_tier(engine: CacheReport, ledger: TokenLedger | None) -> str | None:
+    """The tier the evicted or expired tokens were last held in, when the ledger lost any to eviction or expiry."""
+    if ledger is None or not (ledger.lost.get(EVICTED) or ledger.lost.get(EXPIRED)):
+        return None
+    return engine.dropped_tier

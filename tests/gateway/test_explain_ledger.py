@@ -1,0 +1,138 @@
+"""The token ledger from an engine report: every part, and that the parts add up whatever the report says."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from db.ledger import LOST_CAUSES
+from gateway.conversations.link import AnswerRewrite, ConversationLink
+from gateway.explain.ledger import Routing, evicted_tier, token_ledger, unexplained_ledger
+from gateway.explain.reasons import Explanation
+from gateway.upstreams.base import CacheReport
+from gateway.upstreams.tiers import TierSplit
+
+
+def report(prompt: int, matched: int, seen: int, page: int = 16, **extra) -> CacheReport:
+    return CacheReport(
+        prompt_tokens=prompt, matched_tokens=matched, seen_tokens=seen, page_size=page, template_tokens=3, **extra
+    )
+
+
+def test_a_grown_conversation_is_cached_and_new():
+    ledger = token_ledger(report(100, 64, 70), Explanation("hit"))
+    assert ledger is not None and ledger.adds_up()
+    assert (ledger.cached_tokens, ledger.new_tokens, dict(ledger.lost)) == (64, 30, {"page_alignment": 6})
+    assert ledger.eligible_hit_rate == 64 / 70
+
+
+def test_a_shared_opening_shorter_than_a_page_is_page_alignment():
+    ledger = token_ledger(report(40, 0, 12), Explanation("below_page"))
+    assert (ledger.cached_tokens, ledger.new_tokens, dict(ledger.lost)) == (0, 28, {"page_alignment": 12})
+
+
+def test_the_last_token_rule_is_page_alignment():
+    ledger = token_ledger(report(33, 32, 33), Explanation("hit"))  # the same prompt again: 32 of 33 matchable
+    assert (ledger.cached_tokens, ledger.new_tokens, dict(ledger.lost)) == (32, 0, {"page_alignment": 1})
+
+
+def test_evicted_tokens_are_lost_with_the_tier_they_were_held_in():
+    engine = report(100, 16, 90, miss_kind="evicted", dropped_tier="host")
+    ledger = token_ledger(engine, Explanation("evicted"))
+    assert dict(ledger.lost) == {"evicted": 64, "page_alignment": 10} and ledger.new_tokens == 10
+    assert evicted_tier(engine, ledger) == "host"
+
+
+def test_expired_tokens_are_lost_to_expiry():
+    ledger = token_ledger(report(50, 0, 50, miss_kind="expired", dropped_tier="device"), Explanation("expired"))
+    assert dict(ledger.lost) == {"expired": 48, "page_alignment": 2} and ledger.new_tokens == 0
+
+
+def test_a_content_change_loses_to_its_cause():
+    ledger = token_ledger(report(100, 32, 60), Explanation("system_changed", "system", 40))
+    assert dict(ledger.lost) == {"system_changed": 16, "page_alignment": 12} and ledger.new_tokens == 40
+
+
+def test_computed_before_but_gone_without_a_trace_is_evicted():
+    ledger = token_ledger(report(100, 0, 64), Explanation("new_prefix"))
+    assert dict(ledger.lost) == {"evicted": 64}
+
+
+def test_another_replica_predicted_to_hold_more_is_routed_away():
+    ledger = token_ledger(report(100, 16, 80), Explanation("evicted"), routing=Routing(16, 64))
+    assert dict(ledger.lost) == {"routed_away": 64}
+
+
+def test_a_rewritten_answer_counts_the_whole_answer_as_sent_before():
+    starts = (("system", 3), ("messages[1]", 20), ("messages[2]", 30), ("messages[3]", 70))
+    link = ConversationLink("c", "content", 2, "r1", 1.0, 4, AnswerRewrite("whitespace", "messages[2]", 3, 12))
+    engine = report(90, 32, 41, segment_starts=starts)
+    ledger = token_ledger(engine, Explanation("answer_rewritten", "messages[2]", 12), conversation=link)
+    assert dict(ledger.lost) == {"answer_rewritten": 32, "page_alignment": 6} and ledger.new_tokens == 20
+    without_link = token_ledger(engine, Explanation("answer_rewritten", "messages[2]", 12))
+    assert without_link == ledger
+
+
+def test_a_later_turn_counts_its_parent_s_prompt_and_answer_as_sent_before():
+    names = ["model", "system", "messages[1]", "messages[2]", "messages[3]"]
+    starts = (("system", 3), ("messages[1]", 20), ("messages[2]", 30), ("messages[3]", 70))
+    link = ConversationLink("c", "content", 2, "r1", 1.0, new_from_segment=4)
+    engine = report(90, 16, 20, segment_starts=starts)  # the system prompt changed at token 20
+    ledger = token_ledger(engine, Explanation("system_changed", "system", 50), conversation=link, segment_names=names)
+    assert dict(ledger.lost) == {"system_changed": 48, "page_alignment": 6} and ledger.new_tokens == 20
+
+
+def test_cached_by_tier_is_the_engine_split():
+    ledger = token_ledger(report(100, 64, 64), Explanation("hit"), tiers=TierSplit(48, 16, 0))
+    assert ledger.cached_by_tier == {"device": 48, "host": 16, "disk": 0} and ledger.adds_up()
+
+
+def test_upstreams_that_report_less_leave_the_rest_unknown():
+    assert token_ledger(CacheReport(prompt_tokens=100)).record_fields()["unknown_tokens"] == 100
+    nothing = unexplained_ledger(100, None)
+    assert nothing.record_fields() == {"new_tokens": None, "unknown_tokens": 100,
+                                       **{f"lost_{cause}_tokens": None for cause in LOST_CAUSES}}
+    cached = token_ledger(CacheReport(prompt_tokens=100, matched_tokens=40))
+    assert (cached.cached_tokens, cached.new_tokens, cached.unknown_tokens, cached.adds_up()) == (40, None, 60, True)
+    assert token_ledger(CacheReport()) is None
+
+
+REASONS = st.sampled_from(["hit", "below_page", "new_prefix", "evicted", "expired", *LOST_CAUSES])
+
+
+@st.composite
+def engine_reports(draw) -> tuple[CacheReport, Explanation, ConversationLink | None, Routing | None]:
+    """Arbitrary (even inconsistent) engine reports and conversations: the ledger must add up whatever they say."""
+    prompt = draw(st.integers(0, 3000))
+    page = draw(st.integers(1, 64))
+    matched = draw(st.integers(0, prompt + 5))
+    seen = draw(st.one_of(st.none(), st.integers(0, prompt + 50)))
+    names = [f"messages[{i}]" for i in range(draw(st.integers(0, 6)))]
+    starts = tuple(sorted((name, draw(st.integers(0, prompt + 10))) for name in names))
+    engine = CacheReport(
+        prompt_tokens=prompt, matched_tokens=draw(st.one_of(st.none(), st.just(matched))), page_size=page,
+        seen_tokens=seen, segment_starts=starts or None,
+        miss_kind=draw(st.sampled_from([None, "hit", "partial", "cold", "evicted", "expired"])),
+        dropped_tier=draw(st.sampled_from([None, "device", "host", "disk"])),
+    )
+    link = None
+    if names and draw(st.booleans()):
+        index = draw(st.integers(0, len(names) - 1))
+        rewrite = AnswerRewrite("whitespace", names[index], index + 1, draw(st.integers(0, 500)))
+        link = ConversationLink("c", "content", 2, "r", 1.0, index + 2, draw(st.sampled_from([None, rewrite])))
+    routing = draw(st.one_of(st.none(), st.builds(Routing, st.integers(0, 4000), st.integers(0, 4000))))
+    reason = draw(REASONS)
+    segment = draw(st.sampled_from([None, *names]))
+    return engine, Explanation(reason, segment, 0 if segment else None), link, routing
+
+
+@settings(deadline=None, max_examples=300)
+@given(engine_reports())
+def test_the_ledger_adds_up_on_arbitrary_reports_and_conversations(case):
+    engine, explanation, link, routing = case
+    ledger = token_ledger(engine, explanation, conversation=link, routing=routing)
+    assert ledger is not None and ledger.adds_up()
+    assert ledger.prompt_tokens == engine.prompt_tokens
+    if engine.matched_tokens is not None and ledger.new_tokens is not None:
+        assert ledger.cached_tokens == min(engine.matched_tokens, engine.prompt_tokens)
+        assert set(ledger.lost) <= set(LOST_CAUSES)
