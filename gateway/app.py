@@ -21,6 +21,7 @@ from gateway.advisor.sampler import AdviceSampler
 from gateway.anthropic.handler import CountTokens, MessagesProxy
 from gateway.auth import KeySnapshot, KeyStore
 from gateway.config import GatewayConfig
+from gateway.conversations.tracker import ConversationTracker
 from gateway.edge_errors import exception_handlers
 from gateway.engine_context import EngineContextPoller
 from gateway.explain.explainer import Explainer
@@ -108,7 +109,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     )
     metrics.replicas.watch(lambda: runtime.router.replica_sets.values())
     uplift = UpliftChecker(lambda: runtime.client, recorder.record)
-    explainer = Explainer(uplift)
+    explainer = Explainer(uplift, conversations=ConversationTracker(hasher.key_for))
     advisor = AdviceSampler(lambda: runtime.client, fleet_key=hasher.fleet_key())
     recorder.compose(explainer=explainer, uplift=uplift, advisor=advisor)
     engine_context = EngineContextPoller(lambda: runtime.client, storage, config.upstreams)

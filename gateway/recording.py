@@ -2,11 +2,10 @@
 
 A `RequestTracker` follows a request through the proxy in named stages (`Admitted`, `Parsed`, `Routed`, `Prepared`,
 `Placed`, `Answered`: frozen values, each set once as the request path learns it); `finish` adds the explained stage
-and builds the record exactly once, whatever path the request took (success, upstream error, bad input, client
-disconnect), so every request is recorded. For an answered request the record carries the miss explanation and the
-prompt's hash chain; when the request was sampled for rule advice or a normalization uplift check, their background
-tasks submit the record once they have their answers. Meanwhile the writer holds it (`RecordSink.hold`: journaled
-under spill_first, like a record submitted at once), so a crash while a sink has it loses nothing answered.
+(the conversation link, the miss explanation and the prompt's hash chain) and builds the record exactly once,
+whatever path the request took (success, upstream error, bad input, client disconnect). A record sampled for rule
+advice or an uplift check is submitted by their background tasks once they have their answers; meanwhile the writer
+holds it (`RecordSink.hold`: journaled under spill_first), so a crash while a sink has it loses nothing answered.
 
 The recorder imports none of the features that feed it: the app composes it with its sinks (`MissExplainer`:
 `gateway.explain.Explainer`; `UpliftSink`: `gateway.explain.uplift.UpliftChecker`; `AdviceSink`:
@@ -34,6 +33,7 @@ from gateway.request_stages import (
     NOT_ROUTED,
     Admitted,
     Answered,
+    ConversationLinkLike,
     ExplainContextLike,
     Parsed,
     Placed,
@@ -86,9 +86,10 @@ class MissExplainer(Protocol):
 
     def prepare_soon(self, context: Any) -> None: ...
 
-    def explain(
-        self, context: Any, *, recorded_status: int, engine: CacheReport, applied_rules: tuple[str, ...]
-    ) -> ExplainedAnswer: ...
+    def conversation(self, context: Any, *, recorded_status: int) -> ConversationLinkLike | None: ...
+
+    def explain(self, context: Any, *, recorded_status: int, engine: CacheReport, applied_rules: tuple[str, ...],
+                conversation: ConversationLinkLike | None = None) -> ExplainedAnswer: ...
 
 
 class UpliftSink(Protocol):
@@ -228,6 +229,8 @@ class RequestTracker:
         if self._prepared is not NOT_PREPARED:
             self._set_twice("prepared")
         self._prepared = stage
+        if stage.explain is not None:
+            stage.explain.request_id = self.request_id
 
     def placed(self, stage: Placed) -> None:
         if self._placed is not NOT_PLACED:
@@ -275,20 +278,22 @@ class RequestTracker:
             explainer.prepare_soon(explain)
 
     def _explained(self, status_code: int, report: CacheReport, prompt_tokens: int | None,
-                   cached_tokens: int | None) -> ExplainedAnswer | None:
-        """The explained stage: the recorder's explainer's answer (None without an explainer or explain context)."""
+                   cached_tokens: int | None) -> tuple[ExplainedAnswer | None, ConversationLinkLike | None]:
+        """The explained stage: the recorder's explainer's answer and the request's conversation link (None, None
+        without an explainer or explain context)."""
         explainer = self._recorder.explainer
         explain = self._prepared.explain
         if explainer is None or explain is None:
-            return None
+            return None, None
+        link = explainer.conversation(explain, recorded_status=status_code)
         engine = replace(
             report,
             matched_tokens=report.matched_tokens if report.matched_tokens is not None else cached_tokens,
             prompt_tokens=report.prompt_tokens if report.prompt_tokens is not None else prompt_tokens,
         )
-        return explainer.explain(
-            explain, recorded_status=status_code, engine=engine, applied_rules=self._prepared.applied_rules
-        )
+        rules = self._prepared.applied_rules
+        return explainer.explain(explain, recorded_status=status_code, engine=engine, applied_rules=rules,
+                                 conversation=link), link
 
     def finish(self, status_code: int, error_type: str | None = None) -> None:
         """Record the request (only the first call counts)."""
@@ -306,7 +311,7 @@ class RequestTracker:
         cached_tokens = usage.cached_tokens if usage.cached_tokens is not None else report.matched_tokens
         # The body's split (or the usage chunk's) wins over the header's; the load time is only ever in the body.
         tiers = usage.tiers if usage.tiers is not None else report.tiers
-        explained = self._explained(status_code, report, prompt_tokens, cached_tokens)
+        explained, link = self._explained(status_code, report, prompt_tokens, cached_tokens)
         ttft_ms, ttft_source = gateway_ttft, TTFT_GATEWAY if gateway_ttft is not None else None
         if ttft_ms is None and not parsed.stream and report.ttft_ms is not None and status_code < 400:
             ttft_ms, ttft_source = report.ttft_ms, TTFT_ENGINE  # the engine's own queue + prefill time
@@ -350,6 +355,7 @@ class RequestTracker:
             provider_miss_reason=None if diagnosis is None else diagnosis.reason,
             provider_missed_tokens=None if diagnosis is None else diagnosis.missed_tokens,
             **({} if explained is None else explained.record_fields(report)),
+            **({} if link is None else link.record_fields()),
         )
         if self.span is not None:
             self.span.end(record)
