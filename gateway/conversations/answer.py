@@ -54,12 +54,24 @@ class AnswerCapture(Protocol):
     def answer(self) -> Answer | None: ...
 
 
-def _text(value: Any) -> str:
+def content_text(value: Any) -> str:
+    """A message's `content` as text: the string, or its text parts joined ("" for anything else)."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):  # content parts
         return "".join(p.get("text", "") for p in value if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
+
+
+def message_tool_calls(message: dict[str, Any]) -> tuple[ToolCall, ...]:
+    """A chat message's tool calls (name and arguments text; "" where one is missing)."""
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            arguments = function.get("arguments")
+            calls.append(ToolCall(str(function.get("name") or ""), arguments if isinstance(arguments, str) else ""))
+    return tuple(calls)
 
 
 def _bounded(answer: Answer) -> Answer | None:
@@ -71,13 +83,8 @@ def answer_of_message(message: Any) -> Answer | None:
     if not isinstance(message, dict):
         return None
     reasoning = message.get("reasoning_content", message.get("reasoning"))
-    calls = []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict):
-            calls.append(ToolCall(str(function.get("name") or ""), _text(function.get("arguments"))))
-    return _bounded(Answer(_text(message.get("content")), reasoning if isinstance(reasoning, str) else None,
-                           tuple(calls)))
+    thought = reasoning if isinstance(reasoning, str) else None
+    return _bounded(Answer(content_text(message.get("content")), thought, message_tool_calls(message)))
 
 
 def answer_of_chunks(chunks: Iterable[Any]) -> Answer | None:

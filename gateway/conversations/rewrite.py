@@ -23,30 +23,12 @@ from typing import Any
 
 import msgspec
 
-from gateway.conversations.answer import Answer, ToolCall
+from gateway.conversations.answer import Answer, ToolCall, content_text, message_tool_calls
 from gateway.conversations.link import AnswerRewrite
 
 _ENCODER = msgspec.json.Encoder()  # keeps key order, as the segments' encoder does
 _WHITESPACE = re.compile(r"\s+")
 _REASONING = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.DOTALL)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(p.get("text", "") for p in value if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
-def _calls(message: dict[str, Any]) -> tuple[ToolCall, ...]:
-    calls = []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict):
-            arguments = function.get("arguments")
-            calls.append(ToolCall(str(function.get("name") or ""), arguments if isinstance(arguments, str) else ""))
-    return tuple(calls)
 
 
 def _squashed(text: str) -> str:
@@ -117,7 +99,7 @@ def answer_rewrite(answer: Answer, message: Any, name: str, segment_index: int) 
     `answer`; None when it is the answer as returned (or not a message)."""
     if not isinstance(message, dict):
         return None
-    kind = _kind(answer, _text(message.get("content")), _calls(message))
+    kind = _kind(answer, content_text(message.get("content")), message_tool_calls(message))
     if kind is None:
         return None
     expected = segment_text(_as_returned(message, answer))

@@ -112,7 +112,8 @@ class ConversationTracker:
         explicit: ExplicitId | None = context.explicit_id
         turn = None
         if explicit is not None:
-            conversation_id = _keyed_id(key, explicit.source.encode() + b"\x00" + explicit.value.encode())
+            given = f"{explicit.source}\x00{explicit.value}".encode("utf-8", "surrogatepass")
+            conversation_id = _keyed_id(key, given)
             last = self._get(tenant, ("e", conversation_id), now)
             link = ConversationLink(conversation_id, explicit.source, 1 if last is None else last.turn_index + 1)
             if last is not None:

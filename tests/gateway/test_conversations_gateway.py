@@ -1,0 +1,38 @@
+"""Conversations through the gateway in front of the stub upstream, driven by the official `openai` package: an
+explicit session header over chat completions (keyed, per tenant), and the Responses API linked by content, plain
+and streamed, with the answer the gateway returned re-sent through `previous_response_id`."""
+
+from __future__ import annotations
+
+import openai
+from gateway_testkit import FakeStorage, gateway_config, running_gateway
+
+
+def _client(url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def test_session_header_and_responses_by_content(stub, stub_url):
+    storage = FakeStorage()
+    keys = {tenant: storage.add_key(f"k-{tenant}", tenant) for tenant in ("acme", "beta")}
+    with running_gateway(gateway_config(stub_url, auth="keys"), storage) as gw:
+        session = {"x-prefixscope-session": "chat-7"}
+        for tenant, question in (("acme", "a"), ("acme", "b"), ("beta", "a")):
+            _client(gw.url, keys[tenant]).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": question}], extra_headers=session, user="u1"
+            )
+        acme = _client(gw.url, keys["acme"])
+        first = acme.responses.create(model="m", input="Hi there")
+        second = acme.responses.create(model="m", input="More", previous_response_id=first.id, stream=True)
+        second_id = next(event.response.id for event in second if event.type == "response.completed")
+        acme.responses.create(model="m", input="Bye", previous_response_id=second_id)
+        records = gw.wait_records(6)
+    header = records[:3]
+    assert [(r.conversation_source, r.turn_index) for r in header] == [("header", 1), ("header", 2), ("header", 1)]
+    assert header[0].conversation_id == header[1].conversation_id != header[2].conversation_id
+    assert "chat-7" not in header[0].conversation_id and header[1].parent_request_id == header[0].request_id
+    responses = records[3:]
+    assert [(r.conversation_source, r.turn_index) for r in responses] == [("content", 1), ("content", 2), ("content", 3)]
+    assert len({r.conversation_id for r in responses}) == 1
+    assert [r.parent_request_id for r in responses] == [None, responses[0].request_id, responses[1].request_id]
+    assert [r.answer_rewrite for r in responses] == [None, None, None]  # the stored answers, re-sent as returned
