@@ -32,7 +32,7 @@ def test_session_header_and_responses_by_content(stub, stub_url):
     assert header[0].conversation_id == header[1].conversation_id != header[2].conversation_id
     assert "chat-7" not in header[0].conversation_id and header[1].parent_request_id == header[0].request_id
     responses = records[3:]
-    assert [(r.conversation_source, r.turn_index) for r in responses] == [("content", 1), ("content", 2), ("content", 3)]
+    assert [(r.conversation_source, r.turn_index) for r in responses] == [("content", i) for i in (1, 2, 3)]
     assert len({r.conversation_id for r in responses}) == 1
     assert [r.parent_request_id for r in responses] == [None, responses[0].request_id, responses[1].request_id]
     assert [r.answer_rewrite for r in responses] == [None, None, None]  # the stored answers, re-sent as returned
