@@ -1,9 +1,11 @@
-"""Conversations through the gateway in front of the stub upstream, driven by the official `openai` package: an
-explicit session header over chat completions (keyed, per tenant), and the Responses API linked by content, plain
-and streamed, with the answer the gateway returned re-sent through `previous_response_id`."""
+"""Conversations through the gateway in front of the stub upstream, driven by the official `openai` and `anthropic`
+packages: explicit ids (the session header over chat completions, keyed per tenant; `prompt_cache_key`, read before
+the gateway replaces it; the Messages API's `metadata.user_id`), and the Responses API linked by content, plain and
+streamed, with the answer the gateway returned re-sent through `previous_response_id`."""
 
 from __future__ import annotations
 
+import anthropic
 import openai
 from gateway_testkit import FakeStorage, gateway_config, running_gateway
 
@@ -26,13 +28,23 @@ def test_session_header_and_responses_by_content(stub, stub_url):
         second = acme.responses.create(model="m", input="More", previous_response_id=first.id, stream=True)
         second_id = next(event.response.id for event in second if event.type == "response.completed")
         acme.responses.create(model="m", input="Bye", previous_response_id=second_id)
-        records = gw.wait_records(6)
+        for question in ("a", "b"):
+            acme.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": question}], prompt_cache_key="pk-1", user="u1"
+            )
+        messages = anthropic.Anthropic(base_url=gw.url, api_key=keys["acme"], max_retries=0, timeout=30).messages
+        messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "Hi"}],
+                        metadata={"user_id": "u-9"})
+        records = gw.wait_records(9)
     header = records[:3]
     assert [(r.conversation_source, r.turn_index) for r in header] == [("header", 1), ("header", 2), ("header", 1)]
     assert header[0].conversation_id == header[1].conversation_id != header[2].conversation_id
     assert "chat-7" not in header[0].conversation_id and header[1].parent_request_id == header[0].request_id
-    responses = records[3:]
+    responses = records[3:6]
     assert [(r.conversation_source, r.turn_index) for r in responses] == [("content", i) for i in (1, 2, 3)]
     assert len({r.conversation_id for r in responses}) == 1
     assert [r.parent_request_id for r in responses] == [None, responses[0].request_id, responses[1].request_id]
-    assert [r.answer_rewrite for r in responses] == [None, None, None]  # the stored answers, re-sent as returned
+    assert [r.answer_rewrite for r in responses[:3]] == [None, None, None]  # the stored answers, re-sent as returned
+    keyed, metadata = records[6:8], records[8]
+    assert [(r.conversation_source, r.turn_index) for r in keyed] == [("prompt_cache_key", 1), ("prompt_cache_key", 2)]
+    assert (metadata.conversation_source, metadata.turn_index) == ("metadata", 1)
