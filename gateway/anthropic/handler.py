@@ -19,6 +19,7 @@ import httpx
 import msgspec
 
 from gateway.anthropic import MESSAGES, engine_forward, passthrough
+from gateway.anthropic.answer_capture import MessageAnswerCapture
 from gateway.anthropic.errors import body_for_gateway_error
 from gateway.anthropic.normalize import normalize
 from gateway.anthropic.positions import DryRunFailed, breakpoint_positions, dry_run
@@ -172,6 +173,8 @@ class MessagesProxy(CompletionProxy):
         )
 
         if passthrough_route:
+            if tracker.explain is not None:  # the answer, as sent, for the conversation tracker
+                tracker.explain.answer = MessageAnswerCapture(style)
             upstream_headers = passthrough.upstream_headers(route.upstream, headers.get(_VERSION), headers.get(_BETA))
             upstream_body = normalized_body
             asked = settings.diagnostics or "diagnostics" in normalized_body

@@ -1,13 +1,17 @@
 """Conversations through the gateway in front of the stub upstream, driven by the official `openai` and `anthropic`
 packages: explicit ids (the session header over chat completions, keyed per tenant; `prompt_cache_key`, read before
 the gateway replaces it; the Messages API's `metadata.user_id`), and the Responses API linked by content, plain and
-streamed, with the answer the gateway returned re-sent through `previous_response_id`."""
+streamed, with the answer the gateway returned re-sent through `previous_response_id`; and an `anthropic` upstream's
+answers (passthrough), plain and streamed, re-sent as returned and with their whitespace changed."""
 
 from __future__ import annotations
 
 import anthropic
 import openai
-from gateway_testkit import FakeStorage, gateway_config, running_gateway
+from anthropic_stub import AnthropicStub
+from gateway_testkit import FakeStorage, gateway_config, running_gateway, serve_in_thread
+
+from gateway.config import UpstreamConfig
 
 
 def _client(url: str, key: str) -> openai.OpenAI:
@@ -48,3 +52,24 @@ def test_session_header_and_responses_by_content(stub, stub_url):
     keyed, metadata = records[6:8], records[8]
     assert [(r.conversation_source, r.turn_index) for r in keyed] == [("prompt_cache_key", 1), ("prompt_cache_key", 2)]
     assert (metadata.conversation_source, metadata.turn_index) == ("metadata", 1)
+
+
+def test_anthropic_passthrough_answers_round_trip(tmp_path):
+    """An `anthropic` upstream's answer, plain and streamed, is captured as sent and compared when re-sent."""
+    stub = AnthropicStub()  # answers "Hi there", plain or streamed
+    with serve_in_thread(stub) as url:
+        upstream = UpstreamConfig(name="claude", url=url, kind="anthropic", api_key="sk-upstream", timeout_s=30)
+        with running_gateway(gateway_config(url, upstreams=(upstream,), default_upstream="claude")) as gw:
+            messages = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0, timeout=30).messages
+            turns = [{"role": "user", "content": "Hi"}]
+            messages.create(model="claude-x", max_tokens=8, messages=turns)
+            turns += [{"role": "assistant", "content": "Hi there"}, {"role": "user", "content": "More"}]
+            with messages.stream(model="claude-x", max_tokens=8, messages=turns) as stream:
+                stream.until_done()
+            turns += [{"role": "assistant", "content": [{"type": "text", "text": "Hi  there"}]},
+                      {"role": "user", "content": "Bye"}]
+            messages.create(model="claude-x", max_tokens=8, messages=turns)
+            records = gw.wait_records(3)
+    assert [r.turn_index for r in records] == [1, 2, 3] and len({r.conversation_id for r in records}) == 1
+    assert [r.answer_rewrite for r in records] == [None, None, "whitespace"]
+    assert (records[2].answer_rewrite_segment, records[2].answer_rewrite_char_offset) == ("messages[3]", 3)
