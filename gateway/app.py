@@ -21,6 +21,7 @@ from gateway.advisor.sampler import AdviceSampler
 from gateway.anthropic.handler import CountTokens, MessagesProxy
 from gateway.auth import KeySnapshot, KeyStore
 from gateway.config import GatewayConfig
+from gateway.conversations.tracker import ConversationTracker
 from gateway.edge_errors import exception_handlers
 from gateway.engine_context import EngineContextPoller
 from gateway.explain.explainer import Explainer
@@ -33,7 +34,8 @@ from gateway.openapi import openapi_document
 from gateway.parsing import CHAT, COMPLETIONS
 from gateway.proxy import CompletionProxy
 from gateway.record_keys import RecordHasher
-from gateway.recording import Recorder, RecordSink
+from gateway.record_sinks import RecordSink
+from gateway.recording import Recorder
 from gateway.replicas.health_view import replica_health, upstreams_without_replicas
 from gateway.responses.handler import ResponseResource, ResponsesProxy
 from gateway.responses.store import ResponseStore
@@ -108,7 +110,7 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     )
     metrics.replicas.watch(lambda: runtime.router.replica_sets.values())
     uplift = UpliftChecker(lambda: runtime.client, recorder.record)
-    explainer = Explainer(uplift)
+    explainer = Explainer(uplift, conversations=ConversationTracker(hasher.key_for))
     advisor = AdviceSampler(lambda: runtime.client, fleet_key=hasher.fleet_key())
     recorder.compose(explainer=explainer, uplift=uplift, advisor=advisor)
     engine_context = EngineContextPoller(lambda: runtime.client, storage, config.upstreams)

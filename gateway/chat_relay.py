@@ -20,6 +20,7 @@ import msgspec
 
 from gateway.asgi_io import SSE_HEADERS, Send
 from gateway.chat_chunks import UpstreamStreamError, chat_chunks
+from gateway.conversations.answer import ChunkCapture, MessageCapture
 from gateway.errors import GatewayError
 from gateway.forwarding import map_transport_error
 from gateway.recording import RequestTracker
@@ -71,8 +72,10 @@ def chat_completion(exchange: ChatExchange, upstream: httpx.Response) -> tuple[d
         raise UpstreamBadAnswer(f"The upstream {exchange.route.name!r} answered without a chat completion.")
     assert isinstance(payload, dict)
     explain = exchange.tracker.explain
-    if explain is not None and isinstance(payload.get("prefix_cache"), dict):
-        explain.prefix_cache = payload["prefix_cache"]
+    if explain is not None:
+        explain.answer = MessageCapture(choices[0].get("message"))
+        if isinstance(payload.get("prefix_cache"), dict):
+            explain.prefix_cache = payload["prefix_cache"]
     return payload, choices[0]
 
 
@@ -120,6 +123,9 @@ async def relay_chat_stream(
     adapter = exchange.route.adapter
     usage: UsageReport | None = None
     error: tuple[str, str, int] | None = None  # message, error type, recorded status
+    capture = ChunkCapture() if tracker.explain is not None else None
+    if tracker.explain is not None:
+        tracker.explain.answer = capture
     try:
         async for chunk in chat_chunks(upstream):
             if isinstance(chunk, UpstreamStreamError):
@@ -134,6 +140,8 @@ async def relay_chat_stream(
                 exchange.ttft_ms = (time.perf_counter() - exchange.start_perf) * 1000.0
             if out:
                 await exchange.send({"type": "http.response.body", "body": out, "more_body": True})
+            if capture is not None:
+                capture.add(chunk)  # after its bytes went out
     except httpx.HTTPError as exc:
         failure = map_transport_error(exc, exchange.route)
         log.warning("upstream stream from %s broke: %s", exchange.route.name, failure.message)

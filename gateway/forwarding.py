@@ -14,6 +14,7 @@ import httpx
 import msgspec
 
 from gateway.asgi_io import JSON_CONTENT_TYPE, SSE_HEADERS, Send, send_response
+from gateway.conversations.answer import PlainCapture, StreamCapture
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
 from gateway.explain.chains import body_without_hash_chain
 from gateway.recording import RequestTracker
@@ -147,6 +148,8 @@ async def forward_plain(
     content_type = upstream.headers.get("content-type")
     type_header = (b"content-type", content_type.encode("latin-1")) if content_type else JSON_CONTENT_TYPE
     await send_response(send, upstream.status_code, body, [*headers, type_header])
+    if tracker.explain is not None:
+        tracker.explain.answer = PlainCapture(body)  # decoded once the request is finished
     return outcome
 
 
@@ -186,7 +189,10 @@ async def forward_stream(
             await send(
                 {"type": "http.response.start", "status": upstream.status_code, "headers": SSE_HEADERS + headers}
             )
-            return await _pump(upstream, relay, send, route, tracker, cache_report)
+            capture = StreamCapture() if explain is not None else None
+            if explain is not None:
+                explain.answer = capture
+            return await _pump(upstream, relay, send, route, tracker, cache_report, capture)
         finally:
             # Also on cancellation (client gone): whatever was learnt so far goes into the record.
             if tracker.answer is None:
@@ -206,11 +212,12 @@ async def _pump(
     route: Route,
     tracker: RequestTracker,
     cache_report: CacheReport,
+    capture: StreamCapture | None,
 ) -> Outcome:
     """Relay the stream. The client's response ends as soon as `[DONE]` has gone out (what follows upstream is
     only the end of the chunked body, read so the connection can be reused). After the first byte went out,
     upstream failures become a final SSE error event. The answered stage is set just before the last byte goes
-    out."""
+    out. The bytes sent go to `capture` (when given) after they went out."""
 
     def answered(outcome: Outcome) -> Outcome:
         tracker.answered(Answered(outcome, relay.usage, cache_report, relay.ttft_ms))
@@ -226,9 +233,14 @@ async def _pump(
             if relay.saw_done:
                 finished = True
                 outcome = answered(Outcome(upstream.status_code, relay.error_type))
-                await send({"type": "http.response.body", "body": out + relay.flush(), "more_body": False})
+                tail = out + relay.flush()
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
+                if capture is not None:
+                    capture.add(tail)
             elif out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+                if capture is not None:
+                    capture.add(out)
     except httpx.HTTPError as exc:
         if outcome is not None:
             return outcome

@@ -87,11 +87,16 @@ def response_headers(
 async def relay_events(
     upstream: httpx.Response, reader: EventStreamReader, route: Route, send: Send, tracker: RequestTracker
 ) -> Outcome:
-    """Pass the events through as they come; the outcome is fixed (the answered stage set) before the last byte."""
+    """Pass the events through as they come; the outcome is fixed (the answered stage set) before the last byte. The
+    explain context's answer capture, when it takes bytes (`add`), gets each chunk after it went out."""
+    capture = getattr(tracker.explain, "answer", None)
+    add = getattr(capture, "add", None)
     try:
         async for chunk in upstream.aiter_raw():
             reader.feed(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if add is not None:
+                add(chunk)
     except httpx.HTTPError as exc:
         error = map_transport_error(exc, route)
         log.warning("upstream stream from %s broke: %s", route.name, error.message)

@@ -24,6 +24,7 @@ from gateway.asgi_io import (
     send_response,
 )
 from gateway.body_checks import too_deep
+from gateway.conversations.ids import SESSION_HEADER_BYTES, explicit_id
 from gateway.errors import ClientDisconnected, GatewayError, MethodNotAllowed, error_body
 from gateway.explain.explainer import ExplainContext
 from gateway.fingerprint import prefix_hash, prompt_text
@@ -111,7 +112,7 @@ class CompletionProxy:
         if scope["method"] != "POST":
             raise MethodNotAllowed(f"Method {scope['method']} is not allowed here; use POST.")
         runtime = self._runtime
-        headers = header_values(scope, _AUTHORIZATION, _CONTENT_LENGTH)
+        headers = header_values(scope, _AUTHORIZATION, _CONTENT_LENGTH, SESSION_HEADER_BYTES)
         principal = await runtime.keys.authenticate_now(headers.get(_AUTHORIZATION))
         tracker.admitted(Admitted(principal.tenant, principal.key_id))
         raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))
@@ -152,7 +153,7 @@ class CompletionProxy:
                 retention_class=retention,
                 explain=ExplainContext(
                     settings, self._endpoint, principal.tenant, normalized.request, parsed.body, salt, route,
-                    client_wants_chain,
+                    client_wants_chain, explicit_id=explicit_id(headers.get(SESSION_HEADER_BYTES), parsed.body),
                 ),
             )
         )

@@ -2,30 +2,35 @@
 
 A `RequestTracker` follows a request through the proxy in named stages (`Admitted`, `Parsed`, `Routed`, `Prepared`,
 `Placed`, `Answered`: frozen values, each set once as the request path learns it); `finish` adds the explained stage
-and builds the record exactly once, whatever path the request took (success, upstream error, bad input, client
-disconnect), so every request is recorded. For an answered request the record carries the miss explanation and the
-prompt's hash chain; when the request was sampled for rule advice or a normalization uplift check, their background
-tasks submit the record once they have their answers. Meanwhile the writer holds it (`RecordSink.hold`: journaled
-under spill_first, like a record submitted at once), so a crash while a sink has it loses nothing answered.
+(the conversation link, the miss explanation and the prompt's hash chain) and builds the record exactly once,
+whatever path the request took (success, upstream error, bad input, client disconnect). A record sampled for rule
+advice or an uplift check is submitted by their background tasks once they have their answers; meanwhile the writer
+holds it (`RecordSink.hold`: journaled under spill_first), so a crash while a sink has it loses nothing answered.
 
 The recorder imports none of the features that feed it: the app composes it with its sinks (`MissExplainer`:
 `gateway.explain.Explainer`; `UpliftSink`: `gateway.explain.uplift.UpliftChecker`; `AdviceSink`:
-`gateway.advisor.sampler.AdviceSampler`), each declared here by the calls the recorder makes.
+`gateway.advisor.sampler.AdviceSampler`), each declared in `gateway.record_sinks` by the calls the recorder makes.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from db.chains import RequestChain
 from db.records import RequestRecord
 from gateway.explain.ledger import Routing, explained_fields
 from gateway.metrics import GatewayMetrics
+from gateway.record_sinks import (
+    AdviceSink,
+    ExplainedAnswer,
+    HeldRecordLike,
+    MissExplainer,
+    RecordSink,
+    UpliftSink,
+)
 from gateway.record_keys import KEY_VERSION, RecordHasher
 from gateway.request_stages import (
     NOT_ADMITTED,
@@ -35,6 +40,7 @@ from gateway.request_stages import (
     NOT_ROUTED,
     Admitted,
     Answered,
+    ConversationLinkLike,
     ExplainContextLike,
     Parsed,
     Placed,
@@ -53,57 +59,6 @@ log = logging.getLogger(__name__)
 # Where a recorded TTFT comes from: the gateway's clock (first streamed content byte) or the engine's report.
 TTFT_GATEWAY = "gateway"
 TTFT_ENGINE = "engine"
-
-
-class HeldRecordLike(Protocol):
-    """A record held back by a sink (`db.held_record.HeldRecord`)."""
-
-    def complete(self, record: RequestRecord) -> bool: ...
-
-
-class RecordSink(Protocol):
-    """What the recorder hands records to: `db.writer.RecordWriter` in production."""
-
-    def submit(self, record: RequestRecord) -> bool: ...
-
-    def hold(self, record: RequestRecord) -> HeldRecordLike: ...
-
-    def counters(self) -> Any: ...
-
-
-class ExplainedAnswer(Protocol):
-    """A miss explanation (`gateway.explain.explainer.Explained`)."""
-
-    @property
-    def chain(self) -> RequestChain | None: ...
-
-    @property
-    def uplift(self) -> Any: ...  # the uplift check to run, when the request was sampled for one
-
-    def record_fields(self, report: CacheReport) -> Mapping[str, Any]: ...
-
-
-class MissExplainer(Protocol):
-    """Explains why an answered request was not served further from cache (`gateway.explain.Explainer`)."""
-
-    def prepare_soon(self, context: Any) -> None: ...
-
-    def explain(
-        self, context: Any, *, recorded_status: int, engine: CacheReport, applied_rules: tuple[str, ...],
-        routing: Routing | None = None, tiers: TierSplit | None = None,
-    ) -> ExplainedAnswer: ...
-
-
-class UpliftSink(Protocol):
-    """Measures a sampled request's normalization gain, then submits its record (`UpliftChecker`)."""
-
-    def defer(self, record: RequestRecord, job: Any, submit: Callable[[RequestRecord], None]) -> bool: ...
-
-
-class AdviceSink(Protocol):
-    """Estimates what a tenant's disabled rules would gain, then submits the record (`AdviceSampler`)."""
-
-    def observe(self, context: Any, record: RequestRecord, submit: Callable[[RequestRecord], None]) -> bool: ...
 
 
 class Recorder:
@@ -231,6 +186,8 @@ class RequestTracker:
         if self._prepared is not NOT_PREPARED:
             self._set_twice("prepared")
         self._prepared = stage
+        if stage.explain is not None:
+            stage.explain.request_id = self.request_id
 
     def placed(self, stage: Placed) -> None:
         if self._placed is not NOT_PLACED:
@@ -278,17 +235,22 @@ class RequestTracker:
             explainer.prepare_soon(explain)
 
     def _explained(self, status_code: int, report: CacheReport, prompt_tokens: int | None,
-                   cached_tokens: int | None, tiers: TierSplit | None) -> ExplainedAnswer | None:
-        """The explained stage: the recorder's explainer's answer (None without an explainer or explain context).
-        The engine's counts are the record's (the usage's, else the headers')."""
+                   cached_tokens: int | None, tiers: TierSplit | None,
+                   ) -> tuple[ExplainedAnswer | None, ConversationLinkLike | None]:
+        """The explained stage: the recorder's explainer's answer and the request's conversation link (None, None
+        without an explainer or explain context). The engine's counts are the record's (the usage's, else the
+        headers'), so that the token ledger adds up to the recorded prompt tokens."""
         explainer = self._recorder.explainer
         explain = self._prepared.explain
         if explainer is None or explain is None:
-            return None
+            return None, None
+        link = explainer.conversation(explain, recorded_status=status_code)
         engine = replace(report, matched_tokens=cached_tokens, prompt_tokens=prompt_tokens)
         routing = Routing(self._placed.predicted_match_tokens, self._placed.best_other_match_tokens)
-        return explainer.explain(explain, recorded_status=status_code, engine=engine,
-                                 applied_rules=self._prepared.applied_rules, routing=routing, tiers=tiers)
+        explained = explainer.explain(explain, recorded_status=status_code, engine=engine,
+                                      applied_rules=self._prepared.applied_rules, conversation=link, routing=routing,
+                                      tiers=tiers)
+        return explained, link
 
     def finish(self, status_code: int, error_type: str | None = None) -> None:
         """Record the request (only the first call counts)."""
@@ -306,7 +268,7 @@ class RequestTracker:
         cached_tokens = usage.cached_tokens if usage.cached_tokens is not None else report.matched_tokens
         # The body's split (or the usage chunk's) wins over the header's; the load time is only ever in the body.
         tiers = usage.tiers if usage.tiers is not None else report.tiers
-        explained = self._explained(status_code, report, prompt_tokens, cached_tokens, tiers)
+        explained, link = self._explained(status_code, report, prompt_tokens, cached_tokens, tiers)
         ttft_ms, ttft_source = gateway_ttft, TTFT_GATEWAY if gateway_ttft is not None else None
         if ttft_ms is None and not parsed.stream and report.ttft_ms is not None and status_code < 400:
             ttft_ms, ttft_source = report.ttft_ms, TTFT_ENGINE  # the engine's own queue + prefill time
@@ -350,6 +312,7 @@ class RequestTracker:
             provider_miss_reason=None if diagnosis is None else diagnosis.reason,
             provider_missed_tokens=None if diagnosis is None else diagnosis.missed_tokens,
             **explained_fields(explained, report, prompt_tokens, cached_tokens, tiers),
+            **({} if link is None else link.record_fields()),
         )
         if self.span is not None:
             self.span.end(record)

@@ -1,6 +1,8 @@
 """The named stages a request's record is built from (`gateway.recording.RequestTracker`), each a frozen value the
 request path sets once: admitted -> parsed -> routed -> prepared -> placed (replica sets only) -> answered; the
-explained stage is the recorder's explainer's answer, added when the record is finished."""
+explained stage is the recorder's explainer's answer with the request's conversation link
+(`gateway.conversations.ConversationLink`: its `record_fields` go on the record), added when the record is
+finished."""
 
 from __future__ import annotations
 
@@ -24,6 +26,13 @@ class ExplainContextLike(Protocol):
     """What the recorder reads or tells about a request's explain context (`gateway.explain.ExplainContext`)."""
 
     route: Any  # the route the request took: a replica set's placement replaces it
+    request_id: str | None  # set by the tracker when the prepared stage is recorded
+
+
+class ConversationLinkLike(Protocol):
+    """A request's place in its conversation (`gateway.conversations.ConversationLink`)."""
+
+    def record_fields(self) -> dict[str, Any]: ...
 
 
 class StageSetTwice(RuntimeError):

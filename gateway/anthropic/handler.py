@@ -19,6 +19,7 @@ import httpx
 import msgspec
 
 from gateway.anthropic import MESSAGES, engine_forward, passthrough
+from gateway.anthropic.answer_capture import MessageAnswerCapture
 from gateway.anthropic.errors import body_for_gateway_error
 from gateway.anthropic.normalize import normalize
 from gateway.anthropic.positions import DryRunFailed, breakpoint_positions, dry_run
@@ -34,6 +35,7 @@ from gateway.asgi_io import (
     send_response,
 )
 from gateway.auth import Principal
+from gateway.conversations.ids import SESSION_HEADER_BYTES, explicit_id
 from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, Unauthorized, UpstreamUnavailable
 from gateway.explain.explainer import ExplainContext
 from gateway.fingerprint import prefix_hash, prompt_text
@@ -52,7 +54,7 @@ _X_API_KEY = b"x-api-key"
 _CONTENT_LENGTH = b"content-length"
 _VERSION = b"anthropic-version"
 _BETA = b"anthropic-beta"
-_HEADERS = (_AUTHORIZATION, _X_API_KEY, _CONTENT_LENGTH, _VERSION, _BETA)
+_HEADERS = (_AUTHORIZATION, _X_API_KEY, _CONTENT_LENGTH, _VERSION, _BETA, SESSION_HEADER_BYTES)
 ANTHROPIC_KIND = "anthropic"
 
 
@@ -163,11 +165,16 @@ class MessagesProxy(CompletionProxy):
                 prefix_hash=prefix_hash(CHAT, chat_body, runtime.recorder.hash_key(principal.tenant)),
                 prompt_text=prompt_text(CHAT, chat_body) if settings.store_prompt_text else None,
                 retention_class=retention,
-                explain=ExplainContext(settings, CHAT, principal.tenant, chat_body, raw_chat, salt, route, False),
+                explain=ExplainContext(
+                    settings, CHAT, principal.tenant, chat_body, raw_chat, salt, route, False,
+                    explicit_id=explicit_id(headers.get(SESSION_HEADER_BYTES), request.body),
+                ),
             )
         )
 
         if passthrough_route:
+            if tracker.explain is not None:  # the answer, as sent, for the conversation tracker
+                tracker.explain.answer = MessageAnswerCapture(style)
             upstream_headers = passthrough.upstream_headers(route.upstream, headers.get(_VERSION), headers.get(_BETA))
             upstream_body = normalized_body
             asked = settings.diagnostics or "diagnostics" in normalized_body

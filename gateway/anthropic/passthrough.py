@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from gateway.anthropic.answer_capture import MessageAnswerCapture
 from gateway.anthropic.errors import error_type_for_status
 from gateway.anthropic.stream import error_event
 from gateway.asgi_io import SSE_HEADERS, Send, send_response
@@ -145,6 +146,9 @@ async def forward_plain(
         headers.append((HEADER_MATCHED.encode(), str(usage.cached_tokens or 0).encode()))
         headers.append((HEADER_PROMPT.encode(), str(usage.prompt_tokens).encode()))
     await send_response(send, upstream.status_code, body, headers)
+    capture = getattr(tracker.explain, "answer", None)
+    if outcome.status_code < 400 and isinstance(capture, MessageAnswerCapture):
+        capture.add(body)
     return outcome
 
 

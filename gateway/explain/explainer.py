@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from db.chains import RequestChain
 from db.ledger import TokenLedger
@@ -53,6 +53,10 @@ class ExplainContext:
         "prepared",
         "upstream_status",
         "prefix_cache",
+        "request_id",
+        "explicit_id",
+        "answer",
+        "conversation",
     )
 
     def __init__(
@@ -65,6 +69,8 @@ class ExplainContext:
         salt: str,
         route: Route,
         client_wants_chain: bool,
+        *,
+        explicit_id: Any = None,
     ) -> None:
         self.settings = settings
         self.endpoint = endpoint
@@ -79,6 +85,13 @@ class ExplainContext:
         self.prepared = False
         self.upstream_status: int | None = None  # set when the upstream's response headers arrive
         self.prefix_cache: dict[str, Any] | None = None  # the engine's `prefix_cache` object, when it sent one
+        # For the conversation tracker (`gateway.conversations`): the request's id (set by its tracker), the
+        # conversation id the client gave (`ExplicitId`), the answer as captured by the relay (`AnswerCapture`) and
+        # the link found when the request went upstream.
+        self.request_id: str | None = None
+        self.explicit_id = explicit_id
+        self.answer: Any = None
+        self.conversation: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +127,28 @@ class Explained:
         }
 
 
-class Explainer:
-    """Holds every tenant's request history and the uplift checker."""
+class ConversationLinker(Protocol):
+    """Links requests into conversations (`gateway.conversations.ConversationTracker`)."""
 
-    def __init__(self, uplift: UpliftChecker, *, rng: random.Random | None = None) -> None:
+    def prepare(self, context: ExplainContext) -> None: ...
+
+    def finish(self, context: ExplainContext, *, answered: bool) -> ConversationLink | None: ...
+
+
+class Explainer:
+    """Holds every tenant's request history, the uplift checker and the conversation tracker (None: requests are not
+    linked into conversations)."""
+
+    def __init__(
+        self,
+        uplift: UpliftChecker,
+        *,
+        rng: random.Random | None = None,
+        conversations: ConversationLinker | None = None,
+    ) -> None:
         self.histories = HistoryIndex()
         self.uplift = uplift
+        self.conversations = conversations
         self._random = rng or random.Random()
 
     def prepare_soon(self, context: ExplainContext) -> None:
@@ -139,6 +168,25 @@ class Explainer:
         except Exception:  # explaining is an extra: it must never fail a request
             log.exception("could not segment a request for the miss explanation")
             context.segments = None
+        if self.conversations is not None:
+            try:
+                self.conversations.prepare(context)
+            except Exception:
+                log.exception("could not link a request to its conversation")
+
+    def conversation(self, context: ExplainContext, *, recorded_status: int) -> ConversationLink | None:
+        """The request's place in its conversation, once it is finished (None: not linked); an answered request is
+        remembered for the turns that follow it."""
+        if self.conversations is None:
+            return None
+        self.prepare(context)
+        status = context.upstream_status
+        answered = status is not None and status < 400 and recorded_status < 400
+        try:
+            return self.conversations.finish(context, answered=answered)
+        except Exception:
+            log.exception("could not link a request to its conversation")
+            return None
 
     def explain(
         self,

@@ -34,6 +34,7 @@ from gateway.asgi_io import (
 )
 from gateway.auth import Principal
 from gateway.body_checks import too_deep
+from gateway.conversations.ids import SESSION_HEADER_BYTES, ExplicitId, explicit_id
 from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
 from gateway.explain.explainer import ExplainContext
 from gateway.fingerprint import prefix_hash, prompt_text
@@ -79,7 +80,7 @@ class ResponsesProxy(CompletionProxy):
         if scope["method"] != "POST":
             raise MethodNotAllowed(f"Method {scope['method']} is not allowed here; use POST.")
         runtime = self._runtime
-        headers = header_values(scope, _AUTHORIZATION, _CONTENT_LENGTH)
+        headers = header_values(scope, _AUTHORIZATION, _CONTENT_LENGTH, SESSION_HEADER_BYTES)
         principal = runtime.keys.authenticate(headers.get(_AUTHORIZATION))
         tracker.admitted(Admitted(principal.tenant, principal.key_id))
         raw = await read_body(receive, runtime.config.max_body_bytes, headers.get(_CONTENT_LENGTH))
@@ -87,10 +88,11 @@ class ResponsesProxy(CompletionProxy):
         tracker.parsed(Parsed(request.model, request.stream))
         route = runtime.router.route(request.model)
         tracker.routed(Routed(route.name))
+        given = explicit_id(headers.get(SESSION_HEADER_BYTES), request.body)
         try:
             if route.adapter.kind == OPENAI_KIND:
-                return await self._passthrough(request, principal, route, receive, send, tracker, start_perf)
-            return await self._to_chat(request, principal, route, receive, send, tracker, start_perf)
+                return await self._passthrough(request, principal, route, receive, send, tracker, start_perf, given)
+            return await self._to_chat(request, principal, route, receive, send, tracker, start_perf, given)
         except RecursionError:
             raise too_deep(request.body) from None
 
@@ -121,6 +123,7 @@ class ResponsesProxy(CompletionProxy):
         send: Any,
         tracker: RequestTracker,
         start_perf: float,
+        given: ExplicitId | None,
     ) -> Outcome:
         runtime = self._runtime
         tenant = principal.tenant
@@ -144,7 +147,9 @@ class ResponsesProxy(CompletionProxy):
                 prompt_text=prompt_text(CHAT, normalized.request) if settings.store_prompt_text else None,
                 namespace_label=runtime.salts.label_for(tenant) if route.adapter.salt_field is not None else None,
                 retention_class=retention,
-                explain=ExplainContext(settings, CHAT, tenant, normalized.request, chat_body, salt, route, False),
+                explain=ExplainContext(
+                    settings, CHAT, tenant, normalized.request, chat_body, salt, route, False, explicit_id=given
+                ),
             )
         )
         payload = _ENCODER.encode(body)
@@ -175,6 +180,7 @@ class ResponsesProxy(CompletionProxy):
         send: Any,
         tracker: RequestTracker,
         start_perf: float,
+        given: ExplicitId | None,
     ) -> Outcome:
         runtime = self._runtime
         tenant = principal.tenant
@@ -193,7 +199,7 @@ class ResponsesProxy(CompletionProxy):
             chat_view = raw_view = None  # built-in tools or other items: recorded, not explained
         explain = None
         if chat_view is not None and raw_view is not None:
-            explain = ExplainContext(settings, CHAT, tenant, chat_view, raw_view, salt, route, False)
+            explain = ExplainContext(settings, CHAT, tenant, chat_view, raw_view, salt, route, False, explicit_id=given)
         tracker.prepared(
             Prepared(
                 applied_rules=applied_rules,

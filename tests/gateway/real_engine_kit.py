@@ -77,6 +77,29 @@ def create_keys(database_url: str, tenants: list[str]) -> dict[str, str]:
         engine.dispose()
 
 
+@contextmanager
+def keyed_gateway(
+    engine_url: str, tmp_path: Path, tenants: dict[str, Any]
+) -> Iterator[tuple[str, dict[str, str], str]]:
+    """A gateway in front of the engine at `engine_url` with one API key per tenant (name -> `TenantSettings`),
+    recording into SQLite under `tmp_path`; yields (gateway URL, tenant -> key, database URL)."""
+    from gateway_testkit import db_storage, gateway_config, running_gateway
+
+    from gateway.config import UpstreamConfig
+
+    database_url = f"sqlite:///{tmp_path}/gateway.db"
+    keys = create_keys(database_url, list(tenants))
+    config = gateway_config(
+        engine_url,
+        upstreams=(UpstreamConfig(name="engine", url=engine_url, kind="local_engine", timeout_s=300.0),),
+        default_upstream="engine",
+        tenants=tenants,
+        auth="keys",
+    )
+    with running_gateway(config, db_storage(database_url, tmp_path)) as gw:
+        yield gw.url, keys, database_url
+
+
 def stored(database_url: str, table: str, key_column: str, ids: list[str]) -> dict[str, dict[str, Any]]:
     """Rows of `table` whose `key_column` is in `ids`, once all are there (the writer needs a moment)."""
     engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://"))

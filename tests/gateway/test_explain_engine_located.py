@@ -12,10 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_testkit import db_storage, gateway_config, running_gateway
-from real_engine_kit import MODEL, create_keys, stored
+from real_engine_kit import MODEL, keyed_gateway, stored
 
-from gateway.config import TenantSettings, UpstreamConfig
+from gateway.config import TenantSettings
 
 pytestmark = pytest.mark.real_model
 
@@ -57,18 +56,9 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def deployment(engine_url: str, tmp_path_factory) -> Iterator[Deployment]:
-    tmp_path = tmp_path_factory.mktemp("located")
-    database_url = f"sqlite:///{tmp_path}/gateway.db"
-    keys = create_keys(database_url, list(TENANTS))
-    config = gateway_config(
-        engine_url,
-        upstreams=(UpstreamConfig(name="engine", url=engine_url, kind="local_engine", timeout_s=300.0),),
-        default_upstream="engine",
-        tenants=dict.fromkeys(TENANTS, PLAIN),
-        auth="keys",
-    )
-    with running_gateway(config, db_storage(database_url, tmp_path)) as gw:
-        yield Deployment(gw.url, keys, database_url, engine_url)
+    tenants = dict.fromkeys(TENANTS, PLAIN)
+    with keyed_gateway(engine_url, tmp_path_factory.mktemp("located"), tenants) as (url, keys, database_url):
+        yield Deployment(url, keys, database_url, engine_url)
 
 
 def messages(system: str = SYSTEM, history: str = HISTORY, question: str = "What can I do?") -> list[dict]:

@@ -49,6 +49,9 @@ class Explainer:
     def prepare_soon(self, context: Any) -> None:
         pass
 
+    def conversation(self, context: Any, **_: Any) -> None:
+        return None
+
     def explain(self, context: Any, **_: Any) -> Explained:
         return Explained()
 
