@@ -14,35 +14,24 @@ from typing import Any
 import msgspec
 
 from gateway.anthropic.translate import ChatStyle, to_chat_body
-from gateway.conversations.answer import MAX_STREAM_BYTES, Answer, answer_of_message
+from gateway.conversations.answer import Answer, SentBytes, answer_of_message, sse_payloads
 
 _DECODER = msgspec.json.Decoder()
 
 
-class MessageAnswerCapture:
+class MessageAnswerCapture(SentBytes):
     """The bytes of one Messages API answer as sent (a JSON message or server-sent events)."""
 
-    __slots__ = ("_style", "_parts", "_size", "overflowed")
+    __slots__ = ("_style",)
 
     def __init__(self, style: ChatStyle) -> None:
+        super().__init__()
         self._style = style
-        self._parts: list[bytes] = []
-        self._size = 0
-        self.overflowed = False
-
-    def add(self, data: bytes) -> None:
-        if self.overflowed or not data:
-            return
-        self._size += len(data)
-        if self._size > MAX_STREAM_BYTES:
-            self.overflowed, self._parts = True, []
-            return
-        self._parts.append(data)
 
     def answer(self) -> Answer | None:
-        if self.overflowed or not self._parts:
+        data = self.data()
+        if not data:
             return None
-        data = b"".join(self._parts)
         if data.lstrip().startswith(b"{"):
             try:
                 message = _DECODER.decode(data)
@@ -65,12 +54,7 @@ def _streamed_blocks(data: bytes) -> list[dict[str, Any]]:
     """The content blocks of a streamed message, from its `content_block_start` and `content_block_delta` events."""
     blocks: dict[int, dict[str, Any]] = {}
     arguments: dict[int, list[str]] = {}
-    for event in data.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
-        try:
-            payload = _DECODER.decode(b"\n".join(lines)) if lines else None
-        except msgspec.DecodeError:
-            continue
+    for payload in sse_payloads(data):
         if not isinstance(payload, dict) or not isinstance(payload.get("index"), int):
             continue
         index, kind = payload["index"], payload.get("type")

@@ -182,9 +182,8 @@ class ChunkCapture:
         return None if self.overflowed else answer_of_chunks(self._chunks)
 
 
-class StreamCapture:
-    """The server-sent-event bytes of a chat completion stream as they went to the client (up to
-    `MAX_STREAM_BYTES`; past it the answer is not kept)."""
+class SentBytes:
+    """Bytes as they went to the client, kept up to `MAX_STREAM_BYTES` (past it none are: `overflowed`)."""
 
     __slots__ = ("_parts", "_size", "overflowed")
 
@@ -202,13 +201,23 @@ class StreamCapture:
             return
         self._parts.append(data)
 
+    def data(self) -> bytes | None:
+        """What was kept (None past the bound)."""
+        return None if self.overflowed else b"".join(self._parts)
+
+
+class StreamCapture(SentBytes):
+    """The server-sent-event bytes of a chat completion stream as they went to the client."""
+
+    __slots__ = ()
+
     def answer(self) -> Answer | None:
-        if self.overflowed:
-            return None
-        return answer_of_chunks(_events(b"".join(self._parts)))
+        data = self.data()
+        return None if data is None else answer_of_chunks(sse_payloads(data))
 
 
-def _events(data: bytes) -> Iterable[Any]:
+def sse_payloads(data: bytes) -> Iterable[Any]:
+    """The decoded `data:` of each server-sent event in `data` (`[DONE]` and undecodable events skipped)."""
     for event in data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n"):
         lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
         if not lines:

@@ -17,14 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_testkit import db_storage, gateway_config, running_gateway
-from real_engine_kit import MODEL, create_keys, stored
+from real_engine_kit import MODEL, keyed_gateway, stored
 from sqlalchemy import create_engine
 
 from db.queries.advice import advice
 from db.timeutil import utc_now
 from gateway.advisor.traffic import interleaved_sessions
-from gateway.config import SEMANTIC_RULES, TenantSettings, UpstreamConfig
+from gateway.config import SEMANTIC_RULES, TenantSettings
 
 pytestmark = pytest.mark.real_model
 
@@ -76,19 +75,9 @@ def token_hit_rate(rows: list[dict[str, Any]]) -> float:
 
 @pytest.fixture(scope="module")
 def deployment(engine_url: str, tmp_path_factory) -> Iterator[Deployment]:
-    tmp_path = tmp_path_factory.mktemp("advisor")
-    database_url = f"sqlite:///{tmp_path}/gateway.db"
     tenants = {"agents": ADVISED, "steady": ADVISED} | {f"hoisted_{p}": s for p, s in HOISTED.items()}
-    keys = create_keys(database_url, list(tenants))
-    config = gateway_config(
-        engine_url,
-        upstreams=(UpstreamConfig(name="engine", url=engine_url, kind="local_engine", timeout_s=300.0),),
-        default_upstream="engine",
-        tenants=tenants,
-        auth="keys",  # tenants come from their API keys
-    )
-    with running_gateway(config, db_storage(database_url, tmp_path)) as gw:
-        yield Deployment(gw.url, keys, database_url)
+    with keyed_gateway(engine_url, tmp_path_factory.mktemp("advisor"), tenants) as (url, keys, database_url):
+        yield Deployment(url, keys, database_url)
 
 
 def test_default_rules_tenant_is_advised_hoist_volatile_and_the_estimate_holds(deployment: Deployment) -> None:
