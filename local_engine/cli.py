@@ -69,7 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"prefixscope engine: {error}", file=sys.stderr)
         return 2
-    loaded = load_model(config.model, device)
+    loaded = load_model(config.model, device, config.dtype)
     try:
         engine = Engine(config, loaded)
     except (DiskCacheLocked, TierUnavailable) as error:
@@ -162,5 +162,9 @@ def register(commands, bench_commands) -> None:
     bench.add_argument(
         "--api-rounds", type=int, default=3,
         help="rounds of the API sections (constrained decoding at C=1 and 8, n=4 vs 4 requests); 0 skips them",
+    )
+    bench.add_argument(
+        "--agreement-prompts", type=int, default=8,
+        help="prompts of the bf16-against-fp32 greedy agreement check (32 tokens each); 0 skips it",
     )
     bench.set_defaults(handler=_bench, kv_cache_tokens=None)

@@ -20,6 +20,10 @@ class EngineConfig:
 
     model: str = option("smollm2", "--model", help="'smollm2' or a local transformers model directory")
     device: str = option("auto", "--device", choices=("auto", "cpu", "cuda"))
+    dtype: str = option(
+        "auto", "--dtype", choices=("auto", "float32", "bfloat16"),
+        help="weights and KV dtype; auto: bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32",
+    )  # local_engine.model.loader.dtype_for
     # Pool capacity in tokens or in GiB (one of the two; DEFAULT_KV_CACHE_TOKENS applies when neither is set).
     kv_cache_tokens: int | None = option(None, "--kv-cache-tokens", help="KV pool capacity in tokens", group="kv")
     kv_cache_gib: float | None = option(None, "--kv-cache-gib", help="KV pool capacity in GiB", group="kv")

@@ -151,6 +151,8 @@ def measure_concurrency(engine, tokenizer, prompts, concurrency: int, max_tokens
         "itl_p50_ms": _ms(percentile(itl, 0.5)),
         "itl_p99_ms": _ms(percentile(itl, 0.99)),
         "cached_share_of_prompt_tokens": round(cached_tokens / prompt_tokens, 4) if prompt_tokens else None,
+        "prompt_tokens_mean": round(prompt_tokens / num_requests, 1),
+        "cached_tokens_mean": round(cached_tokens / num_requests, 1),
         "peak_rss_bytes": rss.peak_bytes,
         "rss_growth_bytes": rss.peak_bytes - rss.start_bytes,
         # Where the pool lives: what a second copy of its KV would grow.

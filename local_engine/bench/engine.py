@@ -1,5 +1,6 @@
 """`prefixscope bench engine`: time-to-first-token on repeated long system prompts, with and without the cache,
-then throughput and latency with many requests in flight (bench_concurrent).
+then throughput and latency with many requests in flight (bench_concurrent), each run's inter-token latency beside
+the memory-bandwidth floor of a decode step (decode_floor), and bf16's greedy agreement with fp32 (dtype_agreement).
 
 The workload is what agents and support bots send: a few distinct ~2k-token system prompts, each followed by short
 user turns, interleaved. The first request of each prompt is a miss; the rest can reuse its KV. The same workload
@@ -125,6 +126,8 @@ def _api_sections(args: argparse.Namespace, config, loaded, long_prompt: list[in
 
 def run_engine_benchmark(args: argparse.Namespace) -> int:
     from local_engine.bench.concurrent import concurrency_verdicts, run_concurrent_workload
+    from local_engine.bench.decode_floor import floor_section, floor_verdicts, read_bandwidth_gb_s
+    from local_engine.bench.dtype_agreement import run_dtype_agreement
     from local_engine.prompt.chat_prompt import chat_prompt_token_ids
     from local_engine.config import EngineConfig
     from local_engine.engine.engine import Engine
@@ -134,7 +137,7 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
 
     config = config_from(EngineConfig, args)
     with progress(f"bench engine: loading {config.model}"):
-        loaded = load_model(config.model, resolve_device(config.device))
+        loaded = load_model(config.model, resolve_device(config.device), config.dtype)
     tokenizer = loaded.tokenizer
     prompts = [system_prompt(tokenizer, i, args.prefix_tokens, args.seed) for i in range(args.num_prefixes)]
     # Prompt i first appears in round i and then recurs every round: misses and hits interleave in time, so a
@@ -152,7 +155,7 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
     cached = _measure(Engine(config, loaded), workload, args.max_tokens, "prefix cache")
     baseline = _measure(Engine(replace(config, prefix_cache=False), loaded), workload, args.max_tokens, "no cache")
     hit_p50, miss_p50 = cached["ttft_repeated"]["p50_ms"], cached["ttft_first_seen"]["p50_ms"]
-    concurrent = None
+    concurrent = floor = None
     if args.concurrency:
         engine = Engine(config, loaded)
         engine.start()
@@ -160,7 +163,12 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
             concurrent = run_concurrent_workload(engine, tokenizer, args)
         finally:
             engine.stop()
+        floor = floor_section(engine, concurrent["runs"], args.num_prefixes, read_bandwidth_gb_s(loaded.device))
     apis, api_verdicts = _api_sections(args, config, loaded, workload[0][1])
+    agreement, agreement_verdicts = None, {}
+    if args.agreement_prompts:
+        agreement, agreement_verdicts = run_dtype_agreement(config, loaded, args.agreement_prompts, 32,
+                                                            system_prompt(tokenizer, 7, 300, args.seed))
     hit_over_miss = round(hit_p50 / miss_p50, 4)
     bookkeeping = cached["bookkeeping_share_of_engine_time"]
     verdicts = {
@@ -169,7 +177,9 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
     }
     if concurrent:
         verdicts.update(concurrency_verdicts(concurrent))
+        verdicts.update(floor_verdicts(floor))
     verdicts.update(api_verdicts)
+    verdicts.update(agreement_verdicts)
     report = {
         "model": loaded.model_id,
         "device": str(loaded.device),
@@ -189,6 +199,8 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
         "hit_ttft_over_miss_ttft_p50": hit_over_miss,
         "repeated_ttft_speedup_vs_no_cache_p50": round(baseline["ttft_repeated"]["p50_ms"] / hit_p50, 2),
         "concurrent_shared_prefix": concurrent,
+        "decode_floor": floor,
+        "bf16_agreement_with_fp32": agreement,
         "apis": apis,
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "verdicts": verdicts,

@@ -166,14 +166,17 @@ _FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 def _attend(
     queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention and its log-sum-exp: `queries` float32 `[B, H, M, d]`, `keys`/`values` `[B, H, N, d]`,
-    `mask` bool broadcastable to `[B, H, M, N]` (True = attend) -> (`o` `[B, H, M, d]`, `lse` `[B, H, M]`)."""
+    """Softmax attention and its log-sum-exp: `queries` float32 `[B, H, M, d]`, `keys`/`values` `[B, H, N, d]` in
+    the pool's dtype, `mask` bool broadcastable to `[B, H, M, N]` (True = attend) -> float32 (`o` `[B, H, M, d]`,
+    `lse` `[B, H, M]`). On the CPU a bf16 pool is read as it is (the fused kernel accumulates in float32), not
+    converted to a float32 copy first."""
     if _FUSED_CPU is not None and queries.device.type == "cpu":
         bias = None
         if mask is not None:
-            bias = torch.zeros(mask.shape, dtype=queries.dtype).masked_fill_(~mask, float("-inf"))
-        out, lse = _FUSED_CPU(queries, keys, values, 0.0, False, attn_mask=bias, scale=scaling)[:2]
-        return out, lse
+            bias = torch.zeros(mask.shape, dtype=keys.dtype).masked_fill_(~mask, float("-inf"))
+        out, lse = _FUSED_CPU(queries.to(keys.dtype), keys, values, 0.0, False, attn_mask=bias, scale=scaling)[:2]
+        return out.float(), lse.float()
+    keys, values = keys.float(), values.float()
     scores = queries @ keys.transpose(-1, -2) * scaling
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -204,8 +207,8 @@ def cascade_attention(
     # Suffixes: every row's own slots, padded, in one pass.
     longest = batch.suffix_slots.shape[1]
     flat = batch.suffix_slots.view(-1)
-    suffix_k = pool_k.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).transpose(1, 2).float()
-    suffix_v = pool_v.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).transpose(1, 2).float()
+    suffix_k = pool_k.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).transpose(1, 2)
+    suffix_v = pool_v.index_select(0, flat).view(rows, longest, num_kv_heads, head_dim).transpose(1, 2)
     o2, lse2 = _attend(grouped, suffix_k, suffix_v, scaling, batch.suffix_mask)  # [R, kv, per_kv, d|-]
 
     out, _ = merge_partials([(o1, lse1), (o2, lse2)])
@@ -219,12 +222,12 @@ def attend_slot_read(
     per view and one for the gathered slots, merged: (`o` `[1, kv, M, d]`, `lse` `[1, kv, M]`)."""
     parts = []
     for first, length in read.views:
-        keys = pool_k.narrow(0, first, length).transpose(0, 1).unsqueeze(0).float()  # [1, kv, length, d]
-        values = pool_v.narrow(0, first, length).transpose(0, 1).unsqueeze(0).float()
+        keys = pool_k.narrow(0, first, length).transpose(0, 1).unsqueeze(0)  # [1, kv, length, d]
+        values = pool_v.narrow(0, first, length).transpose(0, 1).unsqueeze(0)
         parts.append(_attend(queries, keys, values, scaling))
     if read.gathered is not None:
-        keys = pool_k.index_select(0, read.gathered).transpose(0, 1).unsqueeze(0).float()
-        values = pool_v.index_select(0, read.gathered).transpose(0, 1).unsqueeze(0).float()
+        keys = pool_k.index_select(0, read.gathered).transpose(0, 1).unsqueeze(0)
+        values = pool_v.index_select(0, read.gathered).transpose(0, 1).unsqueeze(0)
         parts.append(_attend(queries, keys, values, scaling))
     return merge_partials(parts)
 

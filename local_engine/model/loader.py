@@ -48,9 +48,44 @@ def resolve_device(spec: str) -> torch.device:
     return torch.device(spec)
 
 
-def dtype_for(device: torch.device) -> torch.dtype:
-    # bf16 halves KV memory and uses tensor cores on GPUs; CPUs are faster and exact in fp32.
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+DTYPES = ("auto", "float32", "bfloat16")
+# Processor flags (Linux /proc/cpuinfo) of native bf16 arithmetic: AVX512-BF16 dot products or AMX tiles.
+_NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
+    """Whether the processor computes in bf16 natively (`avx512_bf16` or `amx_bf16` among its flags). False where
+    the flags cannot be read: without them bf16 matmuls are emulated and slower than fp32."""
+    try:
+        with open(cpuinfo_path) as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return bool(_NATIVE_BF16_FLAGS & set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return False
+
+
+def dtype_for(device: torch.device, spec: str = "auto") -> torch.dtype:
+    """The weights' and the KV pool's dtype for `spec` (one of DTYPES) on `device`.
+
+    `auto`: bf16 on CUDA (half the KV memory, tensor cores); on the CPU, bf16 where the processor has native bf16
+    (half the bytes each decode step reads; greedy outputs agree with fp32's within BF16_GREEDY_TOLERANCE on the
+    reference set of `prefixscope bench engine`), else fp32 (exact, and faster than emulated bf16).
+    Raises ValueError for an unknown `spec`.
+    """
+    if spec not in DTYPES:
+        raise ValueError(f"unknown dtype {spec!r}; choose one of {list(DTYPES)}")
+    if spec == "float32":
+        return torch.float32
+    if spec == "bfloat16" or device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+# The share of greedy tokens, over the reference set of `prefixscope bench engine`, where a bf16 model may pick
+# another token than fp32 (counted position by position up to the first difference of each answer).
+BF16_GREEDY_TOLERANCE = 0.05
 
 
 def smollm2_directory() -> Path:
@@ -75,7 +110,9 @@ def _source_for(model_spec: str) -> tuple[Path, str | None, str, tuple[str, ...]
     return path, gguf, path.name, (str(path),)
 
 
-def load_model(model_spec: str, device: torch.device) -> LoadedModel:
+def load_model(model_spec: str, device: torch.device, dtype: str = "auto") -> LoadedModel:
+    """The model `model_spec` on `device` with weights (and so the KV pool) in `dtype` (one of DTYPES; see
+    dtype_for). Raises ModelNotAvailable when the model's files are missing, ValueError for an unknown dtype."""
     # Never reach a model hub: everything comes from local files.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -85,9 +122,9 @@ def load_model(model_spec: str, device: torch.device) -> LoadedModel:
     transformers_logging.disable_progress_bar()
     directory, gguf_file, model_id, aliases = _source_for(model_spec)
     extra = {"gguf_file": gguf_file} if gguf_file else {}
-    dtype = dtype_for(device)
+    torch_dtype = dtype_for(device, dtype)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, **extra)
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype, **extra)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch_dtype, **extra)
     return wrap_model(model.to(device).eval(), tokenizer, model_id, aliases)
 
 

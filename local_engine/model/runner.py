@@ -4,7 +4,9 @@ Every engine step is one forward pass over one packed batch: the tokens of all s
 per running sequence, plus prefill chunks) side by side in an input of shape `[1, num_tokens]`, each with its own
 position id. The model runs without a transformers cache object: attention is the function `paged_attention`,
 registered in transformers' `AttentionInterface` and selected as the model's attention implementation, which reads
-and writes K/V in the engine's KV pool through each sequence's slot table. Since that name has no entry in
+and writes K/V in the engine's KV pool through each sequence's slot table. Llama-architecture models run through
+`FusedLlamaForward` instead (fewer, larger operations per layer; local_engine.model.fused_llama), which calls the
+same attention function. Since that name has no entry in
 `AttentionMaskInterface`, transformers builds no dense mask. The per-step `PagedBatch` reaches the attention
 function as a forward keyword argument, which transformers passes down to every attention call.
 """
@@ -20,6 +22,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from local_engine.model.attention_backends import resolve_attention_backend
 from local_engine.cache import KVPool, KVPoolConfig
 from local_engine.model.flashinfer_attention import FlashInferAttention
+from local_engine.model.fused_llama import FusedLlamaForward
 from local_engine.model.paged_attention import PagedBatch, build_paged_batch, paged_attention
 
 ATTENTION_IMPLEMENTATION = "prefixscope_paged"
@@ -67,10 +70,13 @@ class StepLogits:
 class ModelRunner:
     """Runs a causal LM over packed batches whose K/V live in a KVPool."""
 
-    def __init__(self, model: torch.nn.Module, pool: KVPool, attention_backend: str = "auto") -> None:
+    def __init__(self, model: torch.nn.Module, pool: KVPool, attention_backend: str = "auto",
+                 fused: bool = True) -> None:
         """`attention_backend`: one of `local_engine.model.attention_backends.ATTENTION_BACKENDS` (raises ValueError
-        when it cannot run on the pool's device)."""
+        when it cannot run on the pool's device). `fused`: run Llama-architecture models through FusedLlamaForward
+        (the others, or with False, through transformers' forward)."""
         self.model = model
+        self._fused = FusedLlamaForward.of(model) if fused and FusedLlamaForward.supports(model) else None
         self.pool = pool
         self.device = pool.k.device
         self.attention_backend = resolve_attention_backend(attention_backend, self.device)
@@ -128,20 +134,21 @@ class ModelRunner:
             num_decode,
             kernel=self._kernel,
         )
-        input_ids = torch.tensor([token_ids], dtype=torch.int64).to(self.device, non_blocking=True)
-        position_ids = torch.tensor([positions], dtype=torch.int64).to(self.device, non_blocking=True)
+        input_ids = torch.tensor(token_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        position_ids = torch.tensor(positions, dtype=torch.int64).to(self.device, non_blocking=True)
         keep_index = torch.tensor(keep, dtype=torch.int64).to(self.device, non_blocking=True)
-        output = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            use_cache=False,
-            logits_to_keep=keep_index,
-            paged_batch=batch,
-        )
-        logits = output.logits[0].float()  # [len(keep), vocab], in packed order
+        if self._fused is not None:
+            logits = self._fused(input_ids, position_ids, keep_index,
+                                 lambda layer, q, k, v, scale: paged_attention(batch, layer, q, k, v, scale))
+        else:
+            logits = self.model(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0),
+                                use_cache=False, logits_to_keep=keep_index, paged_batch=batch).logits[0]
+        logits = logits.float()  # [len(keep), vocab], in packed order
         # Back to the callers' order.
         rank = dict(keep_owner)
         wanted = [rank[i] for i in range(len(chunks)) if i in rank]
         chunk_logits = {i: logits[first : first + len(chunks[i].token_ids)] for i, first in all_rows.items()}
+        if wanted == list(range(len(keep_owner))) and len(wanted) == len(logits):
+            return StepLogits(logits, chunk_logits)
         return StepLogits(logits.index_select(0, torch.tensor(wanted, dtype=torch.int64).to(logits.device)),
                           chunk_logits)
