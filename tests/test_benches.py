@@ -94,7 +94,7 @@ def test_bench_dashboard_measures_every_page(tmp_path: Path, capsys: pytest.Capt
     captured = capsys.readouterr()
     report = json.loads(captured.out)  # the whole of stdout is one document
     views = {path.stem for path in (ROOT / "dashboard" / "views").glob("*.py")}
-    assert set(report["pages"]) == views and len(views) == 9
+    assert set(report["pages"]) == views and len(views) == 10
     for page, figures in report["pages"].items():
         assert figures["query_ms_median"] > 0, page  # measured, not a constant
         assert figures["queries_ms_median"], page

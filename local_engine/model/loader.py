@@ -83,8 +83,8 @@ def dtype_for(device: torch.device, spec: str = "auto") -> torch.dtype:
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
-# The share of greedy tokens, over the reference set of `prefixscope bench engine`, where a bf16 model may pick
-# another token than fp32 (counted position by position up to the first difference of each answer).
+# The share of answer positions of the reference set of `prefixscope bench engine` where a bf16 model's greedy choice
+# may differ from fp32's, both given fp32's answer so far (local_engine.bench.dtype_agreement).
 BF16_GREEDY_TOLERANCE = 0.05
 
 

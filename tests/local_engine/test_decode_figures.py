@@ -83,3 +83,21 @@ def test_the_floor_counts_weights_once_and_a_shared_prompt_once_per_step():
 
 def test_read_bandwidth_is_a_positive_rate():
     assert read_bandwidth_gb_s(torch.device("cpu"), num_bytes=1 << 22, passes=2) > 0
+
+
+def test_teacher_forced_share_is_one_for_the_models_own_greedy_answers(tiny_loaded):
+    from local_engine.bench.dtype_agreement import teacher_forced_share
+    from local_engine.model.runner import ScheduledChunk
+
+    model = tiny_loaded.model
+    runner = ModelRunner(model, KVPool(ModelRunner.pool_config_for(model, torch.device("cpu"), torch.float32), 64))
+    prompts, answers = [[5, 6, 7, 8], [9, 10]], []
+    for prompt in prompts:
+        tokens = list(prompt)
+        for _ in range(5):
+            logits = runner.forward([ScheduledChunk(tokens, torch.arange(len(tokens)), True)])
+            tokens.append(int(logits[0].argmax()))
+        answers.append(tokens[len(prompt) :])
+    assert teacher_forced_share(tiny_loaded, prompts, answers) == 1.0
+    wrong = [answer[:-1] + [(answer[-1] + 1) % 100] for answer in answers]
+    assert teacher_forced_share(tiny_loaded, prompts, wrong) == 0.8

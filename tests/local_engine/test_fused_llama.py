@@ -61,3 +61,13 @@ def test_models_with_projection_biases_keep_the_transformers_forward():
     model = LlamaForCausalLM(config).eval()
     assert not FusedLlamaForward.supports(model)
     assert _runner(model, True)._fused is None
+
+
+def test_bfloat16_models_keep_the_transformers_forward():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(config).eval()
+    assert FusedLlamaForward.supports(model)
+    assert not FusedLlamaForward.supports(model.to(torch.bfloat16))
