@@ -162,3 +162,16 @@ def test_the_report_passes_only_when_every_kind_is_right_and_every_ledger_exact(
     failing = report(ordered, unrecorded, unrecorded.values())
     assert not failing["pass"] and failing["verdicts"]["ledgers_exact"]["exact"] == len(rows) - 1
     assert emit(failing, io.StringIO(), err) == 1 and "FAIL kinds_right" in err.getvalue()
+
+
+def test_a_kind_that_cannot_be_played_fails_alone():
+    class Refusing(FakeSender):
+        def send(self, tenant: str, body: dict[str, Any]) -> Reply:
+            if body.get("tool_choice"):
+                raise RuntimeError("the gateway answered 400")
+            return super().send(tenant, body)
+
+    cases = play(Context(Refusing(), ttl_s=6.0), ["tool_arguments", "next_turn"])
+    assert cases[0].problem and "400" in cases[0].problem and cases[1].problem is None
+    document = report(cases, {}, [])
+    assert not document["pass"] and "could not be played" in table(document)

@@ -105,7 +105,10 @@ class Deployment:
 
     def send(self, tenant: str, body: dict[str, Any]) -> Reply:
         headers = {"authorization": f"Bearer {self.keys[tenant]}"}
-        response = self.client.post(f"{self.url}/v1/chat/completions", json=body, headers=headers)
+        try:
+            response = self.client.post(f"{self.url}/v1/chat/completions", json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"the gateway did not answer: {exc}") from None
         if response.status_code != 200:
             raise RuntimeError(f"the gateway answered {response.status_code}: {response.text[:500]}")
         return Reply(response.headers["x-request-id"], response.json()["choices"][0]["message"])

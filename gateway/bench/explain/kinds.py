@@ -316,6 +316,13 @@ KINDS: dict[str, Callable[[Context], Case]] = {
 
 
 def play(ctx: Context, kinds: list[str] | None = None) -> list[Case]:
-    """Run `kinds` (default: all, in `KINDS` order) and return their graded requests."""
-    return [KINDS[name](ctx) for name in (kinds or list(KINDS))]
+    """Run `kinds` (default: all, in `KINDS` order) and return their graded requests. A kind whose requests fail
+    (`RuntimeError`: the gateway answered an error) is returned with the error as its problem and no request."""
+    cases = []
+    for name in kinds or list(KINDS):
+        try:
+            cases.append(KINDS[name](ctx))
+        except RuntimeError as exc:
+            cases.append(Case(name, "", "", {}, Truth("", Location("", 0), ""), f"it could not be played: {exc}"))
+    return cases
 
