@@ -62,7 +62,7 @@ def test_every_kind_has_ground_truth(played):
             assert position(case.body, case.truth.location) is not None, case.kind
     assert {case.truth.reason for case in cases.values()} >= {
         "hit", "volatile_value", "reordered", "system_changed", "tools_changed", "messages_changed",
-        "answer_rewritten", "model_changed", "evicted", "expired", "below_page", "routed_away", "cache_scope"}
+        "answer_rewritten", "model_changed", "evicted", "expired", "below_page", "routed_away", "new_prefix"}
 
 
 def test_the_truth_locates_each_injected_change(played):
@@ -83,7 +83,7 @@ def test_the_truth_locates_each_injected_change(played):
     tool_call = '<tool_call>{"name": "lookup_order", "arguments": '
     assert at["tool_arguments"] == ("messages[2]", len(tool_call) + len('{"order_id":'))
     assert at["tool_result_reordered"] == ("messages[3]", 2)
-    for kind in ("routed_away", "cache_scope", "new_prefix", "evicted", "expired"):
+    for kind in ("routed_away", "another_tenant", "new_prefix", "evicted", "expired"):
         assert at[kind] == ("tools", 0)
     assert cases["evicted"].truth.tier == "device"
 
@@ -94,10 +94,11 @@ def test_think_times_stay_below_the_ttl_but_expiry_waits_past_it(played):
     assert sorted(sender.paused)[-2] < 6.0  # everything else, the idle turn included
 
 
-def test_the_cache_scope_kind_sends_another_tenants_prompt_word_for_word(played):
+def test_another_tenant_sends_a_prompt_the_first_has_cached_word_for_word(played):
     sender, _, cases = played
     bodies = [body for tenant, body in sender.sent if tenant == "acme"]
-    assert cases["cache_scope"].tenant == "stark" and cases["cache_scope"].body in bodies
+    assert cases["another_tenant"].tenant == "stark" and cases["another_tenant"].body in bodies
+    assert cases["another_tenant"].truth.reason == "new_prefix"  # tenants are isolated: its own first time
 
 
 def test_locations_compare_as_positions_within_one_token():

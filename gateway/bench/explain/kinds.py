@@ -6,7 +6,7 @@ Ground truth of a request: the miss reason to record (`db.records.MISS_REASONS`)
 (`new` or one of `db.ledger.LOST_CAUSES`; `page_alignment` may always take the partial page besides), and for an
 eviction the tier the prompt was dropped from. The location is the first character no earlier request of the tenant
 had sent and computed (`layout.divergence` against what the cache held), or the prompt's start when nothing of it
-could be served (evicted, expired, routed away, another tenant's cache, a new prefix), or the model.
+could be served (evicted, expired, routed away, a new prefix, another tenant's), or the model.
 """
 
 from __future__ import annotations
@@ -239,15 +239,16 @@ def routed_away(ctx: Context) -> Case:
     return _graded(ctx, "routed_away", conv, body, "routed_away", "routed_away", location=start(body))
 
 
-def cache_scope(ctx: Context) -> Case:
-    """Another tenant sends a prompt the first tenant has cached, word for word."""
+def another_tenant(ctx: Context) -> Case:
+    """Another tenant sends a prompt the first tenant has cached, word for word. Tenants are isolated: to the gateway
+    this is the tenant's first time (`new_prefix`, every token new), whatever another tenant's cache holds."""
     owner = _acme(ctx)
     owner.turn(ctx.opening())
     owner.messages.append({"role": "user", "content": m.FOLLOW_UPS[0]})
     body = owner.body()
     ctx.send(owner.tenant, body)
     other = ctx.conversation("stark", m.SYSTEM, m.TOOLS)
-    return _graded(ctx, "cache_scope", other, body, "cache_scope", NEW, location=start(body))
+    return _graded(ctx, "another_tenant", other, body, "new_prefix", NEW, location=start(body))
 
 
 def new_prefix(ctx: Context) -> Case:
@@ -307,7 +308,7 @@ KINDS: dict[str, Callable[[Context], Case]] = {
     "tool_result_reordered": tool_result_reordered,
     "model_changed": model_changed,
     "routed_away": routed_away,
-    "cache_scope": cache_scope,
+    "another_tenant": another_tenant,
     "new_prefix": new_prefix,
     "below_page": below_page,
     "evicted": evicted,
