@@ -104,9 +104,20 @@ def report(cases: list[Case], rows: Mapping[str, Mapping[str, Any]], all_rows: I
     return {"kinds": lines, "verdicts": verdicts, "pass": all(v["pass"] for v in verdicts.values())}
 
 
+def _ledger_text(ledger: Mapping[str, Any] | None) -> str:
+    """`prompt=270 cached=240 new=20 page_alignment=10`, the recorded ledger in one line ("-" for a NULL part)."""
+    if not ledger:
+        return ""
+    parts = [f"{name}={'-' if ledger.get(name) is None else ledger[name]}" for name in ("prompt", "cached", "new")]
+    parts += [f"{cause}={tokens}" for cause, tokens in (ledger.get("lost") or {}).items()]
+    if ledger.get("unknown"):
+        parts.append(f"unknown={ledger['unknown']}")
+    return " ".join(parts)
+
+
 def table(document: Mapping[str, Any]) -> str:
     """The per-kind table a person reads: truth against recorded, and right/wrong."""
-    header = f"{'kind':26} {'truth':36} {'recorded':36} reason loc ledger"
+    header = f"{'kind':26} {'truth':48} {'recorded':36} reason loc ledger  recorded ledger"
     out = [header, "-" * len(header)]
     for line in document["kinds"]:
         truth = line["truth"]
@@ -114,8 +125,8 @@ def table(document: Mapping[str, Any]) -> str:
         truth_text = f"{truth['reason']} {truth['segment']}@{truth['offset']} [{truth['ledger_part']}]"
         got_text = f"{got.get('reason')} {got.get('segment')}@{got.get('offset')}" if got else "(no row)"
         marks = " ".join("ok " if line[key] else "NO " for key in ("reason_right", "location_right", "ledger_right"))
-        out.append(f"{line['kind']:26} {truth_text:36} {got_text:36} {marks}" + (f"  ({line['problem']})"
-                                                                                   if line.get("problem") else ""))
+        note = f"  ({line['problem']})" if line.get("problem") else f"  {_ledger_text(got.get('ledger'))}"
+        out.append(f"{line['kind']:26} {truth_text:48} {got_text:36} {marks}{note}")
     ledgers = document["verdicts"]["ledgers_exact"]
     out.append(f"ledgers exact: {ledgers['exact']}/{ledgers['rows']} rows ({ledgers['measured']:.0%})")
     return "\n".join(out)
