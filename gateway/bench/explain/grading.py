@@ -72,7 +72,7 @@ def grade(case: Case, row: Mapping[str, Any] | None) -> dict[str, Any]:
         "reason": row.get("miss_reason"), "segment": row.get("divergence_segment"),
         "offset": row.get("divergence_char_offset"), "miss_kind": row.get("miss_kind"),
         "replica": row.get("replica"), "evicted_tier": row.get("evicted_tier"),
-        "answer_rewrite": row.get("answer_rewrite"), "turn_index": row.get("turn_index"),
+        "answer_rewrite": row.get("answer_rewrite"), "turn_index": row.get("turn_index"), "idle_s": row.get("idle_s"),
         "ledger": _ledger_summary(row),
     }
     reason_right = row.get("miss_reason") == truth.reason
