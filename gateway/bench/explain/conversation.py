@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.bench.explain.material import MAIN_MODEL
+from gateway.bench.explain.material import MAIN_MODEL, OPENINGS
 
 ANSWER_TOKENS = 12  # a short answer keeps each turn's prompt small
 TOOL_CALL_TOKENS = 32
@@ -57,8 +57,7 @@ class Context:
         return Conversation(self, tenant, model, copy.deepcopy(tools), [{"role": "system", "content": system}])
 
     def opening(self) -> str:
-        from gateway.bench.explain.material import OPENINGS
-
+        """The next conversation's first user message (each conversation gets its own)."""
         text = OPENINGS[self.openings_used % len(OPENINGS)]
         self.openings_used += 1
         return text

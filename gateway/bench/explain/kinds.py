@@ -28,6 +28,9 @@ TENANTS = ("acme", "globex", "umbrella", "stark", "wayne", "brief", EVICTED_TENA
 
 @dataclass(frozen=True, slots=True)
 class Truth:
+    """What must be recorded: the miss reason, the location, the ledger part carrying the tokens the cache could not
+    serve (`new` or a lost cause) and, for an eviction, the tier."""
+
     reason: str
     location: Location
     part: str
