@@ -27,10 +27,12 @@ class FakeSender:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.sessions: list[str | None] = []
         self.paused: list[float] = []
 
-    def send(self, tenant: str, body: dict[str, Any]) -> Reply:
+    def send(self, tenant: str, body: dict[str, Any], session: str | None = None) -> Reply:
         self.sent.append((tenant, body))
+        self.sessions.append(session)
         if body.get("tool_choice"):
             call = {"id": "call_1", "type": "function", "function": {"name": "lookup_order", "arguments": ARGUMENTS}}
             message = {"role": "assistant", "content": None, "tool_calls": [call]}
@@ -101,6 +103,15 @@ def test_another_tenant_sends_a_prompt_the_first_has_cached_word_for_word(played
     assert cases["another_tenant"].truth.reason == "new_prefix"  # tenants are isolated: its own first time
 
 
+def test_agent_tenants_name_their_conversations_and_the_others_are_linked_by_content(played):
+    sender, _, _ = played
+    named = {(tenant, session) for (tenant, _), session in zip(sender.sent, sender.sessions, strict=True)}
+    assert all(session is not None for tenant, session in named if tenant in ("acme", "globex"))
+    assert all(session is None for tenant, session in named if tenant not in ("acme", "globex"))
+    acme = [session for (tenant, _), session in zip(sender.sent, sender.sessions, strict=True) if tenant == "acme"]
+    assert len(set(acme)) > 10  # one per conversation
+
+
 def test_locations_compare_as_positions_within_one_token():
     body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
                          {"role": "assistant", "content": "Hello friend"}, {"role": "user", "content": "Bye"}]}
@@ -167,10 +178,10 @@ def test_the_report_passes_only_when_every_kind_is_right_and_every_ledger_exact(
 
 def test_a_kind_that_cannot_be_played_fails_alone():
     class Refusing(FakeSender):
-        def send(self, tenant: str, body: dict[str, Any]) -> Reply:
+        def send(self, tenant: str, body: dict[str, Any], session: str | None = None) -> Reply:
             if body.get("tool_choice"):
                 raise RuntimeError("the gateway answered 400")
-            return super().send(tenant, body)
+            return super().send(tenant, body, session)
 
     cases = play(Context(Refusing(), ttl_s=6.0), ["tool_arguments", "next_turn"])
     assert cases[0].problem and "400" in cases[0].problem and cases[1].problem is None

@@ -13,6 +13,8 @@ from gateway.bench.explain.material import MAIN_MODEL, OPENINGS
 ANSWER_TOKENS = 12  # a short answer keeps each turn's prompt small
 TOOL_CALL_TOKENS = 32
 REASONED_TOKENS = 64
+# Tenants whose client names each conversation (an agent framework with session ids); the others send none.
+SESSION_TENANTS = frozenset({"acme", "globex"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +27,10 @@ class Reply:
 
 
 class Sender(Protocol):
-    """Sends one chat request for a tenant and returns the reply; `pause` waits (think time, idle time)."""
+    """Sends one chat request for a tenant (naming its conversation when `session` is given, as the
+    `x-prefixscope-session` header) and returns the reply; `pause` waits (think time, idle time)."""
 
-    def send(self, tenant: str, body: dict[str, Any]) -> Reply: ...
+    def send(self, tenant: str, body: dict[str, Any], session: str | None = None) -> Reply: ...
 
     def pause(self, seconds: float) -> None: ...
 
@@ -42,19 +45,25 @@ class Context:
     think_s: tuple[float, float] = (0.2, 1.0)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     openings_used: int = 0
+    conversations: int = 0
     sent: list[str] = field(default_factory=list)  # every request id, in order
 
     def think(self) -> None:
         self.sender.pause(self.rng.uniform(*self.think_s))
 
-    def send(self, tenant: str, body: dict[str, Any]) -> Reply:
-        reply = self.sender.send(tenant, copy.deepcopy(body))
+    def send(self, tenant: str, body: dict[str, Any], session: str | None = None) -> Reply:
+        reply = self.sender.send(tenant, copy.deepcopy(body), session)
         self.sent.append(reply.request_id)
         return reply
 
     def conversation(self, tenant: str, system: str, tools: list[dict[str, Any]] | None = None,
                      model: str = MAIN_MODEL) -> Conversation:
-        return Conversation(self, tenant, model, copy.deepcopy(tools), [{"role": "system", "content": system}])
+        """A new conversation; the tenants in `SESSION_TENANTS` name it (`session`), the others leave the gateway to
+        link its turns by content."""
+        self.conversations += 1
+        session = f"{tenant}-session-{self.conversations}" if tenant in SESSION_TENANTS else None
+        return Conversation(self, tenant, model, copy.deepcopy(tools), [{"role": "system", "content": system}],
+                            session)
 
     def opening(self) -> str:
         """The next conversation's first user message (each conversation gets its own)."""
@@ -73,6 +82,7 @@ class Conversation:
     model: str
     tools: list[dict[str, Any]] | None
     messages: list[dict[str, Any]]
+    session: str | None = None  # the conversation id the client sends, if any
     last: Reply | None = None
 
     def body(self, **extra: Any) -> dict[str, Any]:
@@ -86,7 +96,7 @@ class Conversation:
         """Append `user` (when given), send, append the answer; returns the reply."""
         if user is not None:
             self.messages.append({"role": "user", "content": user})
-        reply = self.context.send(self.tenant, self.body(**extra))
+        reply = self.context.send(self.tenant, self.body(**extra), self.session)
         self.messages.append(answer_message(reply.message))
         self.last = reply
         return reply

@@ -28,6 +28,8 @@ from gateway.bench.explain.settings import EngineSettings
 from gateway.bench.processes import free_port, spawn, stop, wait_healthy
 from gateway.config.tenant import ALL_RULES
 
+SESSION_HEADER = "x-prefixscope-session"  # the conversation id a client names (docs/conversations.md)
+
 
 class Program:
     """One child process and its log file."""
@@ -103,8 +105,10 @@ class Deployment:
     keys: dict[str, str]
     client: httpx.Client
 
-    def send(self, tenant: str, body: dict[str, Any]) -> Reply:
+    def send(self, tenant: str, body: dict[str, Any], session: str | None = None) -> Reply:
         headers = {"authorization": f"Bearer {self.keys[tenant]}"}
+        if session is not None:
+            headers[SESSION_HEADER] = session
         try:
             response = self.client.post(f"{self.url}/v1/chat/completions", json=body, headers=headers)
         except httpx.HTTPError as exc:

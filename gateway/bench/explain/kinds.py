@@ -59,7 +59,7 @@ def _graded(ctx: Context, kind: str, conv: Conversation, body: dict[str, Any], r
     """Send `body` for the conversation's tenant after a think time; the truth's location is `location`, else the
     divergence from `reference`."""
     ctx.think()
-    reply = ctx.send(conv.tenant, body)
+    reply = ctx.send(conv.tenant, body, conv.session)
     where = location if location is not None else divergence(reference or {}, body)
     return Case(kind, conv.tenant, reply.request_id, body, Truth(reason, where, part, tier), problem)
 
@@ -249,7 +249,7 @@ def another_tenant(ctx: Context) -> Case:
     owner.turn(ctx.opening())
     owner.messages.append({"role": "user", "content": m.FOLLOW_UPS[0]})
     body = owner.body()
-    ctx.send(owner.tenant, body)
+    ctx.send(owner.tenant, body, owner.session)
     other = ctx.conversation("stark", m.SYSTEM, m.TOOLS)
     return _graded(ctx, "another_tenant", other, body, "new_prefix", NEW, location=start(body))
 
