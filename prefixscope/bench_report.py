@@ -26,6 +26,8 @@ RUN_TIMES: Mapping[str, str] = {
     "advise": "With the defaults it takes about 1-3 minutes on a CPU (one engine, four rule sets).",
     "routing": "With the defaults it takes about 10-20 minutes on a CPU (3 engine replicas, three routings: events, "
     "approximate index, round robin).",
+    "explain": "With the defaults it takes about 3-6 minutes on an idle 2-core CPU (two engines, 22 kinds, about 55 "
+    "requests, an idle wait past the TTL), several times that on a loaded one.",
     "simulate": "With the defaults it takes about 10-30 seconds.",
     "db-queries": "The first run writes --rows demo requests (about 20 seconds per 100,000 rows); the queries take "
     "seconds.",

@@ -20,6 +20,7 @@ _PROGRAM_CLIS = (
     "local_engine.cli",
     "local_engine.bench.tiers",
     "gateway.cli",
+    "gateway.bench.explain.cli",
     "gateway.advisor.cli",
     "gateway.demo.cli",
     "db.cli",

@@ -16,6 +16,7 @@ from prefixscope.cli import build_parser, main
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_MODULES = (
     "local_engine/bench/engine.py", "local_engine/bench/tiers.py", "gateway/bench/runner.py", "gateway/bench/routing.py",
+    "gateway/bench/explain/run.py",
     "gateway/advisor/bench.py", "dashboard/bench.py", "db/simulation/commands.py", "db/commands.py",
 )
 

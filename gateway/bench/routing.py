@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import socket
-
 import httpx
 
+from gateway.bench.processes import free_port, spawn, stop, wait_healthy
 from gateway.bench.routing_decision import TARGET_DECISION_P99_MS, measure_decisions, measure_tokenization
 from gateway.replicas.request_tokens import RequestTokenizer
 
@@ -51,45 +50,11 @@ class RoutingBenchConfig:
     indexed_blocks: int = 100_000  # for the decision time
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _system_prompt(index: int, num_words: int) -> str:
     rng = random.Random(index)
     words = ["order", "refund", "parcel", "invoice", "warranty", "repair", "account", "shipping", "voucher", "store"]
     body = " ".join(f"{rng.choice(words)}-{rng.randrange(1000)}" for _ in range(num_words))
     return f"Policy book {index}. Follow these rules: {body}"
-
-
-def _spawn(command: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as handle:
-        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT)
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url} exited with {process.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not become healthy")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _engine_command(model: str, port: int, pool_tokens: int) -> list[str]:
@@ -165,9 +130,9 @@ def _run_policy(
     command = [sys.executable, "-m", "prefixscope", "gateway", "--port", str(port), "--config", str(config),
                "--database-url", f"sqlite:///{workdir / f'{routing}-{len(engine_urls)}.db'}", "--log-level", "warning",
                "--open"]  # a local bench with a fresh database: no keys, and its client sends none
-    gateway = _spawn(command, workdir / "gateway.log")
+    gateway = spawn(command, workdir / "gateway.log")
     try:
-        _wait_healthy(gateway_url, gateway)
+        wait_healthy(gateway_url, gateway)
         if events:  # the engines' events followed and their tokenizer loaded before the first request
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not _events_synced(gateway_url):
@@ -190,7 +155,7 @@ def _run_policy(
             "requests": len(sequence),
         }
     finally:
-        _stop(gateway)
+        stop(gateway)
 
 
 def _decision_figures(config: RoutingBenchConfig, engine_url: str, system: str) -> dict[str, Any]:
@@ -212,9 +177,9 @@ def run(config: RoutingBenchConfig) -> int:
             # Size the pools from real token counts: one small engine tokenizes the prompts (a dry-run match).
             sizing_port = free_port()
             sizing_url = f"http://127.0.0.1:{sizing_port}"
-            engines.append((sizing_url, _spawn(_engine_command(config.model, sizing_port, 1024),
+            engines.append((sizing_url, spawn(_engine_command(config.model, sizing_port, 1024),
                                                workdir / "engine-sizing.log")))
-            _wait_healthy(sizing_url, engines[0][1])
+            wait_healthy(sizing_url, engines[0][1])
             model = httpx.get(f"{sizing_url}/v1/models", timeout=10).json()["data"][0]["id"]
             working_set = 0
             for system in systems:
@@ -222,14 +187,14 @@ def run(config: RoutingBenchConfig) -> int:
                 match = httpx.post(f"{sizing_url}/v1/cache/match", json={"model": model, "messages": messages},
                                    timeout=60).json()
                 working_set += int(match["prompt_tokens"])
-            _stop(engines.pop()[1])
+            stop(engines.pop()[1])
             pool_tokens = int(working_set * config.pool_share)
             for _ in range(num_replicas):
                 port = free_port()
-                engines.append((f"http://127.0.0.1:{port}", _spawn(_engine_command(config.model, port, pool_tokens),
+                engines.append((f"http://127.0.0.1:{port}", spawn(_engine_command(config.model, port, pool_tokens),
                                                                      workdir / f"engine-{port}.log")))
             for url, process in engines:
-                _wait_healthy(url, process)
+                wait_healthy(url, process)
             rng = random.Random(config.seed)
             order = [i for i in range(config.num_prompts) for _ in range(config.rounds)]
             rng.shuffle(order)
@@ -273,7 +238,7 @@ def run(config: RoutingBenchConfig) -> int:
             }
         finally:
             for _, process in engines:
-                _stop(process)
+                stop(process)
     results["pass"] = passed
     from prefixscope.bench_report import emit
 
