@@ -4,9 +4,9 @@ belongs to, the explanation and the routing.
 The numbers come from the engine: `P` prompt tokens, `M` matched (cached) tokens, the page size and `seen_tokens`,
 the longest prefix an earlier request in the namespace computed. The explanation only says why content differs.
 
-- `R` (reusable): `max(seen_tokens, M)`; for a conversation's later turn, its parent's prompt and answer as re-sent
-  count as sent before: `R` reaches the first token of the first segment the parent had not sent
-  (`ConversationLink.new_from_segment`); when the previous answer was re-sent differently (the conversation's
+- `R` (reusable): `max(seen_tokens, M)`; for a conversation's later turn whose content changed before the parent's
+  answer, its parent's prompt and answer as re-sent count as sent before: `R` reaches the first token of the first
+  segment the parent had not sent (`ConversationLink.new_from_segment`); when the previous answer was re-sent differently (the conversation's
   `answer_rewrite`, or the explanation `answer_rewritten`), `R` reaches at least the segment after it. `R <= P`.
 - new = `P - R`.
 - `C = page_floor(min(R, P - 1))`: the most that could have been matched. `R - C` is lost to `page_alignment`.
@@ -98,9 +98,13 @@ def reusable_tokens(
     reusable = max(engine.seen_tokens or 0, matched)
     if link is not None and link.parent_request_id is not None and link.new_from_segment is not None:
         names = segment_names or ()
-        if 0 <= link.new_from_segment < len(names):
+        if 0 < link.new_from_segment < len(names):
             start = _segment_start(engine, names[link.new_from_segment], after=False)
-            reusable = max(reusable, start or 0)
+            answer = _segment_start(engine, names[link.new_from_segment - 1], after=False)
+            # What was computed before reached the parent's last segment (its answer): the engine's count stands (the
+            # template between the answer and the new turn was never computed); else the content changed before it.
+            if start is not None and (answer is None or reusable < answer):
+                reusable = max(reusable, start)
     rewritten = link.answer_rewrite.segment if link is not None and link.answer_rewrite is not None else None
     if rewritten is None and explanation is not None and explanation.reason == ANSWER_REWRITTEN:
         rewritten = explanation.segment

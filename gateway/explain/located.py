@@ -2,7 +2,8 @@
 
 An engine that reports the divergence (`CacheReport.divergence_segment` / `divergence_char_offset`, and the count of
 leading tokens its template always produces) has located the first uncached token exactly. The recorded segment and
-offset are the engine's, whatever the reason (a hit's new turn, a cold miss at `system` offset 0). The reason comes from the earlier requests that shared everything before that segment:
+offset are the engine's, whatever the reason (a hit's new turn, a cold miss at `system` offset 0). The reason comes
+from the earlier requests that shared everything before that segment:
 
 1. The engine matched everything it could: `hit`, or `below_page` when a tail shorter than a page was left.
 2. `evicted` / `expired` when the engine's ghost index says so.
@@ -14,22 +15,25 @@ offset are the engine's, whatever the reason (a hit's new turn, a cold miss at `
      (only dates, ids or numbers differ), else `tools_changed` / `system_changed` / `messages_changed` by segment.
      The same segment text sent before but not matched: `evicted` (dropped without a trace in the ghost index).
      Never `new_prefix`: part of the prompt was cached.
-   Before those: the previous answer re-sent differently (`answer_rewritten`) when the conversation says so (at the
-   rewrite's segment and offset) or when the engine says where the tokens computed before end (`seen_segment`)
-   inside a message the earlier request did not send and the final turn does not hold (the answer it returned).
+   A page-aligned match may end a segment or more before the content differs: when the engine says where the
+   tokens computed before end (`seen_segment`, `seen_char_offset`) in a later segment, that is the location and the
+   segment compared. Before all of these: the previous answer re-sent differently (`answer_rewritten`), when the
+   conversation says so (at the rewrite's segment and offset) or when the tokens computed before end inside a
+   message the earlier request did not send and the final turn does not hold (the answer it returned).
 4. Nothing beyond the template's opening matched: when the engine says what was computed before and a page more
-   could not have been matched from it (a shared opening shorter than a page), `below_page`; else the history method (`reasons.classify` on `compare`) decides, with a
-   zero match: `new_prefix` when nothing earlier is like it (at the engine's location), `model_changed` (located at
-   the model, by history: the engine cannot see another model's cache), else the reason with the engine's location.
+   could not have been matched from it (a shared opening shorter than a page), `below_page`; else the history method
+   (`reasons.classify` on `compare`) decides, with a zero match: `new_prefix` when nothing earlier is like it (at the
+   engine's location), `model_changed` (located at the model, by history: the engine cannot see another model's
+   cache), else the reason with the engine's location.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from gateway.conversations.link import ConversationLink
 from gateway.explain.compare import compare, similar_texts
 from gateway.explain.history import Entry, Nearest, TenantHistory
-from gateway.conversations.link import ConversationLink
 from gateway.explain.reasons import (
     ANSWER_REWRITTEN,
     BELOW_PAGE,
@@ -170,6 +174,11 @@ def explain_located(
         return replace(rewritten, recomputed_tokens=uncached)
     reused = (engine.matched_tokens or 0) > (engine.template_tokens or 0)
     if reused:
+        # A page-aligned match can end a segment or more before the content differs: where the tokens computed
+        # before end (`seen_segment`) is where it does, when the engine says so.
+        seen_index = names.index(engine.seen_segment) if engine.seen_segment in names else None
+        if index is not None and seen_index is not None and seen_index > index:
+            index, location = seen_index, (engine.seen_segment, engine.seen_char_offset)
         if index is None:
             reason = _reason_by_kind(engine.divergence_segment or "")
         elif index >= current.turn_start or _only_adds(nearest, index):

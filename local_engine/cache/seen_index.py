@@ -56,7 +56,11 @@ class SeenIndex:
         """Remember that `token_ids` were computed in `namespace`."""
         if self.capacity <= 0 or not token_ids:
             return
-        for start, key in self._keys(namespace, token_ids, len(token_ids)):
+        keys = list(self._keys(namespace, token_ids, len(token_ids)))
+        for position, (start, key) in enumerate(keys):
+            if position + 1 < len(keys) and keys[position + 1][1] in self._entries:
+                self._entries.move_to_end(key)  # this page was remembered whole before: its fingerprint is kept
+                continue
             following = token_ids[start : start + self.page_size]
             self._add(key, _fingerprint(key, following) if following else b"")
 
@@ -79,19 +83,18 @@ class SeenIndex:
         if self.capacity <= 0:
             return min(at_least, len(token_ids))
         seen = 0
-        for start, key in self._keys(namespace, token_ids, len(token_ids)):
+        keys = list(self._keys(namespace, token_ids, len(token_ids)))
+        for position, (start, key) in enumerate(keys):
             known = self._entries.get(key)
             if known is None:
                 break
             seen = start
+            if position + 1 < len(keys) and keys[position + 1][1] in self._entries:
+                continue  # the whole page was computed before: the next prefix's hash is known
             following = token_ids[start : start + self.page_size]
-            if not following:
-                break
             mine = _fingerprint(key, following)
-            shared = max((_shared_prefix(mine, other) for other in known), default=0)
-            seen = start + shared
-            if shared < self.page_size:
-                break
+            seen = start + max((_shared_prefix(mine, other) for other in known), default=0)
+            break
         return max(seen, min(at_least, len(token_ids)))
 
     def clear(self) -> None:

@@ -94,3 +94,9 @@ def test_a_tool_result_resent_with_its_keys_in_another_order_is_reordered():
     resent = turn(dict(reversed(result.items())), assistant("Monday."), user("And order 8?"))
     explanation = explain(history, resent, engine(50, "messages[3]", 2))
     assert (explanation.reason, explanation.segment) == ("reordered", "messages[3]")
+    # With 16-token pages the match may end in the tool call before it: where the computed tokens end decides.
+    paged = replace(engine(48, "messages[2]", 5), seen_tokens=52, seen_segment="messages[3]", seen_char_offset=2)
+    history = TenantHistory()
+    history.add(chat_segments(turn(result)), 60)
+    explanation = explain(history, resent, paged)
+    assert (explanation.reason, explanation.segment, explanation.char_offset) == ("reordered", "messages[3]", 2)

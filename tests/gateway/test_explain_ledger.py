@@ -80,6 +80,10 @@ def test_a_later_turn_counts_its_parent_s_prompt_and_answer_as_sent_before():
     engine = report(90, 16, 20, segment_starts=starts)  # the system prompt changed at token 20
     ledger = token_ledger(engine, Explanation("system_changed", "system", 50), conversation=link, segment_names=names)
     assert dict(ledger.lost) == {"system_changed": 48, "page_alignment": 6} and ledger.new_tokens == 20
+    # Computed up to the answer's end: the engine's count stands (the template before the new turn is new).
+    grown = token_ledger(report(90, 64, 66, segment_starts=starts), Explanation("hit"), conversation=link,
+                         segment_names=names)
+    assert dict(grown.lost) == {"page_alignment": 2} and grown.new_tokens == 24
 
 
 def test_cached_by_tier_is_the_engine_split():

@@ -4,6 +4,9 @@ token of each segment of the rendered prompt."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from local_engine.cache import MissKind, RadixCache, RadixCacheConfig, SlotAllocator
 from local_engine.cache.seen_index import SeenIndex
 from local_engine.prompt.layout import PromptLayout, Span
@@ -70,3 +73,28 @@ def test_segment_starts_give_each_part_first_token():
         token_offsets=((0, 3), (3, 8), (8, 11), (11, 16), (16, 22), (22, 24), (24, 25), (25, 30)),
     )
     assert layout.segment_starts() == (("system", 2), ("messages[1]", 5))
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    st.integers(1, 8),
+    st.lists(st.lists(st.integers(0, 3), max_size=40), min_size=1, max_size=4),
+    st.lists(st.integers(0, 3), max_size=40),
+)
+def test_seen_tokens_are_the_longest_prefix_shared_with_a_remembered_sequence(page_size, remembered, prompt):
+    index = SeenIndex(capacity=10_000, page_size=page_size)
+    for tokens in remembered:
+        index.remember("a", tokens)
+    truth = max(_shared(tokens, prompt) for tokens in remembered)
+    seen = index.seen_tokens("a", prompt)
+    # Per-token fingerprints are 16 bits: a collision can only lengthen the match inside the page where it ends.
+    assert truth <= seen < truth - truth % page_size + page_size
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    count = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        count += 1
+    return count
