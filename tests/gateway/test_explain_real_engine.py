@@ -119,13 +119,15 @@ def conversation(system: str = SYSTEM, *turns: str) -> list[dict]:
     ]
 
 
+ANSWER = "<the earlier answer>"
 EDITED_TOOLS = [TOOLS[0], {**TOOLS[1], "function": {**TOOLS[1]["function"], "description": "Book a slot."}}]
 PAIRS = {
     # The conversation grew: everything cacheable was reused.
     "hit": (
         {"messages": conversation(SYSTEM, "When are you open?")},
-        {"messages": conversation(SYSTEM, "When are you open?", "From nine.", "And on Sunday?")},
-        "messages[2]",  # where the engine's match ended: the earlier answer, replaced by the one the client sent
+        # The earlier answer comes back as the gateway returned it (`ANSWER` is replaced by it).
+        {"messages": conversation(SYSTEM, "When are you open?", ANSWER, "And on Sunday?")},
+        "messages[2]",  # where the match ended: the end of the earlier answer (its last token is never computed)
     ),
     "model_changed": (
         {"messages": conversation(SYSTEM, "Hi")},
@@ -169,7 +171,9 @@ PAIRS = {
 def test_a_crafted_pair_is_explained_with_its_reason_and_segment(deployment: Deployment, reason: str):
     first_body, second_body, segment = PAIRS[reason]
     first = deployment.chat(reason, **first_body)
-    second = deployment.chat(reason, **second_body)
+    answer = first.json()["choices"][0]["message"]["content"]
+    messages = [{**m, "content": answer} if m["content"] == ANSWER else m for m in second_body["messages"]]
+    second = deployment.chat(reason, **{**second_body, "messages": messages})
     first_row, row = deployment.rows([first, second])
     # A fresh tenant: a cold miss, recorded where the engine placed its first uncached token.
     first_location = (first_row["miss_reason"], first_row["divergence_segment"], first_row["divergence_char_offset"])
