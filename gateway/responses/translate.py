@@ -5,7 +5,8 @@ Request (Responses -> chat), after OpenAI's API reference ("Responses: create", 
 OpenAI documents); the conversation stored for `previous_response_id` follows; then `input`: a string is one user
 message; a `message` item keeps its role and its text parts joined; consecutive `function_call` items become one
 assistant message's `tool_calls` (joined to the assistant text just before them); a `function_call_output` becomes a
-`tool` message. Function tools `{"type": "function", "name", "description", "parameters", "strict"}` become chat tools;
+`tool` message. Function tools `{"type": "function", "name", "description", "parameters", "strict"}` become chat tools
+(strict unless `strict` is false, as on OpenAI's Responses API);
 `tool_choice` keeps `auto` / `none` / `required` and `{"type": "function", "name"}` becomes a named function;
 `text.format` becomes `response_format` (`json_schema` with its `name`, `schema`, `strict`, `description`);
 `max_output_tokens` becomes `max_tokens`; `temperature`, `top_p`, `parallel_tool_calls` and `user` keep their names.
@@ -133,7 +134,9 @@ def _chat_tool(tool: Any, param: str) -> dict[str, Any]:
         if not isinstance(parameters, dict):
             raise BadRequest(f"{param}.parameters must be an object.", param=f"{param}.parameters")
         function["parameters"] = parameters
-    if tool.get("strict") is True:
+    # Strict unless the client opts out: OpenAI's Responses API enforces a function tool's schema when `strict` is
+    # left out (Chat Completions does not), so a Responses client expects its arguments to match the schema.
+    if tool.get("strict") is not False:
         function["strict"] = True
     return {"type": "function", "function": function}
 

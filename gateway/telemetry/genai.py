@@ -25,6 +25,7 @@ from typing import Any
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes import error_attributes, http_attributes
 
+from db.ledger import LOST_CAUSES, lost_field
 from db.records import RequestRecord, uncached_prompt_tokens
 
 OPERATION_CHAT = gen_ai.GenAiOperationNameValues.CHAT.value
@@ -102,6 +103,16 @@ def record_attributes(record: RequestRecord, provider: str | None, response: Any
         "prefixscope.retention_class": record.retention_class,
         "prefixscope.ttft_ms": record.ttft_ms,
         "prefixscope.ttft_source": record.ttft_source,
+        "prefixscope.conversation.id": record.conversation_id,
+        "prefixscope.conversation.turn": record.turn_index,
+        "prefixscope.conversation.parent_request_id": record.parent_request_id,
+        "prefixscope.conversation.answer_rewrite": record.answer_rewrite,
+        "prefixscope.ledger.new_tokens": record.new_tokens,
+        "prefixscope.ledger.unknown_tokens": record.unknown_tokens,
         PROMPT_TEXT: record.prompt_text,
     }
+    # The ledger's lost tokens by cause, the causes that cost something (`db.ledger.LOST_CAUSES`).
+    for cause in LOST_CAUSES:
+        if tokens := getattr(record, lost_field(cause)):
+            attributes[f"prefixscope.ledger.lost.{cause}_tokens"] = tokens
     return {name: value for name, value in attributes.items() if value is not None}

@@ -2,8 +2,9 @@
 
 A hit rate is `rate(hits) / rate(queries)` over any window and any grouping, which a gauge recomputed per batch
 cannot give. Both members of a pair count the same requests: those whose upstream reported prompt and cached
-tokens. The *eligible* pair counts only requests that could have hit: those sharing a prefix with an earlier request
-of the tenant, i.e. whose miss reason is not `new_prefix` (a prompt nobody sent before cannot come from cache).
+tokens. The *eligible* pair is the token ledger's eligible hit rate (`db.ledger.eligible_hit_rate`): its queries are
+the prompt tokens an earlier request had sent, `prompt - new` (a conversation's new turn cannot come from cache), its
+hits the cached tokens, over the requests that have a ledger.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from db.records import RequestRecord, uncached_prompt_tokens
-from gateway.explain.reasons import NEW_PREFIX
 
 
 class TenantMetrics:
@@ -32,8 +32,8 @@ class TenantMetrics:
         )
         self.eligible_prompt_tokens = Counter(
             "prefixscope_gateway_tenant_eligible_prompt_tokens",
-            "Prompt tokens of the tenant's requests that shared a prefix with an earlier one (miss reason not "
-            "new_prefix): eligible hit-rate queries.",
+            "Prompt tokens an earlier request had sent (the ledger's prompt - new) of the tenant's requests with a "
+            "token ledger: eligible hit-rate queries.",
             ("tenant",),
             registry=registry,
         )
@@ -66,8 +66,8 @@ class TenantMetrics:
         if record.prompt_tokens is not None and record.cached_tokens is not None:
             counters.prompt_tokens.inc(record.prompt_tokens)
             counters.cached_tokens.inc(record.cached_tokens)
-            if counters.eligible_prompt_tokens is not None:
-                counters.eligible_prompt_tokens.inc(record.prompt_tokens)
+            if record.new_tokens is not None:
+                counters.eligible_prompt_tokens.inc(max(0, record.prompt_tokens - record.new_tokens))
                 counters.eligible_cached_tokens.inc(record.cached_tokens)
         if counters.miss_reasons is not None:
             counters.miss_reasons.inc()
@@ -85,8 +85,7 @@ class _TenantCounters:
     def __init__(self, metrics: TenantMetrics, tenant: str, reason: str | None) -> None:
         self.prompt_tokens = metrics.prompt_tokens.labels(tenant)
         self.cached_tokens = metrics.cached_tokens.labels(tenant)
-        eligible = reason is not None and reason != NEW_PREFIX
-        self.eligible_prompt_tokens: Any = metrics.eligible_prompt_tokens.labels(tenant) if eligible else None
-        self.eligible_cached_tokens: Any = metrics.eligible_cached_tokens.labels(tenant) if eligible else None
+        self.eligible_prompt_tokens = metrics.eligible_prompt_tokens.labels(tenant)
+        self.eligible_cached_tokens = metrics.eligible_cached_tokens.labels(tenant)
         self.miss_reasons: Any = None if reason is None else metrics.miss_reasons.labels(tenant, reason)
         self.recomputed_tokens: Any = None if reason is None else metrics.recomputed_tokens.labels(tenant, reason)

@@ -15,7 +15,7 @@ from gateway.responses.request import parse_responses_request
 from gateway.config.responses import ResponsesSettings
 from gateway.responses.store import ResponseStore, StoredResponse
 from gateway.responses.stream import EventWriter
-from gateway.responses.translate import history_messages, input_messages, output_items, response_format
+from gateway.responses.translate import history_messages, input_messages, output_items, response_format, to_chat_body
 from gateway.config.tenant import TenantSettings
 
 
@@ -96,6 +96,16 @@ def test_output_items_round_trip_into_the_next_turns_history():
     assert output[1]["call_id"] == "c1"
     assert history_messages(output) == [{"role": "assistant", "content": "Let me check.", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]}]
+
+
+def test_function_tools_are_strict_unless_the_client_opts_out():
+    """As on OpenAI's Responses API, a function tool sent without `strict` has its schema enforced."""
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tools = [{"type": "function", "name": "weather", "parameters": parameters},
+             {"type": "function", "name": "time", "parameters": parameters, "strict": False},
+             {"type": "function", "name": "date", "parameters": parameters, "strict": True}]
+    chat = to_chat_body({"model": "m", "input": "hi", "tools": tools}, [], stream=False)
+    assert [tool["function"].get("strict") for tool in chat["tools"]] == [True, None, True]
 
 
 def test_text_format_and_prompt_cache_retention():

@@ -64,6 +64,18 @@ def test_span_attributes_follow_the_current_genai_names():
     assert genai.provider_name("anthropic") == "anthropic" and genai.provider_name("openai") == "openai"
 
 
+def test_span_attributes_carry_the_conversation_and_the_token_ledger():
+    record = _record(conversation_id="cv_1", turn_index=3, parent_request_id="r2", answer_rewrite="whitespace",
+                     new_tokens=14, unknown_tokens=0, lost_answer_rewritten_tokens=10, lost_page_alignment_tokens=0)
+    attributes = genai.record_attributes(record, None, ResponseFacts())
+    assert (attributes["prefixscope.conversation.id"], attributes["prefixscope.conversation.turn"]) == ("cv_1", 3)
+    assert attributes["prefixscope.conversation.parent_request_id"] == "r2"
+    assert attributes["prefixscope.conversation.answer_rewrite"] == "whitespace"
+    assert (attributes["prefixscope.ledger.new_tokens"], attributes["prefixscope.ledger.unknown_tokens"]) == (14, 0)
+    assert attributes["prefixscope.ledger.lost.answer_rewritten_tokens"] == 10
+    assert "prefixscope.ledger.lost.page_alignment_tokens" not in attributes  # causes that cost nothing are left out
+
+
 def test_finish_reasons_are_read_from_stream_events_without_decoding_them():
     facts = ResponseFacts()
     facts.scan_finish_reasons(b'data: {"choices":[{"delta":{"content":"\\"finish_reason\\": \\"no\\""},'
@@ -106,16 +118,19 @@ def test_telemetry_settings_and_the_standard_environment():
 def test_tenant_hit_counters_are_pairs_over_the_same_requests():
     registry = CollectorRegistry()
     metrics = TenantMetrics(registry)
-    metrics.observe(_record(miss_reason="new_prefix", prompt_tokens=100, cached_tokens=0, recomputed_tokens=100))
-    metrics.observe(_record(miss_reason="hit", prompt_tokens=100, cached_tokens=99, recomputed_tokens=0))
-    metrics.observe(_record(prompt_tokens=50, cached_tokens=None, miss_reason=None))  # cached tokens unknown
+    metrics.observe(_record(miss_reason="new_prefix", prompt_tokens=100, cached_tokens=0, recomputed_tokens=100,
+                            new_tokens=100, unknown_tokens=0))
+    metrics.observe(_record(miss_reason="hit", prompt_tokens=100, cached_tokens=80, recomputed_tokens=0,
+                            new_tokens=20, unknown_tokens=0))
+    metrics.observe(_record(prompt_tokens=50, cached_tokens=None, miss_reason=None, unknown_tokens=50))  # unknown
+    metrics.observe(_record(miss_reason="hit", prompt_tokens=10, cached_tokens=9))  # no ledger: not eligible-counted
     value = registry.get_sample_value
     tenant = {"tenant": "acme"}
-    assert value("prefixscope_gateway_tenant_prompt_tokens_total", tenant) == 200
-    assert value("prefixscope_gateway_tenant_cached_tokens_total", tenant) == 99
-    # A prompt nobody sent before could not have hit: it is not eligible.
-    assert value("prefixscope_gateway_tenant_eligible_prompt_tokens_total", tenant) == 100
-    assert value("prefixscope_gateway_tenant_eligible_cached_tokens_total", tenant) == 99
+    assert value("prefixscope_gateway_tenant_prompt_tokens_total", tenant) == 210
+    assert value("prefixscope_gateway_tenant_cached_tokens_total", tenant) == 89
+    # The ledger's eligible tokens: what an earlier request had sent (prompt - new), never a new turn.
+    assert value("prefixscope_gateway_tenant_eligible_prompt_tokens_total", tenant) == 80
+    assert value("prefixscope_gateway_tenant_eligible_cached_tokens_total", tenant) == 80
     assert value("prefixscope_gateway_tenant_miss_reasons_total", {**tenant, "reason": "new_prefix"}) == 1
     assert value("prefixscope_gateway_tenant_recomputed_tokens_total", {**tenant, "reason": "new_prefix"}) == 100
 
