@@ -23,7 +23,7 @@ from gateway.conversations.link import ConversationLink
 from gateway.explain.chains import approximate_chain, canonical_prompt_text, engine_chain
 from gateway.explain.compare import compare
 from gateway.explain.history import HistoryIndex, Nearest
-from gateway.explain.ledger import Routing, evicted_tier, token_ledger
+from gateway.explain.ledger import Routing, evicted_tier, sent_before_segment, token_ledger
 from gateway.explain.located import engine_locates, explain_located
 from gateway.explain.reasons import Explanation, classify
 from gateway.explain.segments import PromptSegments, chat_segments, completion_segments
@@ -208,9 +208,13 @@ class Explainer:
             return Explained()
         try:
             explained = self._explain(context, recorded_status, engine, applied_rules, conversation)
-            names = None if context.segments is None else [segment.name for segment in context.segments.segments]
+            segments = None if context.segments is None else context.segments.segments
+            names = None if segments is None else [segment.name for segment in segments]
+            sent = None
+            if segments is not None and context.nearest is not None:
+                sent = sent_before_segment([segment.digest for segment in segments], context.nearest.entry.digests)
             ledger = token_ledger(engine, explained.explanation, tiers=tiers, conversation=conversation,
-                                  routing=routing, segment_names=names)
+                                  routing=routing, segment_names=names, sent_before_segment=sent)
             return replace(explained, ledger=ledger, evicted_tier=evicted_tier(engine, ledger))
         except Exception:
             log.exception("could not explain a request")

@@ -6,8 +6,11 @@ the longest prefix an earlier request in the namespace computed. The explanation
 
 - `R` (reusable): `max(seen_tokens, M)`; for a conversation's later turn whose content changed before the parent's
   answer, its parent's prompt and answer as re-sent count as sent before: `R` reaches the first token of the first
-  segment the parent had not sent (`ConversationLink.new_from_segment`); when the previous answer was re-sent differently (the conversation's
-  `answer_rewrite`, or the explanation `answer_rewritten`), `R` reaches at least the segment after it. `R <= P`.
+  segment the parent had not sent (`ConversationLink.new_from_segment`); when the previous answer was re-sent
+  differently (the conversation's `answer_rewrite`, or the explanation `answer_rewritten`), `R` reaches at least the
+  segment after it; when a segment's content changed (a content cause: edited, reordered, a volatile value), the
+  segments after it that the nearest earlier request had sent at the same place count as sent before
+  (`sent_before_segment`, the first one it had not). `R <= P`.
 - new = `P - R`.
 - `C = page_floor(min(R, P - 1))`: the most that could have been matched. `R - C` is lost to `page_alignment`.
 - `C - M` is lost to one cause: `evicted` / `expired` when the engine's ghost index says so; `routed_away` when
@@ -34,6 +37,9 @@ from gateway.upstreams.tiers import TierSplit
 
 ROUTED_AWAY = "routed_away"
 PAGE_ALIGNMENT = "page_alignment"
+# Causes that mean the content differs from what was sent before: the tokens after the change that the earlier request
+# had sent were computed again because of it.
+CONTENT_CAUSES = ("system_changed", "tools_changed", "messages_changed", "reordered", "volatile_value")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +97,20 @@ def reusable_tokens(
     explanation: Explanation | None,
     link: ConversationLink | None,
     segment_names: Sequence[str] | None = None,
+    sent_before_segment: int | None = None,
 ) -> int:
     """`R` (see the module docstring), clamped to `[M, P]`; the engine's prompt and matched tokens must be known.
-    `segment_names`: the request's segments (`gateway.explain.segments`), which `new_from_segment` indexes."""
+    `segment_names`: the request's segments (`gateway.explain.segments`), which `new_from_segment` and
+    `sent_before_segment` index."""
     prompt, matched = engine.prompt_tokens or 0, engine.matched_tokens or 0
     reusable = max(engine.seen_tokens or 0, matched)
+    names = segment_names or ()
+    if explanation is not None and explanation.reason in CONTENT_CAUSES and sent_before_segment is not None:
+        if sent_before_segment >= len(names):
+            reusable = prompt
+        elif (start := _segment_start(engine, names[sent_before_segment], after=False)) is not None:
+            reusable = max(reusable, start)
     if link is not None and link.parent_request_id is not None and link.new_from_segment is not None:
-        names = segment_names or ()
         if 0 < link.new_from_segment < len(names):
             start = _segment_start(engine, names[link.new_from_segment], after=False)
             answer = _segment_start(engine, names[link.new_from_segment - 1], after=False)
@@ -137,16 +150,18 @@ def token_ledger(
     conversation: ConversationLink | None = None,
     routing: Routing | None = None,
     segment_names: Sequence[str] | None = None,
+    sent_before_segment: int | None = None,
 ) -> TokenLedger | None:
     """The request's ledger (see the module docstring); None when the prompt token count is unknown. `tiers` is the
-    matched tokens' split (the body's, else the report's); `segment_names` the request's segments."""
+    matched tokens' split (the body's, else the report's); `segment_names` the request's segments;
+    `sent_before_segment` (`sent_before_segment`) the first of them the nearest earlier request had not sent."""
     prompt, matched = engine.prompt_tokens, engine.matched_tokens
     tiers = tiers if tiers is not None else engine.tiers
     if prompt is None or matched is None or engine.page_size is None or engine.seen_tokens is None:
         return unexplained_ledger(prompt, matched, tiers)
     matched = min(max(matched, 0), prompt)
     engine_view = engine if engine.matched_tokens == matched else replace(engine, matched_tokens=matched)
-    reusable = reusable_tokens(engine_view, explanation, conversation, segment_names)
+    reusable = reusable_tokens(engine_view, explanation, conversation, segment_names, sent_before_segment)
     page = max(engine.page_size, 1)
     could = min(reusable, max(prompt - 1, 0))
     could -= could % page
@@ -165,3 +180,17 @@ def evicted_tier(engine: CacheReport, ledger: TokenLedger | None) -> str | None:
     if ledger is None or not (ledger.lost.get(EVICTED) or ledger.lost.get(EXPIRED)):
         return None
     return engine.dropped_tier
+
+
+def sent_before_segment(current: Sequence[int], earlier: Sequence[int]) -> int | None:
+    """The index of the first segment of `current` that `earlier` had not sent at the same place, looking past the
+    first segment where they differ (segment digests, `gateway.explain.segments`); None when `current` differs
+    nowhere within `earlier` (it only adds to it)."""
+    shared = len(earlier)
+    first = next((i for i, (a, b) in enumerate(zip(current, earlier)) if a != b), None)
+    if first is None:
+        return None
+    index = first + 1
+    while index < min(len(current), shared) and current[index] == earlier[index]:
+        index += 1
+    return index

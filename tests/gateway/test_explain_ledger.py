@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from db.ledger import LOST_CAUSES
 from gateway.conversations.link import AnswerRewrite, ConversationLink
-from gateway.explain.ledger import Routing, evicted_tier, token_ledger, unexplained_ledger
+from gateway.explain.ledger import Routing, evicted_tier, sent_before_segment, token_ledger, unexplained_ledger
 from gateway.explain.reasons import Explanation
 from gateway.upstreams.base import CacheReport
 from gateway.upstreams.tiers import TierSplit
@@ -51,6 +51,24 @@ def test_expired_tokens_are_lost_to_expiry():
 def test_a_content_change_loses_to_its_cause():
     ledger = token_ledger(report(100, 32, 60), Explanation("system_changed", "system", 40))
     assert dict(ledger.lost) == {"system_changed": 16, "page_alignment": 12} and ledger.new_tokens == 40
+
+
+def test_what_the_earlier_request_sent_after_a_change_is_lost_to_the_change_not_new():
+    """A timestamp atop the system prompt: the messages after it had been sent before, in the same places; they are
+    computed again because of the timestamp (`volatile_value`), and only the new turn is new."""
+    names = ["model", "system", "messages[1]", "messages[2]", "messages[3]"]
+    starts = (("system", 3), ("messages[1]", 60), ("messages[2]", 80), ("messages[3]", 100))
+    engine = report(120, 16, 20, segment_starts=starts)
+    earlier, current = [1, 2, 3, 4], [1, 9, 3, 4, 5]  # the system prompt differs; messages[3] is the new turn
+    assert sent_before_segment(current, earlier) == 4
+    ledger = token_ledger(engine, Explanation("volatile_value", "system", 14), segment_names=names,
+                          sent_before_segment=4)
+    assert ledger.adds_up() and ledger.new_tokens == 20
+    assert dict(ledger.lost) == {"volatile_value": 80, "page_alignment": 4}
+    # A reason that is not a content change keeps the engine's count.
+    other_model = token_ledger(engine, Explanation("model_changed"), segment_names=names, sent_before_segment=4)
+    assert other_model.new_tokens == 100
+    assert sent_before_segment([1, 2, 3], [1, 2]) is None  # it only adds to the earlier request
 
 
 def test_computed_before_but_gone_without_a_trace_is_evicted():
