@@ -44,6 +44,9 @@ class SimulatedEngineServer:
         _, pages, ttl = UPSTREAM_KINDS[UPSTREAM]
         self.engine = SimulatedEngine(pages, ttl, HOST_TIER_PAGES[UPSTREAM])
         self.clock = 0.0
+        # The assistant message of the next answer: what the demo's client re-sends in its next turn, as a client
+        # re-sends the answer it got (else the gateway records the turn's answer as rewritten).
+        self.reply: dict[str, Any] = {"role": "assistant", "content": "ok"}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -65,13 +68,30 @@ class SimulatedEngineServer:
         headers, fields = local_engine_response(match, 3, 5.0, body.get("return_hash_chain") is True)
         answer = {
             "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": self.reply, "finish_reason": "stop"}],
             **fields,
         }
         raw_headers = [(b"content-type", b"application/json")]
         raw_headers += [(name.encode(), value.encode()) for name, value in headers.items()]
         await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
         await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+
+
+def _replies(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each request, the assistant message that a later request of its conversation sends right after its last
+    message (the answer the client got; earlier messages may have been edited since), else a plain `ok`."""
+    replies = []
+    for index, body in enumerate(bodies):
+        messages = body.get("messages") or []
+        reply = {"role": "assistant", "content": "ok"}
+        for later in bodies[index + 1:]:
+            following = later.get("messages") or []
+            if messages and len(following) > len(messages) and following[len(messages) - 1] == messages[-1]:
+                if following[len(messages)].get("role") == "assistant":
+                    reply = following[len(messages)]
+                    break
+        replies.append(reply)
+    return replies
 
 
 def test_demo_records_equal_the_running_gateway_s_for_the_same_requests() -> None:
@@ -99,7 +119,9 @@ def test_demo_records_equal_the_running_gateway_s_for_the_same_requests() -> Non
             },
         )
         with running_gateway(config, storage) as gw:
-            for profile, body in requests:
+            replies = _replies([body for _, body in requests])
+            for (profile, body), reply in zip(requests, replies, strict=True):
+                server.reply = reply  # requests go one at a time
                 response = httpx.post(f"{gw.url}/v1/chat/completions", json=body,
                                       headers={"authorization": f"Bearer {keys[profile.name]}"}, timeout=30)
                 assert response.status_code == 200, response.text
@@ -111,7 +133,8 @@ def test_demo_records_equal_the_running_gateway_s_for_the_same_requests() -> Non
     demo_records = demo.take()
     for ours, theirs in zip(demo_records, recorded, strict=True):
         assert re.fullmatch(r"req_[0-9a-f]{24}", theirs.request_id)
-        assert {name: getattr(ours, name) for name in COMPARED} == {name: getattr(theirs, name) for name in COMPARED}
+        assert {name: getattr(ours, name) for name in COMPARED} == {name: getattr(theirs, name) for name in COMPARED}, (
+            theirs.tenant, theirs.answer_rewrite, theirs.answer_rewrite_segment, theirs.answer_rewrite_char_offset)
     # The engine's tier split came through the proxy: some of the hits were loaded back from the host tier.
     assert all(record.cached_tokens_device is not None for record in recorded)
     assert any((record.cached_tokens_host or 0) > 0 and (record.cache_load_ms or 0) > 0 for record in recorded)

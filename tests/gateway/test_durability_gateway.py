@@ -18,6 +18,8 @@ import pytest
 from gateway_testkit import TcpProxy, closed_port, db_storage, free_port, gateway_config, running_gateway, wait_until
 from sqlalchemy import create_engine, text
 
+from gateway.advisor.capacity import DEFAULT_MAX_PENDING
+
 CHAT = {"model": "m", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]}
 
 
@@ -212,25 +214,30 @@ def unanswered_dry_runs(stub):
     stub.state.match_waits = False
 
 
+# The samples one tenant may have queued or running (`gateway.advisor.sampler`: three quarters of the queue).
+HELD = DEFAULT_MAX_PENDING * 3 // 4
+
+
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_records_held_for_rule_advice_survive_the_gateway(stop, unanswered_dry_runs, stub_url, tmp_path):
-    """Advice is on and the dry runs it asks for never answer, so every answered request's record is held by the rule
-    advisor (two wait for their dry runs, the rest for a free estimate slot). SIGKILL: the held records are
-    in the journal and the next start stores every one, each counted once as replayed. SIGTERM: the gateway stops in
-    bounded time and stores them all itself, without their estimates."""
+    """Advice is on and the dry runs it asks for never answer, so every sampled request's record is held by the rule
+    advisor (one waits for its dry runs, the rest for the worker); one tenant is sampled up to its share of the
+    advisor's queue (`HELD`), the requests after that are stored at once. SIGKILL: the held records are in the
+    journal and the next start stores every one, each counted once as replayed. SIGTERM: the gateway stops in bounded
+    time and stores them all itself, without their estimates."""
     stub = unanswered_dry_runs
     port = free_port()
     process = _start_gateway(tmp_path, stub_url, port, "spill_first", flush_interval_s=0.05, extra_toml=ADVICE_ON)
     url = f"http://127.0.0.1:{port}"
     try:
         ids = []
-        for _ in range(12):
+        for _ in range(HELD):
             response = httpx.post(f"{url}/v1/chat/completions", json=VOLATILE_CHAT)
             assert response.status_code == 200
             ids.append(response.headers["x-request-id"])
         health = httpx.get(f"{url}/health").json()
-        assert health["rule_advice"]["pending"] == 12
-        assert (health["records"]["held"], health["records"]["accepted"]) == (12, 0)
+        assert health["rule_advice"]["pending"] == HELD
+        assert (health["records"]["held"], health["records"]["accepted"]) == (HELD, 0)
         assert stub.state.match_requests, "the advisor is waiting for a dry run"
         process.send_signal(stop)
         assert process.wait(timeout=60) in (0, -stop)
@@ -247,14 +254,14 @@ def test_records_held_for_rule_advice_survive_the_gateway(stop, unanswered_dry_r
     assert before == []  # held only: nothing reached the database before the kill
     process = _start_gateway(tmp_path, stub_url, port, "spill_first", flush_interval_s=0.05, extra_toml=ADVICE_ON)
     try:
-        assert wait_until(lambda: httpx.get(f"{url}/health").json()["records"]["replayed"] == 12)
+        assert wait_until(lambda: httpx.get(f"{url}/health").json()["records"]["replayed"] == HELD)
         records = httpx.get(f"{url}/health").json()["records"]
         metrics = httpx.get(f"{url}/metrics").text
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) in (0, -signal.SIGTERM)
     assert (records["replayed"], records["written"], records["lost"], records["rejected"], records["held"]) == (
-        12, 0, 0, 0, 0
+        HELD, 0, 0, 0, 0
     )  # fmt: skip
     assert "prefixscope_gateway_records_held 0.0" in metrics
     with sqlite3.connect(tmp_path / "gateway.db") as conn:
