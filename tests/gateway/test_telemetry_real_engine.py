@@ -157,7 +157,6 @@ def test_a_messages_api_span_names_the_message_its_model_and_stop_reason(stack: 
     request = {
         "model": "smollm2",
         "max_tokens": 4,
-        "temperature": 0.0,
         "system": SYSTEM,
         "messages": [{"role": "user", "content": "Do you sell helmets?"}],
         "extra_headers": {"traceparent": traceparent},
