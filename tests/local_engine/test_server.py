@@ -60,9 +60,11 @@ def test_chat_completion_reports_cached_tokens_in_usage_headers_and_body(client)
     assert second.headers["x-prefix-cache-matched-tokens"] == str(prompt_tokens - 1)
     assert second.headers["x-prefix-cache-prompt-tokens"] == str(prompt_tokens)
     assert second.headers["x-prefix-cache-miss"] == "hit"
-    assert {k: v for k, v in warm["prefix_cache"].items() if k not in ("ttft_ms", "load_ms")} == {
+    assert {k: v for k, v in warm["prefix_cache"].items() if k not in ("ttft_ms", "load_ms", "segments")} == {
         "matched_tokens": prompt_tokens - 1, "prompt_tokens": prompt_tokens, "miss": "hit", "template_tokens": 3,
-        "tiers": {"device": prompt_tokens - 1, "host": 0, "disk": 0}}
+        "tiers": {"device": prompt_tokens - 1, "host": 0, "disk": 0}, "page_size": 1,
+        "seen_tokens": prompt_tokens}  # the same prompt was computed before, whole
+    assert [name for name, _ in warm["prefix_cache"]["segments"]] == ["system", "messages[1]"]
     assert warm["choices"][0]["message"]["content"] == body["choices"][0]["message"]["content"]
 
 
