@@ -33,6 +33,9 @@ class NoPrefixCache:
     ) -> MatchResult:
         return MatchResult(_NO_SLOTS, 0, len(token_ids), MissKind.COLD, None)
 
+    def remember_seen(self, namespace: str, token_ids: list[int]) -> None:
+        pass  # nothing is cached, so nothing counts as seen either
+
     def lock(self, node: object) -> None:
         pass
 

@@ -50,6 +50,9 @@ class PrefixCache(Protocol):
         """The longest cached prefix of `token_ids` in `namespace`; `dry_run` changes nothing. Raises ValueError for
         an unknown retention class."""
 
+    def remember_seen(self, namespace: str, token_ids: list[int]) -> None:
+        """Remember `token_ids` as sent in `namespace` (what `MatchResult.seen_tokens` counts), caching nothing."""
+
     def lock(self, node: Any) -> None:
         """Protect a matched or inserted prefix (`MatchResult.node`, `InsertResult.node`) from eviction."""
 

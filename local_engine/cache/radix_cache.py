@@ -147,9 +147,9 @@ class RadixCache:
         tier_tokens = TierTokens(*per_tier) if tree.store.has_lower_tiers else None
         return MatchResult(slots, matched, len(token_ids), miss_kind, locked_node, tier_tokens,
                            seen_tokens=tree.seen.seen_tokens(namespace, token_ids, matched),
-                           dropped=self.dropped(namespace, token_ids, matched, miss_kind))
+                           dropped=self._dropped(namespace, token_ids, matched, miss_kind))
 
-    def dropped(self, namespace: str, token_ids: list[int], matched: int, miss_kind: MissKind) -> dict | None:
+    def _dropped(self, namespace: str, token_ids: list[int], matched: int, miss_kind: MissKind) -> dict | None:
         """For an evicted/expired miss, what the ghost index says was dropped (`DroppedPrefix.as_dict`)."""
         if miss_kind not in (MissKind.EVICTED, MissKind.EXPIRED):
             return None

@@ -112,8 +112,6 @@ class SequenceKV:
     def remember_answered(self, sequence: Sequence) -> None:
         """Remember the prompt and every generated token (the last one too, never computed) as seen: a follow-up
         turn re-sending the answer as returned re-sends tokens this request produced (`SeenIndex`)."""
-        if isinstance(self.cache, NoPrefixCache):
-            return
         with self.tree_lock:
             self.cache.remember_seen(sequence.namespace, list(sequence.token_ids))
 

@@ -193,7 +193,7 @@ def test_bench_routing_starts_its_gateway_open(monkeypatch, tmp_path):
         commands.append(command)
         raise Started
 
-    monkeypatch.setattr(routing, "_spawn", spawn)
+    monkeypatch.setattr(routing, "spawn", spawn)
     with pytest.raises(Started):
         routing._run_policy("events", [], [], tmp_path)
     assert "--open" in commands[0]
