@@ -235,7 +235,7 @@ class RequestTracker:
             explainer.prepare_soon(explain)
 
     def _explained(self, status_code: int, report: CacheReport, prompt_tokens: int | None,
-                   cached_tokens: int | None, tiers: TierSplit | None,
+                   cached_tokens: int | None, completion_tokens: int | None, tiers: TierSplit | None,
                    ) -> tuple[ExplainedAnswer | None, ConversationLinkLike | None]:
         """The explained stage: the recorder's explainer's answer and the request's conversation link (None, None
         without an explainer or explain context). The engine's counts are the record's (the usage's, else the
@@ -244,9 +244,13 @@ class RequestTracker:
         explain = self._prepared.explain
         if explainer is None or explain is None:
             return None, None
+        placed = self._placed
+        explain.replica = placed.replica
+        explain.computed_tokens = None if prompt_tokens is None else prompt_tokens + (completion_tokens or 0)
         link = explainer.conversation(explain, recorded_status=status_code)
         engine = replace(report, matched_tokens=cached_tokens, prompt_tokens=prompt_tokens)
-        routing = Routing(self._placed.predicted_match_tokens, self._placed.best_other_match_tokens)
+        routing = Routing(placed.predicted_match_tokens, placed.best_other_match_tokens)
+        routing = routing.with_previous_turn(link, placed.replica)
         explained = explainer.explain(explain, recorded_status=status_code, engine=engine,
                                       applied_rules=self._prepared.applied_rules, conversation=link, routing=routing,
                                       tiers=tiers)
@@ -268,7 +272,8 @@ class RequestTracker:
         cached_tokens = usage.cached_tokens if usage.cached_tokens is not None else report.matched_tokens
         # The body's split (or the usage chunk's) wins over the header's; the load time is only ever in the body.
         tiers = usage.tiers if usage.tiers is not None else report.tiers
-        explained, link = self._explained(status_code, report, prompt_tokens, cached_tokens, tiers)
+        explained, link = self._explained(status_code, report, prompt_tokens, cached_tokens,
+                                          usage.completion_tokens, tiers)
         ttft_ms, ttft_source = gateway_ttft, TTFT_GATEWAY if gateway_ttft is not None else None
         if ttft_ms is None and not parsed.stream and report.ttft_ms is not None and status_code < 400:
             ttft_ms, ttft_source = report.ttft_ms, TTFT_ENGINE  # the engine's own queue + prefill time

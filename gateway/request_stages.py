@@ -27,6 +27,8 @@ class ExplainContextLike(Protocol):
 
     route: Any  # the route the request took: a replica set's placement replaces it
     request_id: str | None  # set by the tracker when the prepared stage is recorded
+    replica: str | None  # set when the request is finished: the replica that answered it
+    computed_tokens: int | None  # set when the request is finished: its prompt and answer tokens
 
 
 class ConversationLinkLike(Protocol):

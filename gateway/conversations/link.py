@@ -31,6 +31,8 @@ class ConversationLink:
     segments (`gateway.explain.segments.PromptSegments`), of the first segment the parent had not sent: the segments
     before it are the parent's prompt and its answer as re-sent; None for a first turn (or when the request does not
     extend its parent). `answer_rewrite` is set when the re-sent answer differs from the one returned.
+    `parent_replica` is the replica that answered the parent (None: unknown, or not a replica set) and
+    `parent_computed_tokens` the tokens it computed there (the parent's prompt and answer).
     """
 
     conversation_id: str
@@ -40,6 +42,8 @@ class ConversationLink:
     idle_s: float | None = None
     new_from_segment: int | None = None
     answer_rewrite: AnswerRewrite | None = None
+    parent_replica: str | None = None
+    parent_computed_tokens: int | None = None
 
     def record_fields(self) -> dict[str, Any]:
         """The `RequestRecord` conversation fields."""

@@ -49,6 +49,8 @@ class Turn:
     expires_at: float
     answered_at: float | None = None
     answer: Answer | None = None
+    replica: str | None = None  # the replica that answered it (None: unknown, or not a replica set)
+    computed_tokens: int | None = None  # its prompt and answer tokens, computed on that replica
     refs: int = 0  # how many index slots hold it
 
 
@@ -117,15 +119,15 @@ class ConversationTracker:
             last = self._get(tenant, ("e", conversation_id), now)
             link = ConversationLink(conversation_id, explicit.source, 1 if last is None else last.turn_index + 1)
             if last is not None:
-                link = replace(link, parent_request_id=last.request_id, idle_s=_idle(now, last))
+                link = replace(link, parent_request_id=last.request_id, idle_s=_idle(now, last),
+                               parent_replica=last.replica, parent_computed_tokens=last.computed_tokens)
                 if parent is last:
                     link = self._extension(link, context, segments, parent, rewrite_at)
             turn = Turn(context.request_id, conversation_id, link.turn_index, len(segments.segments) if segments
                         else 0, self._expiry(context, now))
             self._put(tenant, ("e", conversation_id), turn)
         elif parent is not None:
-            link = ConversationLink(parent.conversation_id, CONTENT, parent.turn_index + 1, parent.request_id,
-                                    _idle(now, parent))
+            link = _child(parent, _idle(now, parent))
             link = self._extension(link, context, segments, parent, rewrite_at)
         else:
             link = ConversationLink(_keyed_id(key, b"content\x00" + str(context.request_id).encode()), CONTENT, 1)
@@ -143,8 +145,7 @@ class ConversationTracker:
             # Its parent may have been answered after this request went upstream: look again.
             parent, rewrite_at = self._content_parent(context, pending.chain, now)
             if parent is not None:
-                link = ConversationLink(parent.conversation_id, CONTENT, parent.turn_index + 1, parent.request_id,
-                                        _idle(pending.prepared_at, parent))
+                link = _child(parent, _idle(pending.prepared_at, parent))
                 link = self._extension(link, context, context.segments, parent, rewrite_at)
                 pending.link = link
         if not answered or (pending.turn is None and not pending.chain):
@@ -154,6 +155,7 @@ class ConversationTracker:
             turn = Turn(context.request_id, link.conversation_id, link.turn_index, len(context.segments.segments),
                         self._expiry(context, now))
         turn.answered_at, turn.expires_at = now, self._expiry(context, now)
+        turn.replica, turn.computed_tokens = getattr(context, "replica", None), getattr(context, "computed_tokens", None)
         if pending.chain:  # a chat request: later requests can extend it by content
             capture = getattr(context, "answer", None)
             self._hold_answer(turn, capture.answer() if capture is not None else None)
@@ -253,6 +255,12 @@ class ConversationTracker:
 
 def _keyed_id(key: bytes, data: bytes) -> str:
     return "cv_" + hashlib.blake2b(_ID_CONTEXT + data, key=key, digest_size=12).hexdigest()
+
+
+def _child(parent: Turn, idle_s: float | None) -> ConversationLink:
+    """The link of a turn that extends `parent` by content."""
+    return ConversationLink(parent.conversation_id, CONTENT, parent.turn_index + 1, parent.request_id, idle_s,
+                            parent_replica=parent.replica, parent_computed_tokens=parent.computed_tokens)
 
 
 def _idle(now: float, parent: Turn) -> float | None:

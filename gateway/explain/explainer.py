@@ -25,7 +25,7 @@ from gateway.explain.compare import compare
 from gateway.explain.history import HistoryIndex, Nearest
 from gateway.explain.ledger import Routing, evicted_tier, sent_before_segment, token_ledger
 from gateway.explain.located import engine_locates, explain_located
-from gateway.explain.reasons import Explanation, classify
+from gateway.explain.reasons import ROUTED_AWAY, Explanation, classify
 from gateway.explain.segments import PromptSegments, chat_segments, completion_segments
 from gateway.explain.uplift import UpliftChecker, UpliftJob
 from gateway.parsing import CHAT
@@ -57,6 +57,8 @@ class ExplainContext:
         "explicit_id",
         "answer",
         "conversation",
+        "replica",
+        "computed_tokens",
     )
 
     def __init__(
@@ -92,6 +94,10 @@ class ExplainContext:
         self.explicit_id = explicit_id
         self.answer: Any = None
         self.conversation: Any = None
+        # Set when the request is finished: the replica that answered it (None: not a replica set) and the tokens it
+        # computed there (prompt and answer), which a later turn sent to another replica did not find.
+        self.replica: str | None = None
+        self.computed_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +221,11 @@ class Explainer:
                 sent = sent_before_segment([segment.digest for segment in segments], context.nearest.entry.digests)
             ledger = token_ledger(engine, explained.explanation, tiers=tiers, conversation=conversation,
                                   routing=routing, segment_names=names, sent_before_segment=sent)
-            return replace(explained, ledger=ledger, evicted_tier=evicted_tier(engine, ledger))
+            explanation = explained.explanation
+            if ledger is not None and explanation is not None and ledger.lost.get(ROUTED_AWAY):
+                # Another replica held what this one lacked: that, not what this replica's history says, is why.
+                explanation = replace(explanation, reason=ROUTED_AWAY)
+            return replace(explained, explanation=explanation, ledger=ledger, evicted_tier=evicted_tier(engine, ledger))
         except Exception:
             log.exception("could not explain a request")
             return Explained()
@@ -238,7 +248,7 @@ class Explainer:
             elif engine.matched_tokens is not None:
                 explanation = classify(engine, compare(context.segments, context.nearest, history.text))
             if recorded_status < 400:
-                history.add(context.segments, engine.prompt_tokens)
+                history.add(context.segments, engine.prompt_tokens, context.request_id)
         settings = context.settings
         gain, job = None, None
         if context.route.adapter.supports_dry_run_match and self._random.random() < settings.uplift_sample_rate:

@@ -35,6 +35,7 @@ class Entry:
     rest_keys: tuple[int, ...]  # chained hashes over the segments after the model
     prompt_tokens: int | None
     text_digests: tuple[int, ...] = ()  # the texts this entry holds a reference to
+    request_id: str | None = None  # the gateway's id of the request (its conversation's later turns name it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ class TenantHistory:
             if len(entry.prefix_keys) >= num_segments and entry.prefix_keys[num_segments - 1] == key:
                 yield entry
 
-    def add(self, prompt: PromptSegments, prompt_tokens: int | None = None) -> Entry:
+    def add(self, prompt: PromptSegments, prompt_tokens: int | None = None, request_id: str | None = None) -> Entry:
         """Remember a request (the most recent one for each of its prefixes), forgetting the oldest if full."""
         segments = prompt.segments
         digests = prompt.digests
@@ -125,6 +126,7 @@ class TenantHistory:
             prefix_keys=_chain(digests, 0),
             rest_keys=_chain(digests[1:], _WITHOUT_MODEL_SEED),
             prompt_tokens=prompt_tokens,
+            request_id=request_id,
         )
         if len(self._entries) >= self.capacity:
             self._forget(self._entries.popleft())

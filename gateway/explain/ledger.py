@@ -12,10 +12,13 @@ the longest prefix an earlier request in the namespace computed. The explanation
   segments after it that the nearest earlier request had sent at the same place count as sent before
   (`sent_before_segment`, the first one it had not). `R <= P`.
 - new = `P - R`.
-- `C = page_floor(min(R, P - 1))`: the most that could have been matched. `R - C` is lost to `page_alignment`.
+- `C = page_floor(min(R, P - 1))`: the most that could have been matched. `R - C` is lost to `page_alignment`. When
+  the content changed where the tokens computed before end (a content cause, an answer rewritten), `C` reaches at
+  least that point (`min(seen_tokens, R, P - 1)`): the page the change broke would have matched without it.
 - `C - M` is lost to one cause: `evicted` / `expired` when the engine's ghost index says so; `routed_away` when
-  another replica was predicted to hold more than this one matched; else the explanation's reason when it is a cause
-  (content changed, reordered, volatile value, model changed, answer rewritten); `page_alignment` when the engine
+  another replica was predicted to hold more than this one matched (the router's prediction, or the conversation's
+  previous turn answered on another replica: `Routing.with_previous_turn`); else the explanation's reason when it is
+  a cause (content changed, reordered, volatile value, model changed, answer rewritten); `page_alignment` when the engine
   matched all it could (`hit`, `below_page`: what it never computed, such as an answer's last token); else `evicted`
   (computed before, gone without a trace).
 
@@ -31,15 +34,16 @@ from typing import Any
 
 from db.ledger import LOST_CAUSES, TokenLedger
 from gateway.conversations.link import ConversationLink
-from gateway.explain.reasons import ANSWER_REWRITTEN, BELOW_PAGE, EVICTED, EXPIRED, HIT, Explanation
+from gateway.explain.reasons import ANSWER_REWRITTEN, BELOW_PAGE, EVICTED, EXPIRED, HIT, ROUTED_AWAY, Explanation
 from gateway.upstreams.base import CacheReport
 from gateway.upstreams.tiers import TierSplit
 
-ROUTED_AWAY = "routed_away"
 PAGE_ALIGNMENT = "page_alignment"
 # Causes that mean the content differs from what was sent before: the tokens after the change that the earlier request
 # had sent were computed again because of it.
 CONTENT_CAUSES = ("system_changed", "tools_changed", "messages_changed", "reordered", "volatile_value")
+# Causes that changed the content where the tokens computed before end (the engine's `seen_tokens`).
+REWRITE_CAUSES = (*CONTENT_CAUSES, ANSWER_REWRITTEN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,17 @@ class Routing:
 
     predicted_tokens: int | None = None
     best_other_tokens: int | None = None
+
+    def with_previous_turn(self, link: ConversationLink | None, replica: str | None) -> Routing:
+        """This routing, with the conversation's previous turn counted as a prediction: when this turn re-sends all
+        of it (it extends its parent, answer unchanged) and another replica of the set answered the parent, that
+        replica holds the parent's prompt and answer (`parent_computed_tokens`), whatever the router predicted (a
+        round robin predicts nothing)."""
+        if link is None or replica is None or link.parent_replica in (None, replica):
+            return self
+        if link.new_from_segment is None or link.answer_rewrite is not None or not link.parent_computed_tokens:
+            return self
+        return replace(self, best_other_tokens=max(self.best_other_tokens or 0, link.parent_computed_tokens))
 
 
 def unexplained_ledger(prompt: int | None, cached: int | None, tiers: TierSplit | None = None) -> TokenLedger | None:
@@ -167,6 +182,10 @@ def token_ledger(
     could -= could % page
     could = max(could, matched)  # a match the engine made is never more than it could
     lost: dict[str, int] = {}
+    if explanation is not None and explanation.reason in REWRITE_CAUSES:
+        # The content changed where the tokens computed before end: the page it breaks would have matched had it
+        # not (an answer re-sent truncated leaves nothing sent before after it).
+        could = max(could, min(engine.seen_tokens, reusable, max(prompt - 1, 0)))
     if reusable - could > 0:
         lost[PAGE_ALIGNMENT] = reusable - could
     if could - matched > 0:

@@ -158,13 +158,15 @@ def explain_located(
 ) -> Explanation:
     """The explanation of a request whose engine reported where its match ended (see the module docstring)."""
     uncached = _uncached(engine)
-    # Where the engine's match ended is recorded whatever the reason (a hit's new turn, a cold miss at offset 0):
-    # the rows then say what the engine said.
+    # Where the engine's match ended: recorded when nothing of the prompt could be served (a cold miss at offset 0,
+    # an eviction). Where the prompt diverged from what was computed before (`seen_segment`) is recorded when the
+    # content decides: a page-aligned match ends up to a page, or segments, before it.
     location = (engine.divergence_segment, engine.divergence_char_offset)
+    diverged = (engine.seen_segment, engine.seen_char_offset) if engine.seen_segment is not None else location
     if engine_hit(engine):
         if uncached is not None and uncached > 1:
-            return Explanation(BELOW_PAGE, *location, recomputed_tokens=uncached, source=ENGINE)
-        return Explanation(HIT, *location, recomputed_tokens=0, source=ENGINE)
+            return Explanation(BELOW_PAGE, *diverged, recomputed_tokens=uncached, source=ENGINE)
+        return Explanation(HIT, *diverged, recomputed_tokens=0, source=ENGINE)
     if engine.miss_kind in (EVICTED, EXPIRED):
         return Explanation(engine.miss_kind, *location, recomputed_tokens=uncached, source=ENGINE)
     names = [segment.name for segment in current.segments]
@@ -174,13 +176,13 @@ def explain_located(
         return replace(rewritten, recomputed_tokens=uncached)
     reused = (engine.matched_tokens or 0) > (engine.template_tokens or 0)
     if reused:
-        # A page-aligned match can end a segment or more before the content differs: where the tokens computed
-        # before end (`seen_segment`) is where it does, when the engine says so.
         seen_index = names.index(engine.seen_segment) if engine.seen_segment in names else None
-        if index is not None and seen_index is not None and seen_index > index:
-            index, location = seen_index, (engine.seen_segment, engine.seen_char_offset)
+        if index is not None and seen_index is not None and seen_index >= index:
+            index, location = seen_index, diverged
         if index is None:
             reason = _reason_by_kind(engine.divergence_segment or "")
+        elif (resent := _resent_differently(current, index, history, conversation)) is not None:
+            reason = _why(current, index, history, resent)
         elif index >= current.turn_start or _only_adds(nearest, index):
             return Explanation(HIT, *location, recomputed_tokens=0, source=ENGINE)
         else:
@@ -188,7 +190,7 @@ def explain_located(
         return Explanation(reason, *location, recomputed_tokens=uncached, source=ENGINE)
     approximate = classify(replace(engine, matched_tokens=0), compare(current, nearest, history.text))
     if approximate.reason in (EVICTED, HIT, NEW_PREFIX) and _below_page(engine):
-        return Explanation(BELOW_PAGE, *location, recomputed_tokens=uncached, source=ENGINE)
+        return Explanation(BELOW_PAGE, *diverged, recomputed_tokens=uncached, source=ENGINE)
     if approximate.reason == NEW_PREFIX and index is not None:
         # The newest request may be unlike this one while an older one is a version of it (A, B edited at its end,
         # then A with a line prepended): the prompt is not new when any earlier one sharing its leading segments is.
@@ -202,6 +204,29 @@ def explain_located(
         # Another model's cache: what differs first is the model, which the engine cannot see.
         return replace(approximate, recomputed_tokens=uncached, source=HISTORY)
     return Explanation(approximate.reason, *location, recomputed_tokens=uncached, source=ENGINE)
+
+
+def _resent_differently(
+    current: PromptSegments, index: int, history: TenantHistory, conversation: ConversationLink | None
+) -> tuple[Entry, str] | None:
+    """The conversation's previous turn and its text at segment `index`, when that turn had sent another segment of
+    the same kind there: the conversation changed what it re-sends (a compacted or edited history), which a
+    divergence in the final turn must not hide as a new turn. None without a previous turn in the history, or when
+    it sent nothing there."""
+    parent = conversation.parent_request_id if conversation is not None else None
+    if parent is None:
+        return None
+    segment = current.segments[index]
+    for count, entry in enumerate(history.sharing(current, index)):
+        if count >= MAX_CANDIDATES:
+            break
+        if entry.request_id != parent:
+            continue
+        if len(entry.digests) <= index or entry.kinds[index] != segment.kind or entry.digests[index] == segment.digest:
+            return None
+        earlier = history.text(entry.digests[index])
+        return None if earlier is None else (entry, earlier)
+    return None
 
 
 def _equal_segments(nearest: Nearest | None) -> int:
@@ -244,8 +269,10 @@ def _answer_rewritten(
     if rewrite is not None:
         if index is not None and not rewrite.segment_index - 1 <= index <= rewrite.segment_index:
             return None  # the match ended past the rewritten answer (it cost nothing), or well before it
-        source = ENGINE if engine.divergence_segment == rewrite.segment else HISTORY
-        return Explanation(ANSWER_REWRITTEN, rewrite.segment, rewrite.char_offset, source=source)
+        if engine.seen_segment == rewrite.segment and engine.seen_char_offset is not None:
+            # The engine's terms (an assistant's tool calls as its template renders them) over the gateway's.
+            return Explanation(ANSWER_REWRITTEN, rewrite.segment, engine.seen_char_offset, source=ENGINE)
+        return Explanation(ANSWER_REWRITTEN, rewrite.segment, rewrite.char_offset, source=HISTORY)
     names = [segment.name for segment in current.segments]
     seen_at = engine.seen_segment
     if seen_at not in names or not engine.seen_char_offset:

@@ -41,6 +41,7 @@ EVICTED = "evicted"
 EXPIRED = "expired"
 BELOW_PAGE = "below_page"
 ANSWER_REWRITTEN = "answer_rewritten"
+ROUTED_AWAY = "routed_away"
 REASONS = MISS_REASONS  # declared with the record's fields; the names above are its members
 
 # How a prompt relates to the nearest earlier one.
