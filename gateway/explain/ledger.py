@@ -14,7 +14,9 @@ the longest prefix an earlier request in the namespace computed. The explanation
 - new = `P - R`.
 - `C = page_floor(min(R, P - 1))`: the most that could have been matched. `R - C` is lost to `page_alignment`. When
   the content changed where the tokens computed before end (a content cause, an answer rewritten), `C` reaches at
-  least that point (`min(seen_tokens, R, P - 1)`): the page the change broke would have matched without it.
+  least that point (`min(seen_tokens, R, P - 1)`): the page the change broke would have matched without it. When
+  the previous answer was re-sent shorter (truncated, its reasoning stripped), `C = min(R, P - 1)`: the answer as
+  returned went on, so no page there was cut by the page size.
 - `C - M` is lost to one cause: `evicted` / `expired` when the engine's ghost index says so; `routed_away` when
   another replica was predicted to hold more than this one matched (the router's prediction, or the conversation's
   previous turn answered on another replica: `Routing.with_previous_turn`); else the explanation's reason when it is
@@ -44,6 +46,8 @@ PAGE_ALIGNMENT = "page_alignment"
 CONTENT_CAUSES = ("system_changed", "tools_changed", "messages_changed", "reordered", "volatile_value")
 # Causes that changed the content where the tokens computed before end (the engine's `seen_tokens`).
 REWRITE_CAUSES = (*CONTENT_CAUSES, ANSWER_REWRITTEN)
+# Answer rewrites that re-send less than was returned (`db.ledger.ANSWER_REWRITES`).
+SHORTENING_REWRITES = ("truncated", "reasoning_stripped")
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +190,11 @@ def token_ledger(
         # The content changed where the tokens computed before end: the page it breaks would have matched had it
         # not (an answer re-sent truncated leaves nothing sent before after it).
         could = max(could, min(engine.seen_tokens, reusable, max(prompt - 1, 0)))
+    rewrite = conversation.answer_rewrite if conversation is not None else None
+    if rewrite is not None and rewrite.kind in SHORTENING_REWRITES and explanation is not None \
+            and explanation.reason == ANSWER_REWRITTEN:
+        # The answer as returned went on past its re-sent end: the page there would have matched without the cut.
+        could = max(could, min(reusable, max(prompt - 1, 0)))
     if reusable - could > 0:
         lost[PAGE_ALIGNMENT] = reusable - could
     if could - matched > 0:

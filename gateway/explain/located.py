@@ -179,6 +179,8 @@ def explain_located(
         seen_index = names.index(engine.seen_segment) if engine.seen_segment in names else None
         if index is not None and seen_index is not None and seen_index >= index:
             index, location = seen_index, diverged
+            if (engine.seen_char_offset or 0) >= len(current.segments[index].text) and index + 1 < len(names):
+                index += 1  # the end of a segment: what differs is the next one
         if index is None:
             reason = _reason_by_kind(engine.divergence_segment or "")
         elif (resent := _resent_differently(current, index, history, conversation)) is not None:

@@ -49,8 +49,30 @@ def test_expired_tokens_are_lost_to_expiry():
 
 
 def test_a_content_change_loses_to_its_cause():
+    """The change at token 60 broke the page from 48: without it that page would have matched, so its tokens are
+    lost to the change, not to page alignment."""
     ledger = token_ledger(report(100, 32, 60), Explanation("system_changed", "system", 40))
-    assert dict(ledger.lost) == {"system_changed": 16, "page_alignment": 12} and ledger.new_tokens == 40
+    assert dict(ledger.lost) == {"system_changed": 28} and ledger.new_tokens == 40
+
+
+def test_an_answer_re_sent_truncated_loses_the_page_it_broke_to_the_rewrite():
+    """The previous answer re-sent cut short at token 250: nothing after it was sent before (new), and the page the
+    cut broke (240..250) is lost to the rewrite; re-sent whole, the same prompt only adds (page alignment)."""
+    starts = (("system", 3), ("messages[1]", 200), ("messages[2]", 230), ("messages[3]", 250))
+    link = ConversationLink("c", "content", 2, "r1", 1.0, 4, AnswerRewrite("truncated", "messages[2]", 3, 24))
+    engine = report(265, 240, 250, segment_starts=starts)
+    ledger = token_ledger(engine, Explanation("answer_rewritten", "messages[2]", 24), conversation=link)
+    assert dict(ledger.lost) == {"answer_rewritten": 10} and ledger.new_tokens == 15 and ledger.adds_up()
+    whole = token_ledger(engine, Explanation("hit"))
+    assert dict(whole.lost) == {"page_alignment": 10} and whole.new_tokens == 15
+    # Its reasoning stripped: the answer differs from its second character (token 240, a page boundary); what is
+    # re-sent up to 252 stands where the returned answer went on.
+    stripped = ConversationLink("c", "content", 2, "r1", 1.0, 4,
+                                AnswerRewrite("reasoning_stripped", "messages[2]", 3, 1))
+    starts = (("system", 3), ("messages[1]", 200), ("messages[2]", 238), ("messages[3]", 252))
+    ledger = token_ledger(report(267, 240, 240, segment_starts=starts), Explanation("answer_rewritten",
+                          "messages[2]", 1), conversation=stripped)
+    assert dict(ledger.lost) == {"answer_rewritten": 12} and ledger.new_tokens == 15
 
 
 def test_what_the_earlier_request_sent_after_a_change_is_lost_to_the_change_not_new():
@@ -79,6 +101,23 @@ def test_computed_before_but_gone_without_a_trace_is_evicted():
 def test_another_replica_predicted_to_hold_more_is_routed_away():
     ledger = token_ledger(report(100, 16, 80), Explanation("evicted"), routing=Routing(16, 64))
     assert dict(ledger.lost) == {"routed_away": 64}
+
+
+def test_the_previous_turn_answered_on_another_replica_is_routed_away():
+    """A round robin predicts nothing; the conversation says where its previous turn was computed."""
+    link = ConversationLink("c", "content", 2, "r1", 1.0, new_from_segment=4, parent_replica="http://a",
+                            parent_computed_tokens=250)
+    routing = Routing().with_previous_turn(link, "http://b")
+    assert routing.best_other_tokens == 250
+    names = ["model", "system", "messages[1]", "messages[2]", "messages[3]"]
+    starts = (("system", 3), ("messages[1]", 200), ("messages[2]", 230), ("messages[3]", 253))
+    ledger = token_ledger(report(268, 0, 3, segment_starts=starts), Explanation("evicted"), routing=routing,
+                          conversation=link, segment_names=names)
+    assert dict(ledger.lost) == {"routed_away": 240, "page_alignment": 13} and ledger.new_tokens == 15
+    assert Routing().with_previous_turn(link, "http://a") == Routing()  # the same replica: no prediction
+    rewritten = ConversationLink("c", "content", 2, "r1", 1.0, 4, AnswerRewrite("whitespace", "messages[2]", 3, 5),
+                                 parent_replica="http://a", parent_computed_tokens=250)
+    assert Routing().with_previous_turn(rewritten, "http://b") == Routing()  # not all of it re-sent as computed
 
 
 def test_a_rewritten_answer_counts_the_whole_answer_as_sent_before():

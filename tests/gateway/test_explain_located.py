@@ -3,8 +3,11 @@ the tenant's history only says why, and partial reuse is never `new_prefix`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 
+from gateway.conversations.link import ConversationLink
 from gateway.explain.compare import compare
 from gateway.explain.history import TenantHistory
 from gateway.explain.located import engine_locates, explain_located
@@ -81,6 +84,43 @@ def test_the_same_text_not_matched_was_dropped_and_a_new_turn_is_a_hit():
     follow_up = chat(SYSTEM, "My order is late.", "Sorry.", "Can I cancel it?")
     assert explain(history, follow_up, located(450, "messages[3]", 0)) == Explanation(
         "hit", "messages[3]", 0, recomputed_tokens=0, source="engine")  # where the engine's match ended, recorded
+
+
+def test_the_location_is_where_the_prompt_diverged_from_what_was_computed_before():
+    """A page-aligned match ends up to a page before the divergence; the engine's `seen` location is where the
+    prompt first differs from what an earlier request computed: a grown turn's new part, an edit's first character,
+    and inside a shared opening shorter than a page."""
+    history = TenantHistory()
+    history.add(chat_segments(chat(SYSTEM, "My order is late.", "Sorry.", "What now?")), 500)
+    grown = chat(SYSTEM, "My order is late.", "Sorry.", "What now?", "Late by a week.", "And now?")
+    seen = replace(located(448, "messages[3]", 2), seen_segment="messages[3]", seen_char_offset=9)
+    assert explain(history, grown, seen) == Explanation("hit", "messages[3]", 9, recomputed_tokens=0,
+                                                        source="engine")
+    edited = chat(SYSTEM[:300] + "Q" + SYSTEM[301:], "My order is late.", "Sorry.", "What now?")
+    seen = replace(located(64, "system", 270), seen_segment="system", seen_char_offset=300)
+    explanation = explain(history, edited, seen)
+    assert (explanation.reason, explanation.segment, explanation.char_offset) == ("system_changed", "system", 300)
+    short = CacheReport("cold", 0, 40, 3, "system", 0, page_size=16, seen_tokens=12, seen_segment="system",
+                        seen_char_offset=23)
+    explanation = explain(TenantHistory(), chat("Be brief, be kind. Answer in French.", "Hi"), short)
+    assert (explanation.reason, explanation.segment, explanation.char_offset) == ("below_page", "system", 23)
+
+
+def test_a_conversation_that_re_sends_its_history_compacted_changed_its_messages():
+    """The conversation's previous turn sent other messages where this one sends a summary: not a new turn (a hit)
+    though the divergence lies among the trailing user messages; another conversation's opening is."""
+    history = TenantHistory()
+    earlier = chat(SYSTEM, "My order is late.", "Sorry.", "What now?", "Let me check.", "Any news?")
+    history.add(chat_segments(earlier), 500, request_id="turn-2")
+    compacted = chat(SYSTEM, "Summary: the order is late; we are checking.")
+    compacted["messages"].append({"role": "user", "content": "Any news?"})
+    segments = chat_segments(compacted)
+    link = ConversationLink("c", "explicit", 3, parent_request_id="turn-2")
+    engine = replace(located(96, "messages[1]", 0), seen_segment="messages[1]", seen_char_offset=0)
+    explanation = explain_located(engine, segments, history.nearest(segments), history, link)
+    assert (explanation.reason, explanation.segment, explanation.char_offset) == ("messages_changed", "messages[1]", 0)
+    other = explain_located(engine, segments, history.nearest(segments), history, None)
+    assert other.reason == "hit"
 
 
 def test_matching_only_the_template_opening_uses_the_history_to_say_why():
