@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE
 from db.records import RETENTION_CLASSES
 
 
@@ -339,7 +340,9 @@ def openapi_document() -> dict[str, Any]:
             }},
             "/api/conversations": {"get": {
                 "summary": "Conversations, worst first (most tokens lost)", "security": _AUTH,
-                "parameters": [*stats_parameters[:2], stats_parameters[4],
+                "parameters": [_query("since", "a duration before now (24h, 7d), 'now' or an ISO 8601 time; default "
+                                          f"{CONVERSATIONS_DEFAULT_SINCE}"),
+                               stats_parameters[1], stats_parameters[4],
                                _query("limit", "1-1000; default 100", {"type": "integer", "minimum": 1,
                                                                        "maximum": 1000})],
                 "responses": {"200": {"description": "OK"},

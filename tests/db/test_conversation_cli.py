@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE
 from db.engine import create_sync_engine_for
 from db.store import store_records
 from db.timeutil import utc_now
@@ -68,3 +69,10 @@ def test_one_conversation(url: str, capsys: pytest.CaptureFixture[str]) -> None:
 
     code, _, err = _run(capsys, "conversation", "conv-a", "--tenant", "beta", "--database-url", url)
     assert code == 2 and "no conversation 'conv-a' of tenant 'beta'" in err
+
+
+def test_help_names_the_default_range(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["conversations", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"(default {CONVERSATIONS_DEFAULT_SINCE}, as GET /api/conversations)" in shown
