@@ -37,7 +37,7 @@ def test_conversations_table_and_json(url: str, capsys: pytest.CaptureFixture[st
     assert lines[0].split()[:3] == ["CONVERSATION", "TENANT", "TURNS"]
     assert [line.split()[0] for line in lines[1:]] == ["conv-a", "conv-b", "conv-c"]
     assert "14.4%" in lines[1] and "24.0%" in lines[1]  # token and eligible hit rate, side by side
-    assert "evicted 584, answer_rewritten 296, page_alignment 32" in lines[1]
+    assert "evicted 584, answer_rewritten 296, page alignment / last token 32" in lines[1]
     # An upstream that reports no cached tokens: `-`, never 0.
     cells = lines[3].split()
     assert cells[:3] == ["conv-c", "beta", "2"] and cells[6:12] == ["-", "-", "-", "-", "-", "0"]
