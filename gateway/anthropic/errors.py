@@ -60,7 +60,7 @@ def translate_upstream_error(status_code: int, body: bytes, model: str) -> tuple
     if isinstance(decoded, dict):
         error = decoded.get("error")
         if isinstance(error, dict) and _is_model_not_found(status_code, error):
-            return 404, anthropic_error_body(f"model: {_shown(model)}", "not_found_error")
+            return 404, anthropic_error_body(model_not_found_message(model), "not_found_error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             message = error["message"]
             param = error.get("param")
@@ -75,5 +75,7 @@ def _is_model_not_found(status_code: int, error: dict[str, Any]) -> bool:
     return error.get("code") == "model_not_found" or (status_code == 404 and error.get("param") == "model")
 
 
-def _shown(model: str) -> str:
-    return model if len(model) <= _MODEL_SHOWN_CHARS else model[:_MODEL_SHOWN_CHARS] + "..."
+def model_not_found_message(model: str) -> str:
+    """Anthropic's message for an unknown model, `model: <name>` (a name over `_MODEL_SHOWN_CHARS` cut)."""
+    shown = model if len(model) <= _MODEL_SHOWN_CHARS else model[:_MODEL_SHOWN_CHARS] + "..."
+    return f"model: {shown}"

@@ -165,6 +165,10 @@ def test_an_unknown_model_on_the_messages_api_is_anthropics_404(tiny_gateway_url
         assert response.json() == {"type": "error", "error": {"type": "not_found_error", "message": "model: no-such-model"}}
     long_name = httpx.post(f"{tiny_gateway_url}/v1/messages", json={**body, "model": "x" * 5000}, timeout=60)
     assert long_name.status_code == 404 and len(long_name.json()["error"]["message"]) < 400
+    counted = httpx.post(f"{tiny_gateway_url}/v1/messages/count_tokens",
+                         json={"model": "no-such-model", "messages": body["messages"]}, timeout=60)
+    assert counted.status_code == 404
+    assert counted.json() == {"type": "error", "error": {"type": "not_found_error", "message": "model: no-such-model"}}
 
 
 def test_the_gateway_documents_every_field_the_engine_does(tiny_gateway_url, tiny_engine_url):
