@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from dashboard.charts import TIER_COLORS
-from db.ledger import LOST_CAUSES
+from db.ledger import LOST_CAUSES, cause_label
 from db.queries.results_conversations import ConversationTurn
 
 NEW_COLOR = "#457b9d"
@@ -23,6 +23,9 @@ LOST_COLORS = dict(
         strict=True,
     )
 )
+# The waterfall's part name of each cause (`lost: <the cause as people read it>`) and back.
+LOST_PARTS = {cause: f"lost: {cause_label(cause)}" for cause in LOST_CAUSES}
+_CAUSE_OF_PART = {part: cause for cause, part in LOST_PARTS.items()}
 # Markers above a turn's bar, lowest first: (trace name, plotly symbol).
 MARKERS = (
     ("divergence", "x"),
@@ -40,7 +43,7 @@ def turn_label(turn: ConversationTurn, position: int) -> str:
 
 def ledger_parts(turn: ConversationTurn) -> dict[str, int]:
     """The turn's prompt tokens by waterfall part, in stacking order: `cached (device|host|disk)` (or `cached (tier
-    unknown)`), `new`, `lost: <cause>`, `unknown`; parts without tokens are left out. They add up to the prompt
+    unknown)`), `new`, `lost: <cause>` (`LOST_PARTS`), `unknown`; parts without tokens are left out. They add up to the prompt
     tokens when the ledger does."""
     parts: dict[str, int] = {}
     if turn.cached_by_tier is not None:
@@ -49,7 +52,7 @@ def ledger_parts(turn: ConversationTurn) -> dict[str, int]:
         parts["cached (tier unknown)"] = turn.cached_tokens
     if turn.new_tokens is not None:
         parts["new"] = turn.new_tokens
-    parts.update({f"lost: {cause}": tokens for cause, tokens in turn.lost.items()})
+    parts.update({LOST_PARTS.get(cause, f"lost: {cause}"): tokens for cause, tokens in turn.lost.items()})
     if turn.unknown_tokens is not None:
         parts["unknown"] = turn.unknown_tokens
     return {name: tokens for name, tokens in parts.items() if tokens}
@@ -59,13 +62,13 @@ def _color(part: str) -> str:
     if part.startswith("cached ("):
         return TIER_COLORS.get(part[len("cached (") : -1], TIER_COLORS["unknown"])
     if part.startswith("lost: "):
-        return LOST_COLORS.get(part[len("lost: ") :], "#888888")
+        return LOST_COLORS.get(_CAUSE_OF_PART.get(part, ""), "#888888")
     return NEW_COLOR if part == "new" else UNKNOWN_COLOR
 
 
 def _order(part: str) -> int:
     names = ["cached (device)", "cached (host)", "cached (disk)", "cached (tier unknown)", "new",
-             *(f"lost: {cause}" for cause in LOST_CAUSES), "unknown"]
+             *LOST_PARTS.values(), "unknown"]
     return names.index(part) if part in names else len(names)
 
 
@@ -126,10 +129,10 @@ def waterfall_figure(turns: Sequence[ConversationTurn]) -> go.Figure:
 
 
 def lost_by_cause_figure(lost_by_cause: Mapping[str, int]) -> go.Figure:
-    """Tokens lost per cause (horizontal bars, most first)."""
+    """Tokens lost per cause (horizontal bars, most first; causes as `db.ledger.cause_label` words them)."""
     ranked = sorted(lost_by_cause.items(), key=lambda item: item[1])
     figure = go.Figure(
-        go.Bar(x=[tokens for _, tokens in ranked], y=[cause for cause, _ in ranked], orientation="h",
+        go.Bar(x=[tokens for _, tokens in ranked], y=[cause_label(cause) for cause, _ in ranked], orientation="h",
                marker_color=[LOST_COLORS.get(cause, "#888888") for cause, _ in ranked])
     )
     figure.update_layout(title="Tokens lost by cause", xaxis={"title": "tokens"}, margin=_MARGIN,

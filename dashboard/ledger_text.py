@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
-from db.ledger import LOST_CAUSES, TokenLedger
+from db.ledger import LOST_CAUSES, TokenLedger, cause_label
 
 
 def ledger_sentence(record: Any) -> str:
-    """`cached 96 (device 64 · host 32 · disk 0) + new 200 + lost 304 (answer_rewritten 296, page_alignment 8) +
-    unknown 0 = 600 prompt tokens; eligible hit rate 24.0%` for a `db.records.RequestRecord`; what is unknown reads
-    `-` or says so."""
+    """`cached 96 (device 64 · host 32 · disk 0) + new 200 + lost 304 (answer_rewritten 296, page alignment / last
+    token 8) + unknown 0 = 600 prompt tokens; eligible hit rate 24.0%` for a `db.records.RequestRecord` (causes as
+    `db.ledger.cause_label` words them); what is unknown reads `-` or says so."""
     ledger = TokenLedger.of(record)
     if ledger is None:
         return "none recorded (the prompt tokens are unknown, or the request predates the ledger)"
@@ -25,7 +25,7 @@ def ledger_sentence(record: Any) -> str:
     causes = [cause for cause in LOST_CAUSES if ledger.lost.get(cause)]
     lost = f"lost {ledger.lost_tokens:,}"
     if causes:
-        lost += " (" + ", ".join(f"{cause} {ledger.lost[cause]:,}" for cause in causes) + ")"
+        lost += " (" + ", ".join(f"{cause_label(cause)} {ledger.lost[cause]:,}" for cause in causes) + ")"
     if record.evicted_tier and ledger.lost.get("evicted"):
         lost += f", evicted from {record.evicted_tier}"
     total = f"{ledger.prompt_tokens:,} prompt tokens"

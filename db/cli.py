@@ -2,7 +2,7 @@
 `bench db-queries`
 (`prefixscope demo-data` belongs to the gateway, whose request path makes the records: `gateway.demo`).
 
-Cheap to import: only argparse here. Each handler imports `db.commands` or `db.conversation_commands` (and with
+Cheap to import: only argparse here (and the conversation list's default range, `db.conversation_window`). Each handler imports `db.commands` or `db.conversation_commands` (and with
 them SQLAlchemy) when it runs.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from typing import Any
+
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -97,7 +99,12 @@ def _register_conversations(commands: Any) -> None:
     listing = _with_url(
         commands.add_parser("conversations", help="conversations and the prompt tokens they lost, worst first")
     )
-    listing.add_argument("--since", default="7d", help="start: a duration before now (7d, 12h) or ISO time")
+    listing.add_argument(
+        "--since",
+        default=CONVERSATIONS_DEFAULT_SINCE,
+        help=f"start: a duration before now (7d, 12h) or ISO time (default {CONVERSATIONS_DEFAULT_SINCE}, as "
+        "GET /api/conversations)",
+    )
     listing.add_argument("--until", default=None, help="end (exclusive): a duration before now or ISO time")
     listing.add_argument("--tenant", default=None, help="only this tenant")
     listing.add_argument("--limit", type=int, default=50, help="at most this many conversations (default 50)")

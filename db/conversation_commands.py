@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 
 from db.commands import _engine, _fail, _guarded, _pct, _print_json, _table
+from db.ledger import cause_label
 from db.queries.conversations import conversation, conversations
 from db.queries.results_conversations import ConversationSummary, ConversationTurn
 from db.timeutil import parse_moment, utc_now
@@ -21,9 +22,10 @@ def _count(value: int | None) -> str:
 
 
 def _causes(lost: Mapping[str, int]) -> str:
-    """`evicted 584, answer_rewritten 296`: the causes that lost tokens, most first."""
+    """`evicted 584, answer_rewritten 296, page alignment / last token 32`: the causes that lost tokens, most first,
+    as people read them (`db.ledger.cause_label`)."""
     ranked = sorted(lost.items(), key=lambda item: (-item[1], item[0]))
-    return ", ".join(f"{cause} {tokens}" for cause, tokens in ranked) or "-"
+    return ", ".join(f"{cause_label(cause)} {tokens}" for cause, tokens in ranked) or "-"
 
 
 @_guarded

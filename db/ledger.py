@@ -42,6 +42,17 @@ LOST_CAUSES: Final = (
     "cache_scope",
 )
 
+# How a cause reads where people see it (dashboard, CLI tables): its key, but for `page_alignment`, whose tokens are
+# those past the last page boundary and the prompt's last token (always computed, for its logits): with page size 1
+# the last token is all it holds. The keys stay the record's field names (`lost_<cause>_tokens`) and the JSON keys.
+LOST_CAUSE_LABELS: Final = {"page_alignment": "page alignment / last token"}
+
+
+def cause_label(cause: str) -> str:
+    """The words a person reads for a lost cause (`LOST_CAUSE_LABELS`, else the cause itself)."""
+    return LOST_CAUSE_LABELS.get(cause, cause)
+
+
 # Where a request's conversation id came from, in precedence order (`docs/conversations.md`): the
 # `x-prefixscope-session` header, the body's `prompt_cache_key`, `metadata` (OpenAI's `metadata.session_id` /
 # `conversation_id`, Anthropic's `metadata.user_id`), `user`; else `content` (linked to the request it extends, or the

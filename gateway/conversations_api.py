@@ -1,8 +1,9 @@
 """`GET /api/conversations` and `GET /api/conversations/{id}`: conversations and their turns from the database,
 scoped to what the caller may see.
 
-The list takes `since` and `until` (as `/api/stats`; default the last 24 hours), `tenant` and `limit` (1-1000,
-default 100) and answers `data`, one conversation per object (`db.queries.results_conversations.ConversationSummary`),
+The list takes `since` and `until` (as `/api/stats`, but `since` defaults to the last 7 days,
+`db.conversation_window.CONVERSATIONS_DEFAULT_SINCE`, as `prefixscope conversations` does), `tenant` and `limit`
+(1-1000, default 100) and answers `data`, one conversation per object (`db.queries.results_conversations.ConversationSummary`),
 worst first (most tokens lost). The detail answers `conversation` (the summary over every turn) and `turns` in time
 order, each with its token ledger (`ConversationTurn`); an admin may name the `tenant` when two tenants' ids collide.
 Admin keys see every tenant; a tenant key sees only its own: naming another tenant is a 403, and another tenant's
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 import msgspec
 from litestar import Request, Response, get
 
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE
 from gateway.api_params import readable_tenant, short_text, time_range
 from gateway.auth import KeyStore
 from gateway.errors import BadRequest, NotFound, ServiceUnavailable
@@ -39,7 +41,7 @@ def make_conversation_handlers(keys: KeyStore, source: ConversationSource) -> li
     async def list_conversations(request: Request[Any, Any, Any]) -> Response[bytes]:
         principal = await keys.authenticate_now(request.headers.get("authorization"))
         params = request.query_params
-        since, until = time_range(params)
+        since, until = time_range(params, CONVERSATIONS_DEFAULT_SINCE)
         tenant = readable_tenant(principal, params.get("tenant") or None, "conversations")
         limit = _limit(params.get("limit"))
         rows = await _read(source.conversations(since, until, tenant, limit))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE
 from db.records import RETENTION_CLASSES
 
 
@@ -236,6 +237,8 @@ def _messages(summary: str, schema: str, ok: str) -> dict[str, Any]:
             "200": {"description": ok},
             "400": {"description": "invalid_request_error: the request cannot be served", **_ANTHROPIC_ERROR_REF},
             "401": {"description": "authentication_error: missing or unknown API key", **_ANTHROPIC_ERROR_REF},
+            "404": {"description": "not_found_error: the model is not served (message `model: <name>`)",
+                    **_ANTHROPIC_ERROR_REF},
             "413": {"description": "request_too_large: body over the configured limit", **_ANTHROPIC_ERROR_REF},
             "502": {"description": "api_error: upstream unreachable or failing", **_ANTHROPIC_ERROR_REF},
             "504": {"description": "api_error: upstream timed out", **_ANTHROPIC_ERROR_REF},
@@ -290,6 +293,7 @@ def _completions(summary: str, schema: str) -> dict[str, Any]:
                                    "every response carries x-request-id"},
             "400": {"description": "invalid request; error.param names the field", **_ERROR_REF},
             "401": {"description": "missing or unknown API key", **_ERROR_REF},
+            "404": {"description": "the upstream serves no such model (error.code model_not_found)", **_ERROR_REF},
             "413": {"description": "body over the configured limit", **_ERROR_REF},
             "502": {"description": "upstream unreachable", **_ERROR_REF},
             "504": {"description": "upstream timed out", **_ERROR_REF},
@@ -336,7 +340,9 @@ def openapi_document() -> dict[str, Any]:
             }},
             "/api/conversations": {"get": {
                 "summary": "Conversations, worst first (most tokens lost)", "security": _AUTH,
-                "parameters": [*stats_parameters[:2], stats_parameters[4],
+                "parameters": [_query("since", "a duration before now (24h, 7d), 'now' or an ISO 8601 time; default "
+                                          f"{CONVERSATIONS_DEFAULT_SINCE}"),
+                               stats_parameters[1], stats_parameters[4],
                                _query("limit", "1-1000; default 100", {"type": "integer", "minimum": 1,
                                                                        "maximum": 1000})],
                 "responses": {"200": {"description": "OK"},

@@ -24,6 +24,19 @@ class InvalidRequest(EngineError):
     error_type = "invalid_request_error"
 
 
+class ModelNotFound(EngineError):
+    """The request names a model this engine does not serve: OpenAI's answer to an unknown model (HTTP 404,
+    `invalid_request_error`, code `model_not_found`, param null)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"The model `{model}` does not exist or you do not have access to it.", code="model_not_found"
+        )
+
+
 class Unauthorized(EngineError):
     status_code = 401
     error_type = "authentication_error"

@@ -3,7 +3,8 @@
 Spans are exported over OTLP/HTTP (protobuf) by the SDK's `BatchSpanProcessor`: ending a span only appends it to a
 bounded in-memory queue, and a background thread encodes and posts batches. A slow or unreachable collector therefore
 costs the request path nothing; what it costs is counted here: spans exported, spans whose export failed (after the
-exporter's own retries), and spans dropped because the queue was full. A program may also leave a span's attributes
+exporter's own retries), and spans dropped because the queue was full. A collector that cannot be reached is logged
+once when exports start failing and once when they recover (`prefixscope.export_failures`), not once per export. A program may also leave a span's attributes
 to the export thread (`Tracing.defer_attributes`): the request path then only says how to build them, and the SDK's
 per-attribute checks and locks run, with the building, in that thread.
 
@@ -37,6 +38,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from prefixscope.export_failures import ExportFailureLog, held_back_exporter_logs
+
 TRACES_PATH = "/v1/traces"
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -53,6 +56,7 @@ PROPAGATOR = TraceContextTextMapPropagator()
 HEADER_GETTER = DefaultGetter()
 
 log = logging.getLogger(__name__)
+_REASON_CHARS = 600  # of the exporter's messages, in the warning that exports are failing
 
 
 @dataclass(frozen=True)
@@ -172,10 +176,13 @@ def with_attributes(span: ReadableSpan, attributes: Mapping[str, Any]) -> Readab
 class _CountingExporter(SpanExporter):
     """The OTLP exporter, counting what each batch export achieved and adding each span's deferred attributes."""
 
-    def __init__(self, inner: SpanExporter, counts: ExportCounts, deferred: dict[int, AttributeSource]) -> None:
+    def __init__(
+        self, inner: SpanExporter, counts: ExportCounts, deferred: dict[int, AttributeSource], failures: ExportFailureLog
+    ) -> None:
         self._inner = inner
         self._counts = counts
         self._deferred = deferred
+        self._failures = failures
 
     def _completed(self, span: ReadableSpan) -> ReadableSpan:
         source = self._deferred.pop(span.context.span_id, None) if span.context is not None else None
@@ -188,16 +195,23 @@ class _CountingExporter(SpanExporter):
             return span
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self._inner.export([self._completed(span) for span in spans])
-        except Exception:  # noqa: BLE001 - a broken export must not kill the export thread
-            log.warning("span export failed", exc_info=True)
-            result = SpanExportResult.FAILURE
+        completed = [self._completed(span) for span in spans]
+        error: Exception | None = None
+        with held_back_exporter_logs() as exporter_said:
+            try:
+                result = self._inner.export(completed)
+            except Exception as exc:  # noqa: BLE001 - a broken export must not kill the export thread
+                error, result = exc, SpanExportResult.FAILURE
         if result is SpanExportResult.SUCCESS:
             self._counts.add("exported", len(spans))
+            self._failures.succeeded()
         else:
             self._counts.add("failed", len(spans))
             self._counts.add("failed_exports")
+            said = [message.rstrip(". ") for message in exporter_said]
+            if error is not None:
+                said.append(f"{type(error).__name__}: {error}")
+            self._failures.failed(len(spans), "; ".join(said)[:_REASON_CHARS] or "the exporter gave no reason")
         return result
 
     def shutdown(self) -> None:
@@ -253,8 +267,9 @@ class Tracing:
         # span id -> how to build the rest of its attributes (set on the request path, taken by the export thread;
         # single dict operations, atomic under the interpreter lock)
         self._deferred: dict[int, AttributeSource] = {}
+        self.failures = ExportFailureLog(export.traces_url)
         self._processor = _CountingBatchProcessor(
-            _CountingExporter(exporter, self.counts, self._deferred), self.counts, export, self._deferred
+            _CountingExporter(exporter, self.counts, self._deferred, self.failures), self.counts, export, self._deferred
         )
         self.provider.add_span_processor(self._processor)
         self.tracer: Tracer = self.provider.get_tracer("prefixscope")

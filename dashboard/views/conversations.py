@@ -11,6 +11,7 @@ import streamlit as st
 from dashboard import data, ui
 from dashboard.charts_conversations import lost_by_cause_figure, marker_notes, turn_label, waterfall_figure
 from dashboard.data_conversations import CONVERSATIONS_LIMIT, conversation_turns, conversations_data
+from db.ledger import cause_label
 
 settings = ui.load_settings()
 st.title("Conversations")
@@ -68,7 +69,7 @@ if result.conversations:
                 "tokens lost": dash(row.lost_tokens),
                 "token hit rate": rate(row.token_hit_rate),
                 "eligible hit rate": rate(row.eligible_hit_rate),
-                "lost by cause": ", ".join(f"{cause} {tokens:,}" for cause, tokens in
+                "lost by cause": ", ".join(f"{cause_label(cause)} {tokens:,}" for cause, tokens in
                                            sorted(row.lost_by_cause.items(), key=lambda item: -item[1])) or "-",
                 "answer rewrites": row.answer_rewrites,
                 "replicas": row.replicas,

@@ -108,6 +108,22 @@ class PrefixRetention:
     reuse: PrefixReuse = PrefixReuse()
 
 
+def is_used_once(prefix: PrefixRetention) -> bool:
+    """Used once in the range, with no reuse the records show (not `kept_for_reuse`) and no eviction: nothing of it
+    was read, so its advice is every such prefix's and a report may sum them (`UsedOnce`)."""
+    return prefix.uses == 1 and not prefix.kept_for_reuse and not prefix.today_outcome.evictions
+
+
+@dataclass(frozen=True, slots=True)
+class UsedOnce:
+    """A tenant's prefixes that `is_used_once` holds for, all of them (not only the `top` kept): how many, their
+    prefix tokens summed, and what their best classes save per day over today's (the model's unit)."""
+
+    prefixes: int = 0
+    tokens: int = 0
+    saving_per_day: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class TenantRetention:
     """A tenant's retention advice: its prefixes (largest first: tokens x uses), the class that saves most over all
@@ -122,6 +138,7 @@ class TenantRetention:
     toml_lines: tuple[str, ...]  # empty: nothing to change, or no setting applies the advice (`none`)
     days: float = 1.0  # the days the per-day figures divide by (below 1: extrapolated from a shorter range)
     today_class: str = ""  # the most common class of its prefixes today; advised_class == today_class: no change
+    used_once: UsedOnce = UsedOnce()  # its prefixes used once, summed over all of them
 
 
 def gap_histogram(gaps: Sequence[float]) -> GapHistogram:
@@ -235,8 +252,10 @@ def advise_tenant(
             choice = name
     saving_per_day = (totals.get(choice, 0.0) - today_total) / days if advised and choice != today else 0.0
     lines = () if choice == today else toml_lines(tenant, choice)
+    once = [prefix for prefix in advised if is_used_once(prefix)]
+    used_once = UsedOnce(len(once), sum(p.prefix_tokens for p in once), sum(p.saving_per_day for p in once))
     return TenantRetention(
-        tenant, model.kind, model.unit, tuple(advised[:top]), choice, saving_per_day, lines, days, today
+        tenant, model.kind, model.unit, tuple(advised[:top]), choice, saving_per_day, lines, days, today, used_once
     )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from db.advice import MERGE_HINT
 from db.patterns.finder import FleetPattern
-from db.retention.advice import GAP_EDGES_S, GapHistogram, PrefixRetention, TenantRetention
+from db.retention.advice import GAP_EDGES_S, GapHistogram, PrefixRetention, TenantRetention, UsedOnce, is_used_once
 from db.retention.reuse import EntryLosses, PrefixReuse
 from gateway.advisor.report import per_day_note, tokens_text
 
@@ -76,6 +76,17 @@ def prefix_lines(prefix: PrefixRetention, unit: str, days: float = 1.0) -> list[
     ]
 
 
+def used_once_line(once: UsedOnce, unit: str, days: float = 1.0) -> str:
+    """`  12 prefixes used once (48.0k tokens in all): none read again; do not cache them ...`: the one line that
+    stands for every prefix used once (their blocks would all say the same)."""
+    plural = "" if once.prefixes == 1 else "es"
+    head = f"  {once.prefixes} prefix{plural} used once ({tokens_text(once.tokens)} tokens in all): "
+    if once.saving_per_day <= 0:
+        return head + "none read again; nothing to change"
+    return (head + f"none read again; not caching them saves {_amount(once.saving_per_day, unit)} per day"
+            f"{per_day_note(days)} (send no cache breakpoint or retention class for them)")
+
+
 def format_retention(found: list[TenantRetention]) -> str:
     if not found:
         return "retention: no prefix reuse recorded in this range (requests with a prefix hash and prompt tokens)"
@@ -90,7 +101,10 @@ def format_retention(found: list[TenantRetention]) -> str:
                      f"today's classes{per_day_note(tenant.days)}")
         lines = [head]
         for prefix in tenant.prefixes:
-            lines += prefix_lines(prefix, tenant.unit, tenant.days)
+            if not is_used_once(prefix):
+                lines += prefix_lines(prefix, tenant.unit, tenant.days)
+        if tenant.used_once.prefixes:
+            lines.append(used_once_line(tenant.used_once, tenant.unit, tenant.days))
         if tenant.toml_lines:
             lines.append(f"  to apply it, in prefixscope.toml ({MERGE_HINT}):")
             lines += [f"    {line}" for line in tenant.toml_lines]

@@ -122,10 +122,10 @@ class Exchange:
 
     async def relay_error(self, upstream: httpx.Response, headers: list[tuple[bytes, bytes]]) -> Outcome:
         body = upstream.content
-        outcome = Outcome(upstream.status_code, upstream_error_type(body))
+        status, translated = translate_upstream_error(upstream.status_code, body, self.request.model)
+        outcome = Outcome(status, upstream_error_type(body))
         self.answered(outcome)
-        translated = translate_upstream_error(upstream.status_code, body)
-        await send_response(self.send, upstream.status_code, translated, [*headers, JSON_CONTENT_TYPE])
+        await send_response(self.send, status, translated, [*headers, JSON_CONTENT_TYPE])
         return outcome
 
 

@@ -16,6 +16,8 @@ from gateway.errors import GatewayError
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder()
 
+_MODEL_SHOWN_CHARS = 200  # a longer model name is cut in error messages
+
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -44,9 +46,12 @@ def body_for_gateway_error(exc: GatewayError) -> bytes:
     return anthropic_error_body(exc.message, error_type_for_status(exc.status_code))
 
 
-def translate_upstream_error(status_code: int, body: bytes) -> bytes:
-    """An OpenAI-shaped upstream error body (from the engine or an OpenAI-compatible server) in Anthropic's shape,
-    keeping its message; a body that is not OpenAI-shaped is summarised."""
+def translate_upstream_error(status_code: int, body: bytes, model: str) -> tuple[int, bytes]:
+    """An OpenAI-shaped upstream error body (from the engine or an OpenAI-compatible server) as Anthropic's status
+    and body, keeping its message; a body that is not OpenAI-shaped is summarised.
+
+    An unknown model (code `model_not_found`, or a 404 naming the `model` parameter) is answered as Anthropic
+    answers one: HTTP 404, `not_found_error`, message `model: <name>` (`model` is the name the request gave)."""
     message = f"The upstream answered HTTP {status_code}."
     try:
         decoded: Any = _DECODER.decode(body)
@@ -54,6 +59,8 @@ def translate_upstream_error(status_code: int, body: bytes) -> bytes:
         decoded = None
     if isinstance(decoded, dict):
         error = decoded.get("error")
+        if isinstance(error, dict) and _is_model_not_found(status_code, error):
+            return 404, anthropic_error_body(model_not_found_message(model), "not_found_error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             message = error["message"]
             param = error.get("param")
@@ -61,4 +68,14 @@ def translate_upstream_error(status_code: int, body: bytes) -> bytes:
                 message = f"{message} (upstream parameter: {param})"
         elif isinstance(error, str):
             message = error
-    return anthropic_error_body(message, error_type_for_status(status_code))
+    return status_code, anthropic_error_body(message, error_type_for_status(status_code))
+
+
+def _is_model_not_found(status_code: int, error: dict[str, Any]) -> bool:
+    return error.get("code") == "model_not_found" or (status_code == 404 and error.get("param") == "model")
+
+
+def model_not_found_message(model: str) -> str:
+    """Anthropic's message for an unknown model, `model: <name>` (a name over `_MODEL_SHOWN_CHARS` cut)."""
+    shown = model if len(model) <= _MODEL_SHOWN_CHARS else model[:_MODEL_SHOWN_CHARS] + "..."
+    return f"model: {shown}"

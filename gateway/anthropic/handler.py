@@ -20,7 +20,7 @@ import msgspec
 
 from gateway.anthropic import MESSAGES, engine_forward, passthrough
 from gateway.anthropic.answer_capture import MessageAnswerCapture
-from gateway.anthropic.errors import body_for_gateway_error
+from gateway.anthropic.errors import body_for_gateway_error, model_not_found_message
 from gateway.anthropic.normalize import normalize
 from gateway.anthropic.positions import DryRunFailed, breakpoint_positions, dry_run
 from gateway.anthropic.request import MessagesRequest, parse_messages_request, too_deep
@@ -36,7 +36,7 @@ from gateway.asgi_io import (
 )
 from gateway.auth import Principal
 from gateway.conversations.ids import SESSION_HEADER_BYTES, explicit_id
-from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, Unauthorized, UpstreamUnavailable
+from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, Unauthorized, UpstreamUnavailable
 from gateway.explain.explainer import ExplainContext
 from gateway.fingerprint import prefix_hash, prompt_text
 from gateway.forwarding import map_transport_error
@@ -305,15 +305,18 @@ class CountTokens:
         try:
             answer = await dry_run(runtime.client, route, chat_body, salt, chain=False)
         except DryRunFailed as exc:
-            raise _count_error(exc, route) from None
+            raise _count_error(exc, route, request.model) from None
         return 200, _ENCODER.encode({"input_tokens": answer["prompt_tokens"]}), JSON_CONTENT_TYPE
 
 
-def _count_error(exc: DryRunFailed, route: Route) -> GatewayError:
-    """A failed count: the engine's 400 (a request it refuses) stays a client error; an unreachable engine, an engine
-    error or an unusable answer is the upstream's fault (502/504, `api_error` in Anthropic's shape)."""
+def _count_error(exc: DryRunFailed, route: Route, model: str) -> GatewayError:
+    """A failed count: a model the engine does not serve is Anthropic's 404 (`model: <name>`); the engine's 400 (a
+    request it refuses) stays a client error; an unreachable engine, an engine error or an unusable answer is the
+    upstream's fault (502/504, `api_error` in Anthropic's shape)."""
     if exc.transport is not None:
         return map_transport_error(exc.transport, route)
+    if exc.upstream_code == "model_not_found":
+        return NotFound(model_not_found_message(model), param="model")
     if exc.status == 400:
         return BadRequest(f"The upstream {route.name!r} refused to count this request: {exc.upstream_message or exc}")
     return UpstreamUnavailable(f"The upstream {route.name!r} could not count this request: {exc}")

@@ -29,7 +29,7 @@ _DECODER = msgspec.json.Decoder()
 
 class DryRunFailed(Exception):
     """The engine's dry-run match did not answer usably: `transport` is the connection failure, `status` the engine's
-    non-200 status and `message` its error message, when there was one."""
+    non-200 status, `upstream_message` and `upstream_code` its error's message and code, when there were some."""
 
     def __init__(
         self,
@@ -38,21 +38,24 @@ class DryRunFailed(Exception):
         transport: httpx.HTTPError | None = None,
         status: int | None = None,
         upstream_message: str | None = None,
+        upstream_code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.transport = transport
         self.status = status
         self.upstream_message = upstream_message
+        self.upstream_code = upstream_code
 
 
-def _error_message(content: bytes) -> str | None:
+def _error_field(content: bytes, name: str) -> str | None:
+    """The OpenAI-shaped error body's `error.<name>` when it is a string."""
     try:
         body = _DECODER.decode(content)
     except msgspec.DecodeError:
         return None
     error = body.get("error") if isinstance(body, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
-    return message if isinstance(message, str) else None
+    value = error.get(name) if isinstance(error, dict) else None
+    return value if isinstance(value, str) else None
 
 
 async def dry_run(
@@ -77,7 +80,8 @@ async def dry_run(
         raise DryRunFailed(
             f"HTTP {response.status_code}: {content[:200]!r}",
             status=response.status_code,
-            upstream_message=_error_message(content),
+            upstream_message=_error_field(content, "message"),
+            upstream_code=_error_field(content, "code"),
         )
     try:
         answer = _DECODER.decode(content)

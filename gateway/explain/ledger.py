@@ -12,17 +12,19 @@ the longest prefix an earlier request in the namespace computed. The explanation
   segments after it that the nearest earlier request had sent at the same place count as sent before
   (`sent_before_segment`, the first one it had not). `R <= P`.
 - new = `P - R`.
-- `C = page_floor(min(R, P - 1))`: the most that could have been matched. `R - C` is lost to `page_alignment`. When
-  the content changed where the tokens computed before end (a content cause, an answer rewritten), `C` reaches at
-  least that point (`min(seen_tokens, R, P - 1)`): the page the change broke would have matched without it. When
-  the previous answer was re-sent shorter (truncated, its reasoning stripped), `C = min(R, P - 1)`: the answer as
-  returned went on, so no page there was cut by the page size.
+- `C = page_floor(min(R, P - 1))`: the most that could have been matched. `R - C` is lost to `page_alignment`, which
+  holds both page alignment and the last-token rule (the prompt's last token is always computed, for its logits):
+  with page size 1, `R - C` is at most that one token (when `R = P`). People read it as `page alignment / last token`
+  (`db.ledger.cause_label`). When the content changed where the tokens computed before end (a content cause, an
+  answer rewritten), `C` reaches at least that point (`min(seen_tokens, R, P - 1)`): the page the change broke would
+  have matched without it. When the previous answer was re-sent shorter (truncated, its reasoning stripped),
+  `C = min(R, P - 1)`: the answer as returned went on, so no page there was cut by the page size.
 - `C - M` is lost to one cause: `evicted` / `expired` when the engine's ghost index says so; `routed_away` when
   another replica was predicted to hold more than this one matched (the router's prediction, or the conversation's
   previous turn answered on another replica: `Routing.with_previous_turn`); else the explanation's reason when it is
-  a cause (content changed, reordered, volatile value, model changed, answer rewritten); `page_alignment` when the engine
-  matched all it could (`hit`, `below_page`: what it never computed, such as an answer's last token); else `evicted`
-  (computed before, gone without a trace).
+  a cause (content changed, reordered, volatile value, model changed, answer rewritten); `page_alignment` when the
+  engine matched all it could (`hit`, `below_page`: what it never computed, such as an answer's last token, sampled
+  but never fed back, so its KV was never computed); else `evicted` (computed before, gone without a trace).
 
 An upstream that reports no cached tokens gets `unknown = P` and nothing else; one that reports cached tokens but no
 engine detail (vLLM, SGLang, hosted APIs) gets `cached = M`, `unknown = P - M`.

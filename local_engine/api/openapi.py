@@ -174,6 +174,7 @@ def _responses() -> dict:
     return {
         "200": {"description": "OK (JSON, or server-sent events when stream is true)"},
         "400": {"description": "invalid request; error.param names the field", **error},
+        "404": {"description": "the model is not served here (error.code model_not_found)", **error},
         "503": {"description": "overloaded or stopping", **error},
     }
 

@@ -8,7 +8,7 @@ from local_engine.hash_chain import MAX_BLOCK_SIZE
 from local_engine.cache.tiers import RETENTION_CLASSES
 from local_engine.prompt.chat_messages import ToolChoice, check_tools, first_argument, parse_tool_choice, takes_a_string
 from local_engine.prompt.chat_prompt import chat_prompt, text_prompt
-from local_engine.errors import InvalidRequest
+from local_engine.errors import InvalidRequest, ModelNotFound
 from local_engine.api.generation_fields import parse_generation_fields
 from local_engine.model.loader import LoadedModel
 from local_engine.prompt.layout import PromptLayout
@@ -101,11 +101,7 @@ def _check_model(body: dict, loaded: LoadedModel) -> str:
         raise InvalidRequest("model must be a non-empty string", param="model")
     if not loaded.serves(model):
         shown = model if len(model) <= 200 else model[:200] + "..."
-        raise InvalidRequest(
-            f"The model `{shown}` does not exist; this engine serves `{loaded.model_id}`",
-            param="model",
-            code="model_not_found",
-        )
+        raise ModelNotFound(shown)
     return model
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from dashboard_testkit import create_database
 
+from dashboard.charts_conversations import lost_by_cause_figure
 from db.ledger import TokenLedger
 from db.timeutil import utc_now
 from tests.conversation_samples import conversation_records
@@ -69,6 +70,10 @@ def test_conversations_worst_first_and_the_worst_ones_waterfall(run_page, conver
     assert traces["cached (host)"]["y"] == [0, 0, 32, 0]
     assert traces["lost: answer_rewritten"]["y"] == [0, 0, 296, 0]
     assert traces["lost: evicted"]["y"] == [0, 0, 0, 584]
+    # Page alignment also holds the last token the engine always computes: the legend says both.
+    assert traces["lost: page alignment / last token"]["y"] == [0, 8, 8, 16]
+    assert "lost: page_alignment" not in traces
+    assert list(table["lost by cause"])[0] == "evicted 584, answer_rewritten 296, page alignment / last token 32"
     assert traces["answer rewritten"]["x"] == ["turn 3"]
     assert traces["replica changed"]["x"] == ["turn 3"]
     assert traces["idle past TTL"]["x"] == ["turn 3", "turn 4"]
@@ -94,7 +99,7 @@ def test_requests_detail_shows_the_ledger_and_links_its_conversation(run_page, c
     app.text_input(key="requests_detail_id").input(third.request_id).run()
     text = "\n".join(item.value for item in app.markdown)
     assert ("**Token ledger:** cached 96 (device 64 · host 32 · disk 0) + new 200 + lost 304 (answer_rewritten 296, "
-            "page_alignment 8) + unknown 0 = 600 prompt tokens; eligible hit rate 24.0%") in text
+            "page alignment / last token 8) + unknown 0 = 600 prompt tokens; eligible hit rate 24.0%") in text
     assert "[conv-a](conversations?conversation=conv-a&tenant=acme) · turn 3" in text
     assert "previous answer rewritten: whitespace at messages[2] +25" in text
 
@@ -115,3 +120,8 @@ def test_replicas_show_the_eligible_hit_rate(run_page, conversations_url):
     assert totals.loc["http://r1", "eligible hit rate"] == pytest.approx(192 / 200)
     assert totals.loc["http://r2", "eligible hit rate"] == pytest.approx(96 / 1000)
     assert totals.loc["http://r1", "token hit rate"] == pytest.approx(192 / 600)
+
+
+def test_the_lost_by_cause_chart_names_the_last_token_with_page_alignment():
+    figure = lost_by_cause_figure({"page_alignment": 8, "evicted": 3})
+    assert list(figure.data[0].y) == ["evicted", "page alignment / last token"]

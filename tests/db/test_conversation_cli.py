@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE
 from db.engine import create_sync_engine_for
 from db.store import store_records
 from db.timeutil import utc_now
@@ -36,7 +37,7 @@ def test_conversations_table_and_json(url: str, capsys: pytest.CaptureFixture[st
     assert lines[0].split()[:3] == ["CONVERSATION", "TENANT", "TURNS"]
     assert [line.split()[0] for line in lines[1:]] == ["conv-a", "conv-b", "conv-c"]
     assert "14.4%" in lines[1] and "24.0%" in lines[1]  # token and eligible hit rate, side by side
-    assert "evicted 584, answer_rewritten 296, page_alignment 32" in lines[1]
+    assert "evicted 584, answer_rewritten 296, page alignment / last token 32" in lines[1]
     # An upstream that reports no cached tokens: `-`, never 0.
     cells = lines[3].split()
     assert cells[:3] == ["conv-c", "beta", "2"] and cells[6:12] == ["-", "-", "-", "-", "-", "0"]
@@ -68,3 +69,10 @@ def test_one_conversation(url: str, capsys: pytest.CaptureFixture[str]) -> None:
 
     code, _, err = _run(capsys, "conversation", "conv-a", "--tenant", "beta", "--database-url", url)
     assert code == 2 and "no conversation 'conv-a' of tenant 'beta'" in err
+
+
+def test_help_names_the_default_range(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["conversations", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"(default {CONVERSATIONS_DEFAULT_SINCE}, as GET /api/conversations)" in shown

@@ -270,11 +270,9 @@ def test_errors_have_anthropics_shape_and_one_row_each(deployment: Deployment):
     client = deployment.anthropic()
     before = deployment.count_rows()
     ids = []
-    with pytest.raises(anthropic.BadRequestError) as unknown_model:
+    with pytest.raises(anthropic.NotFoundError) as unknown_model:
         client.messages.create(model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
-    assert unknown_model.value.body["type"] == "error"
-    assert unknown_model.value.body["error"]["type"] == "invalid_request_error"
-    assert "no-such-model" in unknown_model.value.body["error"]["message"]
+    assert unknown_model.value.body == {"type": "error", "error": {"type": "not_found_error", "message": "model: no-such-model"}}
     ids.append(unknown_model.value.response.headers["x-request-id"])
     with pytest.raises(anthropic.BadRequestError) as too_long:
         client.messages.create(model=MODEL, max_tokens=100_000, messages=[{"role": "user", "content": "Hi"}])
@@ -296,7 +294,7 @@ def test_errors_have_anthropics_shape_and_one_row_each(deployment: Deployment):
     assert "'document' are not supported" in document.value.body["error"]["message"]
     ids.append(document.value.response.headers["x-request-id"])
     rows = deployment.rows(ids)
-    assert [rows[i]["status_code"] for i in ids] == [400, 400, 400]
+    assert [rows[i]["status_code"] for i in ids] == [404, 400, 400]
     assert all(rows[i]["endpoint"] == "messages" for i in ids)
     assert deployment.count_rows() == before + 3
 

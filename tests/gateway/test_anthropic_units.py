@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from gateway.anthropic.request import Breakpoint, parse_messages_request
 from gateway.anthropic.stream import ChunkTranslator
 from gateway.anthropic.translate import ChatStyle, cut_at, message_content, stop_reason, to_chat_body
 from gateway.config import TenantSettings, parse_config
-from gateway.config.messages import MessagesSettings, parse_messages_settings
+from gateway.config.messages import DEFAULT_MIN_CACHEABLE_TOKENS, MessagesSettings, parse_messages_settings
 from gateway.errors import BadRequest, ConfigError
 
 EPHEMERAL = {"type": "ephemeral"}
@@ -163,6 +164,17 @@ def test_split_usage_below_the_minimum_caches_nothing():
     # A match shorter than the minimum (the template's opening tokens) is no read: the prefix is written.
     opening = split_usage(150, 4, points, min_cacheable_tokens=100)
     assert (opening.input_tokens, opening.cache_read_input_tokens, opening.cache_creation_input_tokens) == (30, 0, 120)
+
+
+def test_the_readme_states_the_minimum_cacheable_length_and_what_is_reported_below_it():
+    """The README's Anthropic paragraph names the gateway's default minimum and what a breakpoint below it reports."""
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert "1024 tokens on most Claude models and 2048 on Claude Haiku 3 and 3.5" in readme
+    assert f"`[messages] min_cacheable_tokens` (default {DEFAULT_MIN_CACHEABLE_TOKENS};" in readme
+    assert "`cache_creation_input_tokens: 0` and `cache_read_input_tokens: 0` (the whole prompt is `input_tokens`)" in readme
+    below = split_usage(1000, 990, [CachePoint(900, "5m")], DEFAULT_MIN_CACHEABLE_TOKENS)
+    assert below.as_dict()["cache_creation_input_tokens"] == below.as_dict()["cache_read_input_tokens"] == 0
+    assert below.input_tokens == 1000
 
 
 def test_common_prefix():

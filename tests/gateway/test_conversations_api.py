@@ -3,27 +3,33 @@ parameters refused."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import json
+from contextlib import contextmanager
+from datetime import datetime, timedelta
 
 import httpx
 import pytest
 from gateway_testkit import db_storage, gateway_config, running_gateway
 
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE
 from db.engine import create_sync_engine_for
 from db.keys import create_api_key
 from db.migrate import upgrade
 from db.store import store_records
-from db.timeutil import utc_now
+from db.timeutil import parse_duration, utc_now
+from prefixscope.cli import main
 from tests.conversation_samples import EXPECTED, comparable, conversation_records, figures
 
 
-@pytest.fixture
-def conversations_gateway(stub_url, tmp_path):
+@contextmanager
+def gateway_over_samples(stub_url, tmp_path, age: timedelta):
+    """A gateway with key auth over a database holding the sample conversations, the first turn `age` ago; yields
+    (the running gateway, the admin's and each tenant's key, the database URL)."""
     url = f"sqlite:///{tmp_path}/conversations.db"
     upgrade(url)
     engine = create_sync_engine_for(url)
     with engine.begin() as conn:
-        store_records(conn, conversation_records(utc_now() - timedelta(hours=1)))
+        store_records(conn, conversation_records(utc_now() - age))
     keys = {
         "admin": create_api_key(engine, "ops", is_admin=True).plaintext_key,
         "acme": create_api_key(engine, "acme").plaintext_key,
@@ -31,6 +37,12 @@ def conversations_gateway(stub_url, tmp_path):
     }
     engine.dispose()
     with running_gateway(gateway_config(stub_url, auth="keys"), db_storage(url, tmp_path)) as gw:
+        yield gw, keys, url
+
+
+@pytest.fixture
+def conversations_gateway(stub_url, tmp_path):
+    with gateway_over_samples(stub_url, tmp_path, timedelta(hours=1)) as (gw, keys, _):
         yield gw, keys
 
 
@@ -94,3 +106,16 @@ def test_open_gateway_without_conversations(stub_url):
     with running_gateway(gateway_config(stub_url)) as gw:  # open mode: every caller reads as an admin
         assert httpx.get(f"{gw.url}/api/conversations").json()["data"] == []
         assert httpx.get(f"{gw.url}/api/conversations/conv-a").status_code == 404
+
+
+def test_the_default_range_is_the_cli_s(stub_url, tmp_path, capsys):
+    """Without `since`, the API and `prefixscope conversations` list the same conversations: those of the last
+    `CONVERSATIONS_DEFAULT_SINCE` (the samples are three days old)."""
+    with gateway_over_samples(stub_url, tmp_path, timedelta(days=3)) as (gw, keys, url):
+        body = get(gw, keys["admin"]).json()
+        assert main(["conversations", "--json", "--database-url", url]) == 0
+    since, until = (datetime.fromisoformat(body[end].replace("Z", "+00:00")) for end in ("since", "until"))
+    assert until - since == parse_duration(CONVERSATIONS_DEFAULT_SINCE)
+    listed = json.loads(capsys.readouterr().out)
+    assert [row["conversation_id"] for row in body["data"]] == [row["conversation_id"] for row in listed]
+    assert [row["conversation_id"] for row in listed] == ["conv-a", "conv-b", "conv-c"]

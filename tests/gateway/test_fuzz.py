@@ -146,13 +146,29 @@ def test_every_optional_completions_field_may_be_null_through_the_gateway(tiny_g
     assert answer.json()["usage"]["completion_tokens"] == 16  # the documented default
 
 
-def test_a_bad_model_name_through_the_gateway_is_an_openai_shaped_400(tiny_gateway_url):
-    for model in ("x" * 5000, "a\x00b", "<|im_end|>"):
+def test_an_unknown_model_through_the_gateway_is_openais_404(tiny_gateway_url):
+    for model in ("no-such-model", "x" * 5000, "a\x00b", "<|im_end|>"):
         response = httpx.post(f"{tiny_gateway_url}/v1/chat/completions", json={**NORMAL, "model": model}, timeout=60)
-        assert response.status_code == 400
+        assert response.status_code == 404
         error = response.json()["error"]
-        assert (error["param"], error["code"]) == ("model", "model_not_found")
+        assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", None, "model_not_found")
         assert len(error["message"]) < 400
+    assert error == {"message": "The model `<|im_end|>` does not exist or you do not have access to it.",
+                     "type": "invalid_request_error", "param": None, "code": "model_not_found"}
+
+
+def test_an_unknown_model_on_the_messages_api_is_anthropics_404(tiny_gateway_url):
+    body = {"model": "no-such-model", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    for stream in (False, True):
+        response = httpx.post(f"{tiny_gateway_url}/v1/messages", json={**body, "stream": stream}, timeout=60)
+        assert response.status_code == 404
+        assert response.json() == {"type": "error", "error": {"type": "not_found_error", "message": "model: no-such-model"}}
+    long_name = httpx.post(f"{tiny_gateway_url}/v1/messages", json={**body, "model": "x" * 5000}, timeout=60)
+    assert long_name.status_code == 404 and len(long_name.json()["error"]["message"]) < 400
+    counted = httpx.post(f"{tiny_gateway_url}/v1/messages/count_tokens",
+                         json={"model": "no-such-model", "messages": body["messages"]}, timeout=60)
+    assert counted.status_code == 404
+    assert counted.json() == {"type": "error", "error": {"type": "not_found_error", "message": "model: no-such-model"}}
 
 
 def test_the_gateway_documents_every_field_the_engine_does(tiny_gateway_url, tiny_engine_url):

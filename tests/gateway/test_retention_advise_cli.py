@@ -64,7 +64,8 @@ def test_advise_prints_retention_per_prefix_with_the_toml_lines(
     prefixes = out.split("retention for tenant bots")[1]
     assert "prefix aaaaaaaaaaaaaaaa (3000 tokens, 50 uses): today 5m, best 5m" in prefixes
     assert "prefix bbbbbbbbbbbbbbbb (2000 tokens, 8 uses): today 5m, best 1h" in prefixes
-    assert "prefix cccccccccccccccc (5000 tokens, 1 use): today 5m, best do not cache" in prefixes
+    assert "prefix cccccccccccccccc" not in prefixes  # used once: in the summary line
+    assert "  1 prefix used once (5.0k tokens in all): none read again; not caching them saves" in prefixes
     assert "writes never read again today: 100%; gaps between uses: <=30m:7; median 20m" in prefixes
     assert '    [tenants.bots]\n    cache_retention = "1h"' in prefixes
 
@@ -111,3 +112,28 @@ def test_advise_prints_no_lines_that_contradict_the_advice(tmp_path: Path, capsy
     assert "to apply it" not in steady and "[tenants.steady]" not in steady
     assert "gaps between uses: <=10s:1; median 3.5s, 90% within 3.5s" in steady
     assert "to do: keep today's class (5m): no class saves more" in steady
+
+
+def test_prefixes_used_once_are_one_summary_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A small tenant's one-off prompts: one line saying how many and their tokens, not a block each; the prefix it
+    reuses keeps its block. The count covers every prefix used once, also those beyond --top."""
+    url = f"sqlite:///{tmp_path}/retention.db"
+    upgrade(url)
+    start = utc_now() - timedelta(hours=1)
+    records = [_record("small", f"{i:016x}", 60.0 * i, 1000 + i, start) for i in range(1, 8)]  # 7 prefixes, once each
+    records += [_record("small", "f" * 16, at, 3000, start) for at in (30.0, 90.0, 150.0)]
+    engine = create_sync_engine_for(url)
+    with engine.begin() as conn:
+        store_records(conn, records)
+    engine.dispose()
+    config = tmp_path / "prefixscope.toml"
+    config.write_text(CONFIG, encoding="utf-8")
+    assert main(["advise", "--database-url", url, "--config", str(config), "--since", "1d", "--top", "3"]) == 0
+    small = capsys.readouterr().out.split("retention for tenant small")[1].split("\n\n")[0]
+    assert small.count("  prefix ") == 1 and "prefix ffffffffffffffff (3000 tokens, 3 uses)" in small
+    (summary,) = [line for line in small.splitlines() if "used once" in line]
+    assert summary.startswith("  7 prefixes used once (7.0k tokens in all): none read again; not caching them saves ")
+
+    assert main(["advise", "--database-url", url, "--config", str(config), "--json", "--top", "3"]) == 0
+    (tenant,) = json.loads(capsys.readouterr().out)["retention"]
+    assert (tenant["used_once"]["prefixes"], tenant["used_once"]["tokens"]) == (7, sum(1000 + i for i in range(1, 8)))

@@ -115,7 +115,6 @@ def test_completions_accept_text_and_token_ids(client):
     [
         ({"model": "tiny-llama"}, "messages"),
         ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
-        ({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, "model"),
         ({"model": "tiny-llama", "messages": []}, "messages"),
         ({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
         ({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, "max_tokens"),
@@ -133,6 +132,17 @@ def test_bad_requests_get_an_openai_shaped_400_naming_the_problem(client, body, 
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
     assert error["message"]
+
+
+def test_an_unknown_model_is_openais_404(client):
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "hi"})):
+        response = client.post(path, json={"model": "gpt-9", **body})
+        assert response.status_code == 404
+        assert response.json() == {"error": {
+            "message": "The model `gpt-9` does not exist or you do not have access to it.",
+            "type": "invalid_request_error", "param": None, "code": "model_not_found",
+        }}
 
 
 def test_malformed_json_is_a_400(client):
