@@ -26,7 +26,8 @@ from typing import Any, Final
 # content in another order (`reordered`), a value that changes on every call (`volatile_value`), another model or
 # adapter (`model_changed`), dropped for space (`evicted`, from `evicted_tier`) or by TTL (`expired`), served by a
 # replica that held less than another (`routed_away`), matches being page-aligned and the last prompt token always
-# being computed (`page_alignment`), and another tenant's or salt's cache (`cache_scope`).
+# being computed (`page_alignment`), and outside the request's cache scope (`cache_scope`: another tenant's or
+# salt's cache, or matched by the engine but not read under the Messages API's breakpoint rules).
 LOST_CAUSES: Final = (
     "system_changed",
     "tools_changed",

@@ -53,7 +53,8 @@ MISS_KINDS: Final = ("hit", "partial", "cold", "evicted", "expired")
 # was cached; `evicted` / `expired` it was cached but dropped for space or by TTL; `below_page` everything matched but a
 # tail shorter than one cache page (or all that was shared with earlier requests was shorter than one page);
 # `answer_rewritten` the client re-sent the previous answer differently; `routed_away` another replica held more of
-# it; `cache_scope` it was cached under another tenant or salt.
+# it; `cache_scope` it was cached under another tenant or salt, or matched but not read under the Messages API's
+# cache breakpoints (none, or none at or past the model's minimum cacheable length).
 MISS_REASONS: Final = (
     "hit",
     "model_changed",

@@ -249,11 +249,18 @@ class RequestTracker:
         explain.computed_tokens = None if prompt_tokens is None else prompt_tokens + (completion_tokens or 0)
         link = explainer.conversation(explain, recorded_status=status_code)
         engine = replace(report, matched_tokens=cached_tokens, prompt_tokens=prompt_tokens)
+        withheld = 0
+        if cached_tokens is not None and report.matched_tokens is not None and prompt_tokens is not None \
+                and cached_tokens < report.matched_tokens <= prompt_tokens:
+            # The client's API reads less than the engine matched (Messages API breakpoints): the ledger is made on
+            # the engine's match and the rest is withheld.
+            withheld = report.matched_tokens - cached_tokens
+            engine = replace(engine, matched_tokens=report.matched_tokens)
         routing = Routing(placed.predicted_match_tokens, placed.best_other_match_tokens)
         routing = routing.with_previous_turn(link, placed.replica)
         explained = explainer.explain(explain, recorded_status=status_code, engine=engine,
                                       applied_rules=self._prepared.applied_rules, conversation=link, routing=routing,
-                                      tiers=tiers)
+                                      tiers=tiers, withheld_tokens=withheld)
         return explained, link
 
     def finish(self, status_code: int, error_type: str | None = None) -> None:

@@ -23,9 +23,15 @@ from gateway.conversations.link import ConversationLink
 from gateway.explain.chains import approximate_chain, canonical_prompt_text, engine_chain
 from gateway.explain.compare import compare
 from gateway.explain.history import HistoryIndex, Nearest
-from gateway.explain.ledger import Routing, evicted_tier, sent_before_segment, token_ledger
-from gateway.explain.located import engine_locates, explain_located
-from gateway.explain.reasons import ROUTED_AWAY, Explanation, classify
+from gateway.explain.ledger import (
+    Routing,
+    evicted_tier,
+    sent_before_segment,
+    token_ledger,
+    withheld_by_api,
+)
+from gateway.explain.located import ENGINE, engine_locates, explain_located
+from gateway.explain.reasons import BELOW_PAGE, CACHE_SCOPE, HIT, ROUTED_AWAY, Explanation, classify
 from gateway.explain.segments import PromptSegments, chat_segments, completion_segments
 from gateway.explain.uplift import UpliftChecker, UpliftJob
 from gateway.parsing import CHAT
@@ -204,11 +210,13 @@ class Explainer:
         conversation: ConversationLink | None = None,
         routing: Routing | None = None,
         tiers: TierSplit | None = None,
+        withheld_tokens: int = 0,
     ) -> Explained:
         """Classify an answered request, account for its prompt tokens (`gateway.explain.ledger`) and remember it;
         nothing for a request the upstream did not answer. `conversation`: where the request stands in its
         conversation (`gateway.conversations`); `routing`: the replica set's predictions; `tiers`: the matched
-        tokens' split when the response body gave it."""
+        tokens' split when the response body gave it; `withheld_tokens`: of the engine's matched tokens, those the
+        client's API did not report as read (`gateway.explain.ledger.withheld_by_api`)."""
         status = context.upstream_status
         if status is None or status >= 400:
             return Explained()
@@ -225,6 +233,13 @@ class Explainer:
             if ledger is not None and explanation is not None and ledger.lost.get(ROUTED_AWAY):
                 # Another replica held what this one lacked: that, not what this replica's history says, is why.
                 explanation = replace(explanation, reason=ROUTED_AWAY)
+            if ledger is not None and withheld_tokens > 0:
+                ledger = withheld_by_api(ledger, withheld_tokens, tiers)
+                if explanation is not None and explanation.reason in (HIT, BELOW_PAGE) \
+                        and withheld_tokens > (ledger.cached_tokens or 0):
+                    # The engine served what it could; the API's cache rules are why the client read less (most of
+                    # it: a few tokens past the last breakpoint leave the hit a hit).
+                    explanation = Explanation(CACHE_SCOPE, recomputed_tokens=withheld_tokens, source=ENGINE)
             return replace(explained, explanation=explanation, ledger=ledger, evicted_tier=evicted_tier(engine, ledger))
         except Exception:
             log.exception("could not explain a request")

@@ -38,7 +38,16 @@ from typing import Any
 
 from db.ledger import LOST_CAUSES, TokenLedger
 from gateway.conversations.link import ConversationLink
-from gateway.explain.reasons import ANSWER_REWRITTEN, BELOW_PAGE, EVICTED, EXPIRED, HIT, ROUTED_AWAY, Explanation
+from gateway.explain.reasons import (
+    ANSWER_REWRITTEN,
+    BELOW_PAGE,
+    CACHE_SCOPE,
+    EVICTED,
+    EXPIRED,
+    HIT,
+    ROUTED_AWAY,
+    Explanation,
+)
 from gateway.upstreams.base import CacheReport
 from gateway.upstreams.tiers import TierSplit
 
@@ -203,6 +212,19 @@ def token_ledger(
         cause = _cause(engine, explanation, routing)
         lost[cause] = lost.get(cause, 0) + could - matched
     return TokenLedger(prompt, matched, _by_tier(tiers, matched), prompt - reusable, lost)
+
+
+def withheld_by_api(ledger: TokenLedger, withheld: int, tiers: TierSplit | None) -> TokenLedger:
+    """`ledger` (made on the engine's match) with `withheld` of its cached tokens not reported as read by the API the
+    client speaks, lost to `cache_scope`: the Messages API reads only up to a cache breakpoint at or past the
+    model's minimum cacheable length, whatever the engine matched. `tiers` splits the tokens the API did read."""
+    withheld = min(max(withheld, 0), ledger.cached_tokens or 0)
+    if not withheld:
+        return ledger
+    lost = dict(ledger.lost)
+    lost[CACHE_SCOPE] = lost.get(CACHE_SCOPE, 0) + withheld
+    cached = (ledger.cached_tokens or 0) - withheld
+    return replace(ledger, cached_tokens=cached, cached_by_tier=_by_tier(tiers, cached), lost=lost)
 
 
 def evicted_tier(engine: CacheReport, ledger: TokenLedger | None) -> str | None:

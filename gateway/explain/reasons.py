@@ -42,6 +42,7 @@ EXPIRED = "expired"
 BELOW_PAGE = "below_page"
 ANSWER_REWRITTEN = "answer_rewritten"
 ROUTED_AWAY = "routed_away"
+CACHE_SCOPE = "cache_scope"
 REASONS = MISS_REASONS  # declared with the record's fields; the names above are its members
 
 # How a prompt relates to the nearest earlier one.

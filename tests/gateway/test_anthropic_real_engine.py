@@ -17,6 +17,7 @@ import pytest
 from gateway_testkit import db_storage, gateway_config, running_gateway, wait_until
 from sqlalchemy import bindparam, create_engine, text
 
+from db.ledger import LOST_CAUSES
 from gateway.config import UpstreamConfig
 from gateway.config.messages import MessagesSettings
 
@@ -154,13 +155,23 @@ def test_one_hour_breakpoints_and_the_minimum_cacheable_prefix(deployment: Deplo
     assert hour.usage.cache_creation.ephemeral_1h_input_tokens == hour.usage.cache_creation_input_tokens > 100
     assert hour.usage.cache_creation.ephemeral_5m_input_tokens == 0
     short_system = [{"type": "text", "text": f"{uuid.uuid4().hex} Be brief.", "cache_control": {"type": "ephemeral"}}]
+    ids = []
     for _ in range(2):
-        short = client.messages.create(
+        raw = client.messages.with_raw_response.create(
             model=MODEL, max_tokens=2, system=short_system, messages=[{"role": "user", "content": "Hi"}]
         )
+        short = raw.parse()
+        ids.append(raw.headers["x-request-id"])
         # Below the model's minimum cacheable prefix: nothing written, nothing read, even when the engine reused it.
         assert short.usage.cache_creation_input_tokens == 0 and short.usage.cache_read_input_tokens == 0
         assert short.usage.input_tokens > 20
+    # The second one the engine matched, yet the client read none of it: outside what the request could cache, not
+    # evicted; its ledger carries the engine's match as lost to the cache scope.
+    again = deployment.rows(ids)[ids[1]]
+    assert again["cached_tokens"] == 0 and again["miss_reason"] == "cache_scope"
+    assert again["lost_cache_scope_tokens"] > 0 and not again["lost_evicted_tokens"]
+    parts = ["new_tokens", "unknown_tokens", *(f"lost_{cause}_tokens" for cause in LOST_CAUSES)]
+    assert sum(again[part] or 0 for part in parts) == again["prompt_tokens"]
 
 
 def test_streaming_event_sequence_and_final_usage(deployment: Deployment):

@@ -7,7 +7,14 @@ from hypothesis import strategies as st
 
 from db.ledger import LOST_CAUSES
 from gateway.conversations.link import AnswerRewrite, ConversationLink
-from gateway.explain.ledger import Routing, evicted_tier, sent_before_segment, token_ledger, unexplained_ledger
+from gateway.explain.ledger import (
+    Routing,
+    evicted_tier,
+    sent_before_segment,
+    token_ledger,
+    unexplained_ledger,
+    withheld_by_api,
+)
 from gateway.explain.reasons import Explanation
 from gateway.upstreams.base import CacheReport
 from gateway.upstreams.tiers import TierSplit
@@ -197,3 +204,14 @@ def test_the_ledger_adds_up_on_arbitrary_reports_and_conversations(case):
     if engine.matched_tokens is not None and ledger.new_tokens is not None:
         assert ledger.cached_tokens == min(engine.matched_tokens, engine.prompt_tokens)
         assert set(ledger.lost) <= set(LOST_CAUSES)
+
+
+def test_what_the_api_did_not_read_is_lost_to_the_cache_scope():
+    """The engine matched 96 tokens; the Messages API read none (its breakpoint was below the minimum): the ledger
+    made on the engine's match moves them to `cache_scope`, and the tier split follows what was read."""
+    ledger = token_ledger(report(120, 96, 100), Explanation("hit"))
+    withheld = withheld_by_api(ledger, 96, TierSplit(0, 0, 0))
+    assert withheld.adds_up() and withheld.cached_tokens == 0 and withheld.cached_by_tier == {"device": 0, "host": 0,
+                                                                                              "disk": 0}
+    assert dict(withheld.lost) == {"page_alignment": 4, "cache_scope": 96} and withheld.new_tokens == 20
+    assert withheld_by_api(ledger, 0, None) == ledger
