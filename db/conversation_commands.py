@@ -60,7 +60,7 @@ def _summary_cells(row: ConversationSummary) -> list[str]:
         _pct(row.token_hit_rate),
         _pct(row.eligible_hit_rate),
         str(row.answer_rewrites),
-        str(row.replicas),
+        "-" if row.replicas is None else str(row.replicas),
         _causes(row.lost_by_cause),
     ]
 

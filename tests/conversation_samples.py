@@ -106,12 +106,12 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "conv-b": {
         "tenant": "acme", "turns": 2, "prompt_tokens": 320, "cached_tokens": 96, "new_tokens": 220,
         "lost_tokens": 4, "unknown_tokens": 0, "token_hit_rate": 96 / 320, "eligible_hit_rate": 96 / 100,
-        "lost_by_cause": {"page_alignment": 4}, "answer_rewrites": 0, "replicas": 0,
+        "lost_by_cause": {"page_alignment": 4}, "answer_rewrites": 0, "replicas": None,
     },
     "conv-c": {
         "tenant": "beta", "turns": 2, "prompt_tokens": 600, "cached_tokens": None, "new_tokens": None,
         "lost_tokens": None, "unknown_tokens": 600, "token_hit_rate": None, "eligible_hit_rate": None,
-        "lost_by_cause": {}, "answer_rewrites": 0, "replicas": 0,
+        "lost_by_cause": {}, "answer_rewrites": 0, "replicas": None,
     },
 }
 

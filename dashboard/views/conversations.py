@@ -72,7 +72,7 @@ if result.conversations:
                 "lost by cause": ", ".join(f"{cause_label(cause)} {tokens:,}" for cause, tokens in
                                            sorted(row.lost_by_cause.items(), key=lambda item: -item[1])) or "-",
                 "answer rewrites": row.answer_rewrites,
-                "replicas": row.replicas,
+                "replicas": "-" if row.replicas is None else row.replicas,
             }
             for row in result.conversations
         ],
@@ -102,7 +102,7 @@ if found is None:
 summary = found.summary
 st.caption(
     f"Tenant {summary.tenant} · {ui.count_of(summary.turns, 'turn')} from {summary.first_at:%Y-%m-%d %H:%M:%S} to "
-    f"{summary.last_at:%Y-%m-%d %H:%M:%S} UTC · {ui.count_of(summary.replicas, 'replica')} · "
+    f"{summary.last_at:%Y-%m-%d %H:%M:%S} UTC · {ui.count_of(summary.replicas, 'replica') if summary.replicas else 'no replica set'} · "
     f"{ui.count_of(summary.answer_rewrites, 'answer rewrite')}"
 )
 columns = st.columns(4)

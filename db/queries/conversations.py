@@ -119,7 +119,7 @@ def _summary(row: Any) -> ConversationSummary:
         tenant=row.tenant,
         first_at=as_utc(row.first_at),
         last_at=as_utc(row.last_at),
-        replicas=int(row.replicas),
+        replicas=int(row.replicas) or None,
         **_figures(row),
     )
 

@@ -20,8 +20,8 @@ class ConversationSummary:
     reported cached tokens, `eligible_hit_rate` cached / (prompt - new) over the turns with a ledger
     (`db.ledger.eligible_hit_rate`). `lost_by_cause` maps each cause of `db.ledger.LOST_CAUSES` that lost tokens to
     its tokens (causes that lost none are left out); `lost_tokens` is their sum. `answer_rewrites` counts the turns
-    whose client re-sent the previous answer differently, `replicas` the distinct replicas that served a turn (0
-    when the upstream is not a replica set).
+    whose client re-sent the previous answer differently, `replicas` the distinct replicas that served a turn (None
+    when no turn went through a replica set: unknown, not 0).
     """
 
     conversation_id: str
@@ -38,7 +38,7 @@ class ConversationSummary:
     eligible_hit_rate: float | None
     lost_by_cause: dict[str, int] = field(default_factory=dict)
     answer_rewrites: int = 0
-    replicas: int = 0
+    replicas: int | None = None
 
 
 @dataclass(frozen=True)
