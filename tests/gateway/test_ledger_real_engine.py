@@ -30,7 +30,7 @@ PAGED_MODEL = "SmolLM2-135M-Instruct"  # routed to the paged engine
 ALIAS = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default engine, under another name
 TTL_S = 4.0
 SYSTEM = "You are the support assistant of a bicycle shop. Answer in two short sentences."
-CASES = ("alias", "rewrite", "opening", "reordered", "evicted", "filler", "expired")
+CASES = ("alias", "rewrite", "truncated", "compacted", "opening", "reordered", "evicted", "filler", "expired")
 PLAIN = TenantSettings(rules=frozenset(), uplift_sample_rate=0.0)  # the prompts as crafted
 
 
@@ -40,9 +40,12 @@ class Deployment:
     keys: dict[str, str]
     database_url: str
 
-    def chat(self, tenant: str, messages: list[dict], max_tokens: int = 1, **extra: Any) -> httpx.Response:
+    def chat(self, tenant: str, messages: list[dict], max_tokens: int = 1, session: str | None = None,
+             **extra: Any) -> httpx.Response:
         body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
         headers = {"authorization": f"Bearer {self.keys[tenant]}"}
+        if session is not None:
+            headers["x-prefixscope-session"] = session
         response = httpx.post(f"{self.url}/v1/chat/completions", json=body, headers=headers, timeout=120)
         assert response.status_code == 200, response.text
         return response
@@ -120,6 +123,38 @@ def test_an_answer_resent_with_whitespace_changed_is_answer_rewritten(deployment
     assert abs(row["divergence_char_offset"] - at) <= 1
     ledger = ledger_of(row)
     assert ledger.lost["answer_rewritten"] > 0  # the rest of the answer, computed before, computed again
+
+
+def test_an_answer_resent_cut_short_loses_the_page_it_broke_to_the_rewrite(deployment: Deployment):
+    """16-token pages: the answer re-sent truncated leaves a partial page that, had the answer been re-sent whole,
+    would have matched: lost to the rewrite, not to page alignment."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "How do I fix a flat tyre?"}]
+    answer = answer_of(deployment.chat("truncated", messages, max_tokens=24, model=PAGED_MODEL))
+    cut = answer[: len(answer) // 2]
+    turn = [*messages, {"role": "assistant", "content": cut}, {"role": "user", "content": "Go on."}]
+    row = deployment.row(deployment.chat("truncated", turn, model=PAGED_MODEL))
+    assert (row["miss_reason"], row["answer_rewrite"]) == ("answer_rewritten", "truncated")
+    assert row["divergence_segment"] == "messages[2]" and abs(row["divergence_char_offset"] - len(cut)) <= 8
+    ledger = ledger_of(row)
+    assert ledger.lost["answer_rewritten"] > 0 and "page_alignment" not in ledger.lost
+
+
+def test_a_conversation_resent_with_its_history_compacted_changed_its_messages(deployment: Deployment):
+    """A named conversation whose third turn replaces the first exchanges with a summary: `messages_changed` where
+    the summary starts (not a new turn), and the summary's tokens are lost to it."""
+    system = {"role": "system", "content": SYSTEM}
+    first = [system, {"role": "user", "content": "My bell rattles."}]
+    answer = answer_of(deployment.chat("compacted", first, max_tokens=12, session="bells"))
+    second = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "It is a brass bell."}]
+    deployment.chat("compacted", second, max_tokens=12, session="bells")
+    compacted = [system, {"role": "user", "content": "Summary: a brass bell rattles."},
+                 {"role": "user", "content": "Can you fix it today?"}]
+    row = deployment.row(deployment.chat("compacted", compacted, session="bells"))
+    assert (row["miss_reason"], row["divergence_segment"], row["divergence_char_offset"]) == (
+        "messages_changed", "messages[1]", 0)
+    assert row["turn_index"] == 3 and row["parent_request_id"] is not None
+    ledger = ledger_of(row)
+    assert ledger.lost["messages_changed"] > 0 and ledger.new_tokens > 0
 
 
 def test_a_shared_opening_shorter_than_a_page_is_below_page_not_evicted(deployment: Deployment):
