@@ -24,14 +24,16 @@ from gateway.explain.chains import approximate_chain, canonical_prompt_text, eng
 from gateway.explain.compare import compare
 from gateway.explain.history import HistoryIndex, Nearest
 from gateway.explain.ledger import (
+    CONTENT_CAUSES,
     Routing,
+    changed_segment_unsent,
     evicted_tier,
     sent_before_segment,
     token_ledger,
     withheld_by_api,
 )
 from gateway.explain.located import ENGINE, engine_locates, explain_located
-from gateway.explain.reasons import BELOW_PAGE, CACHE_SCOPE, HIT, ROUTED_AWAY, Explanation, classify
+from gateway.explain.reasons import BELOW_PAGE, CACHE_SCOPE, HIT, REORDERED, ROUTED_AWAY, Explanation, classify
 from gateway.explain.segments import PromptSegments, chat_segments, completion_segments
 from gateway.explain.uplift import UpliftChecker, UpliftJob
 from gateway.parsing import CHAT
@@ -224,11 +226,13 @@ class Explainer:
             explained = self._explain(context, recorded_status, engine, applied_rules, conversation)
             segments = None if context.segments is None else context.segments.segments
             names = None if segments is None else [segment.name for segment in segments]
-            sent = None
+            sent, unsent = None, 0
             if segments is not None and context.nearest is not None:
                 sent = sent_before_segment([segment.digest for segment in segments], context.nearest.entry.digests)
+                unsent = self._unsent(context, engine, explained.explanation)
             ledger = token_ledger(engine, explained.explanation, tiers=tiers, conversation=conversation,
-                                  routing=routing, segment_names=names, sent_before_segment=sent)
+                                  routing=routing, segment_names=names, sent_before_segment=sent,
+                                  unsent_tokens=unsent)
             explanation = explained.explanation
             if ledger is not None and explanation is not None and ledger.lost.get(ROUTED_AWAY):
                 # Another replica held what this one lacked: that, not what this replica's history says, is why.
@@ -244,6 +248,21 @@ class Explainer:
         except Exception:
             log.exception("could not explain a request")
             return Explained()
+
+    def _unsent(self, context: ExplainContext, engine: CacheReport, explanation: Explanation | None) -> int:
+        """The tokens of the segment whose content changed that the nearest earlier request's version of it did not
+        have (`changed_segment_unsent`); 0 when no content changed, or the same content was reordered."""
+        if explanation is None or explanation.reason not in CONTENT_CAUSES or explanation.reason == REORDERED:
+            return 0
+        segments, earlier = context.segments.segments, context.nearest.entry.digests
+        index = next((i for i, (a, b) in enumerate(zip(segments, earlier)) if a.digest != b), None)
+        if index is None:
+            return 0
+        history = self.histories.for_tenant(context.tenant, context.settings.explain_history_size)
+        earlier_text = history.text(earlier[index])
+        if earlier_text is None:
+            return 0
+        return changed_segment_unsent(engine, segments[index].name, segments[index].text, earlier_text)
 
     def _explain(
         self,

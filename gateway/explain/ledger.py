@@ -11,7 +11,8 @@ the longest prefix an earlier request in the namespace computed. The explanation
   segment after it; when a segment's content changed (a content cause: edited, reordered, a volatile value), the
   segments after it that the nearest earlier request had sent at the same place count as sent before
   (`sent_before_segment`, the first one it had not). `R <= P`.
-- new = `P - R`.
+- new = `P - R`, plus the tokens of a changed segment that its earlier version did not have (between the two texts'
+  common start and end: a paragraph inserted, a prompt grown), which the content cause would otherwise hold.
 - `C = page_floor(min(R, P - 1))`: the most that could have been matched. `R - C` is lost to `page_alignment`, which
   holds both page alignment and the last-token rule (the prompt's last token is always computed, for its logits):
   with page size 1, `R - C` is at most that one token (when `R = P`). People read it as `page alignment / last token`
@@ -38,6 +39,7 @@ from typing import Any
 
 from db.ledger import LOST_CAUSES, TokenLedger
 from gateway.conversations.link import ConversationLink
+from gateway.explain.segments import first_difference
 from gateway.explain.reasons import (
     ANSWER_REWRITTEN,
     BELOW_PAGE,
@@ -181,10 +183,13 @@ def token_ledger(
     routing: Routing | None = None,
     segment_names: Sequence[str] | None = None,
     sent_before_segment: int | None = None,
+    unsent_tokens: int = 0,
 ) -> TokenLedger | None:
     """The request's ledger (see the module docstring); None when the prompt token count is unknown. `tiers` is the
     matched tokens' split (the body's, else the report's); `segment_names` the request's segments;
-    `sent_before_segment` (`sent_before_segment`) the first of them the nearest earlier request had not sent."""
+    `sent_before_segment` (`sent_before_segment`) the first of them the nearest earlier request had not sent;
+    `unsent_tokens` (`changed_segment_unsent`) the changed segment's tokens its earlier version did not have, new
+    rather than lost to the change."""
     prompt, matched = engine.prompt_tokens, engine.matched_tokens
     tiers = tiers if tiers is not None else engine.tiers
     if prompt is None or matched is None or engine.page_size is None or engine.seen_tokens is None:
@@ -208,10 +213,43 @@ def token_ledger(
         could = max(could, min(reusable, max(prompt - 1, 0)))
     if reusable - could > 0:
         lost[PAGE_ALIGNMENT] = reusable - could
+    new = prompt - reusable
     if could - matched > 0:
         cause = _cause(engine, explanation, routing)
         lost[cause] = lost.get(cause, 0) + could - matched
-    return TokenLedger(prompt, matched, _by_tier(tiers, matched), prompt - reusable, lost)
+        if explanation is not None and cause == explanation.reason and cause in CONTENT_CAUSES and unsent_tokens > 0:
+            moved = min(unsent_tokens, lost[cause])
+            lost[cause] -= moved
+            new += moved
+            if not lost[cause]:
+                del lost[cause]
+    return TokenLedger(prompt, matched, _by_tier(tiers, matched), new, lost)
+
+
+def changed_segment_unsent(engine: CacheReport, name: str, current_text: str, earlier_text: str) -> int:
+    """Of segment `name`, changed since the earlier request (its text now and then), the tokens the earlier version
+    did not have: of the tokens from where the engine's computed tokens end (`seen_tokens`, at `seen_char_offset`) to
+    the segment's end, the share of those characters that lie between the two texts' common start and common end (a
+    paragraph inserted or appended, a value replaced); 0 when the engine does not place the segment or the
+    divergence outside it. An estimate within the template tokens between the segment's text and the next segment
+    (the engine places segments by their first token)."""
+    start, end = _segment_start(engine, name, after=False), _segment_start(engine, name, after=True)
+    seen = engine.seen_tokens
+    if start is None or end is None or seen is None or not start <= seen < end:
+        return 0
+    prefix = first_difference(current_text, earlier_text)
+    # The tail starts where the engine's computed tokens end: a token can straddle the texts' first difference.
+    tail_from = engine.seen_char_offset if engine.seen_segment == name and engine.seen_char_offset is not None \
+        else prefix
+    tail_from = min(tail_from, prefix)
+    tail_chars = len(current_text) - tail_from
+    if tail_chars <= 0:
+        return 0
+    limit = min(len(current_text), len(earlier_text)) - prefix
+    suffix = 0
+    while suffix < limit and current_text[-1 - suffix] == earlier_text[-1 - suffix]:
+        suffix += 1
+    return round((end - seen) * (len(current_text) - suffix - prefix) / tail_chars)
 
 
 def withheld_by_api(ledger: TokenLedger, withheld: int, tiers: TierSplit | None) -> TokenLedger:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -9,6 +11,7 @@ from db.ledger import LOST_CAUSES
 from gateway.conversations.link import AnswerRewrite, ConversationLink
 from gateway.explain.ledger import (
     Routing,
+    changed_segment_unsent,
     evicted_tier,
     sent_before_segment,
     token_ledger,
@@ -215,3 +218,24 @@ def test_what_the_api_did_not_read_is_lost_to_the_cache_scope():
                                                                                               "disk": 0}
     assert dict(withheld.lost) == {"page_alignment": 4, "cache_scope": 96} and withheld.new_tokens == 20
     assert withheld_by_api(ledger, 0, None) == ledger
+
+
+def test_a_changed_segment_s_text_its_earlier_version_did_not_have_is_new_not_lost():
+    """The system prompt tripled: its first copy was computed before (seen to token 254), the two copies after it
+    were never sent (new); the user message after it, sent before at its place, is lost to the change."""
+    text = "Grow test: a concise assistant for the Zorblax project. Keep answers tiny. " * 12
+    names = ["model", "system", "messages[1]"]
+    engine = report(737, 240, 254, segment_starts=(("system", 3), ("messages[1]", 733)))
+    unsent = changed_segment_unsent(engine, "system", text * 3, text)
+    assert unsent == 733 - 254
+    ledger = token_ledger(engine, Explanation("system_changed", "system", len(text)), segment_names=names,
+                          sent_before_segment=3, unsent_tokens=unsent)
+    assert ledger.adds_up() and ledger.new_tokens == 479
+    assert dict(ledger.lost) == {"system_changed": 17, "page_alignment": 1}
+    # A value replaced in place: only its own characters are new.
+    dated = text.replace("Zorblax", "Quuxbar", 1)
+    edited = changed_segment_unsent(replace(engine, seen_tokens=20, segment_starts=(("system", 3),
+                                                                                    ("messages[1]", 250))),
+                                    "system", dated, text)
+    assert 0 < edited <= 3
+    assert changed_segment_unsent(engine, "tools", text * 3, text) == 0  # a segment the engine does not place

@@ -30,7 +30,7 @@ PAGED_MODEL = "SmolLM2-135M-Instruct"  # routed to the paged engine
 ALIAS = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default engine, under another name
 TTL_S = 4.0
 SYSTEM = "You are the support assistant of a bicycle shop. Answer in two short sentences."
-CASES = ("alias", "rewrite", "truncated", "compacted", "opening", "reordered", "evicted", "filler", "expired")
+CASES = ("alias", "rewrite", "truncated", "compacted", "grown", "opening", "reordered", "evicted", "filler", "expired")
 PLAIN = TenantSettings(rules=frozenset(), uplift_sample_rate=0.0)  # the prompts as crafted
 
 
@@ -155,6 +155,23 @@ def test_a_conversation_resent_with_its_history_compacted_changed_its_messages(d
     assert row["turn_index"] == 3 and row["parent_request_id"] is not None
     ledger = ledger_of(row)
     assert ledger.lost["messages_changed"] > 0 and ledger.new_tokens > 0
+
+
+def test_a_system_prompt_grown_counts_what_it_added_as_new(deployment: Deployment):
+    """The system prompt sent again three times over: the two copies added were never sent (new), only the user
+    message after it, sent before at its place, is lost to the change."""
+    system = "You keep answers tiny and name the Zorblax project in each. " * 6
+    first = deployment.row(deployment.chat("grown", [{"role": "system", "content": system},
+                                                     {"role": "user", "content": "Hi"}]))
+    row = deployment.row(deployment.chat("grown", [{"role": "system", "content": system * 3},
+                                                   {"role": "user", "content": "Hi"}]))
+    assert row["miss_reason"] == "system_changed"
+    ledger = ledger_of(row)
+    added = row["prompt_tokens"] - first["prompt_tokens"]
+    # The split inside the changed segment is by characters over its tokens up to the next segment's first token,
+    # so the template tokens between them (ChatML's end and start of a turn: 5) may count as new.
+    assert 0 <= ledger.new_tokens - added <= 8
+    assert ledger.lost["system_changed"] <= 12 and ledger.cached_tokens >= first["prompt_tokens"] - 16  # less its turn
 
 
 def test_a_shared_opening_shorter_than_a_page_is_below_page_not_evicted(deployment: Deployment):
