@@ -147,7 +147,7 @@ class ExportCounts:
         self.ended = 0
         self.exported = 0
         self.failed = 0  # spans in batches the collector did not take, after the exporter's retries
-        self.dropped = 0  # spans not queued because the export queue was full
+        self.dropped = 0  # spans lost to a full export queue (the SDK then pushes out the oldest queued one)
         self.failed_exports = 0  # batches
 
     def add(self, name: str, value: int = 1) -> None:
@@ -271,17 +271,30 @@ class _CountingBatchProcessor(BatchSpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         self._counts.add("ended")
-        if queue_length(self) >= self._max_queue_size:
+        queue = _queue_of(self)
+        if queue is not None and len(queue) >= self._max_queue_size:
             self._counts.add("dropped")
-            if span.context is not None:
-                self._deferred.pop(span.context.span_id, None)  # never exported: nothing to build
+            # A full queue takes the new span and pushes out its oldest one (the SDK's deque is bounded): that one is
+            # never exported, so nothing is built for it.
+            try:
+                dropped = queue[-1]
+            except IndexError:  # the export thread emptied the queue meanwhile
+                dropped = None
+            if dropped is not None and dropped.context is not None:
+                self._deferred.pop(dropped.context.span_id, None)
         super().on_end(span)
+
+
+def _queue_of(processor: BatchSpanProcessor) -> Any:
+    """A batch processor's queue (newest on the left, exported from the right), None where this SDK version does not
+    say."""
+    batch = getattr(processor, "_batch_processor", None)
+    return getattr(batch, "_queue", None)
 
 
 def queue_length(processor: BatchSpanProcessor) -> int:
     """Spans waiting in a batch processor's queue (0 where this SDK version does not say)."""
-    batch = getattr(processor, "_batch_processor", None)
-    queue = getattr(batch, "_queue", None)
+    queue = _queue_of(processor)
     return len(queue) if queue is not None else 0
 
 

@@ -1,16 +1,29 @@
-"""`prefixscope.otlp_encoding` writes the very bytes the OpenTelemetry SDK's encoder writes, or declines."""
+"""`prefixscope.otlp_encoding` writes the very bytes the OpenTelemetry SDK's encoder writes, or declines; the
+export thread adds each span's deferred attributes, and a full queue's drops are counted."""
 
 from __future__ import annotations
+
+import threading
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from otlp_receiver import otlp_receiver
 
+from prefixscope.export_failures import ExportFailureLog
 from prefixscope.otlp_encoding import encode_request
-from prefixscope.tracing import TraceExport, Tracing, traces_url, with_attributes
+from prefixscope.tracing import (
+    ExportCounts,
+    TraceExport,
+    Tracing,
+    _CountingBatchProcessor,
+    _CountingExporter,
+    traces_url,
+    with_attributes,
+)
 
 REMOTE_PARENT = TraceContextTextMapPropagator().extract(
     {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "vendor=a,other=b"}
@@ -81,3 +94,50 @@ def test_a_declined_batch_is_still_exported_with_its_deferred_attributes():
         "plain": "plain", "with an event": "with an event"
     }
     assert tracing.counts.exported == 2 and tracing.counts.failed == 0
+
+
+class _HeldExporter(SpanExporter):
+    """Takes batches into a list; the first export waits until `release` is set, holding the export thread."""
+
+    def __init__(self) -> None:
+        self.spans: list = []
+        self.exporting = threading.Event()
+        self.release = threading.Event()
+
+    def export(self, spans):  # type: ignore[no-untyped-def]
+        self.exporting.set()
+        self.release.wait(10)
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_a_full_queue_counts_the_span_it_pushes_out_and_the_rest_keep_their_attributes():
+    export = TraceExport(traces_url="http://127.0.0.1:9/v1/traces", service_name="queue-test", max_queue_size=3,
+                         max_export_batch_size=1, schedule_delay_ms=60_000)
+    counts, deferred, inner = ExportCounts(), {}, _HeldExporter()
+    exporter = _CountingExporter(inner, counts, deferred, ExportFailureLog(export.traces_url))
+    processor = _CountingBatchProcessor(exporter, counts, export, deferred)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("prefixscope")
+
+    def end(name: str) -> None:
+        span = tracer.start_span(name)
+        deferred[span.get_span_context().span_id] = lambda: {"built.for": name}
+        span.end()
+
+    try:
+        end("first")
+        assert inner.exporting.wait(10)  # the export thread holds "first"; the queue fills behind it
+        for name in ("second", "third", "fourth", "fifth"):
+            end(name)
+        assert counts.dropped == 1  # "fifth" pushed out "second", the oldest queued
+        inner.release.set()
+        provider.force_flush()
+    finally:
+        inner.release.set()
+        provider.shutdown()
+    assert {span.name: span.attributes["built.for"] for span in inner.spans} == {
+        name: name for name in ("first", "third", "fourth", "fifth")
+    }
+    assert deferred == {} and counts.exported == 4
