@@ -8,6 +8,7 @@ OpenAI-shaped error); once a stream has started, failures end the stream with an
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -67,11 +68,21 @@ async def open_upstream(
     return upstream
 
 
-def _response_headers(route: Route, upstream: httpx.Response, tracker: RequestTracker) -> list[tuple[bytes, bytes]]:
-    """The request id, the retention class the gateway applied, and the upstream's match headers."""
+def header_map(headers: httpx.Headers) -> dict[str, str]:
+    """`headers` as a dict under lower-case names, a repeated header's values joined with ", " as `headers.get`
+    joins them: one pass over the list, where each `httpx.Headers.get` scans it all again."""
+    found: dict[str, str] = {}
+    for name, value in headers.multi_items():
+        found[name] = value if name not in found else f"{found[name]}, {value}"
+    return found
+
+
+def _response_headers(route: Route, upstream: Mapping[str, str], tracker: RequestTracker) -> list[tuple[bytes, bytes]]:
+    """The request id, the retention class the gateway applied, and the upstream's match headers (`upstream`: the
+    response's `header_map`)."""
     headers = [(b"x-request-id", tracker.request_id.encode()), *retention_header(tracker.retention_class)]
     for name in route.adapter.passthrough_headers:
-        value = upstream.headers.get(name)
+        value = upstream.get(name)
         if value is not None:
             headers.append((name.encode(), value.encode("latin-1")))
     return headers
@@ -110,11 +121,14 @@ async def _relay_upstream_error(
     return outcome
 
 
-def _match_report(tracker: RequestTracker, route: Route, upstream: httpx.Response) -> CacheReport:
-    """What the response headers say: the match report, and (for the explanation) that the upstream answered."""
+def _match_report(
+    tracker: RequestTracker, route: Route, upstream: httpx.Response, headers: Mapping[str, str]
+) -> CacheReport:
+    """What the response headers (`headers`: its `header_map`) say: the match report, and (for the explanation) that
+    the upstream answered."""
     if tracker.explain is not None:
         tracker.explain.upstream_status = upstream.status_code
-    return route.adapter.cache_report(upstream.headers)
+    return route.adapter.cache_report(headers)
 
 
 async def forward_plain(
@@ -125,8 +139,9 @@ async def forward_plain(
         upstream = await client.send(with_trace_context(route.request(endpoint, payload), tracker.span))
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
-    headers = _response_headers(route, upstream, tracker)
-    cache_report = _match_report(tracker, route, upstream)
+    received = header_map(upstream.headers)
+    headers = _response_headers(route, received, tracker)
+    cache_report = _match_report(tracker, route, upstream, received)
     if upstream.status_code >= 400:
         return await _relay_upstream_error(send, upstream, headers, tracker, cache_report)
     body = upstream.content
@@ -145,7 +160,7 @@ async def forward_plain(
                 body = body_without_hash_chain(body)
     outcome = Outcome(upstream.status_code)
     tracker.answered(Answered(outcome, usage=usage, cache_report=cache_report))
-    content_type = upstream.headers.get("content-type")
+    content_type = received.get("content-type")
     type_header = (b"content-type", content_type.encode("latin-1")) if content_type else JSON_CONTENT_TYPE
     await send_response(send, upstream.status_code, body, [*headers, type_header])
     if tracker.explain is not None:
@@ -170,8 +185,9 @@ async def forward_stream(
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, route) from None
     try:
-        headers = _response_headers(route, upstream, tracker)
-        cache_report = _match_report(tracker, route, upstream)
+        received = header_map(upstream.headers)
+        headers = _response_headers(route, received, tracker)
+        cache_report = _match_report(tracker, route, upstream, received)
         if upstream.status_code >= 400:
             try:
                 await upstream.aread()

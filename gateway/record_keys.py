@@ -26,6 +26,9 @@ _CONTEXT = b"prefixscope/record-hash/v1\x00"
 # fleet patterns can find the same block across tenants.
 _FLEET_CONTEXT = b"prefixscope/fleet-patterns/v1"
 _MAX_CACHED_TENANTS = 100_000
+# Keyed chain hashes remembered, over all tenants (about 100 bytes each): requests that share a prefix share its
+# blocks, so most of a chain was keyed before. Past the bound the memory starts afresh.
+_MAX_KEYED_BLOCKS = 131_072
 
 
 class RecordHasher:
@@ -37,6 +40,8 @@ class RecordHasher:
         self._secret = server_secret.encode("utf-8")
         self._keys: dict[str, bytes] = {}
         self._chain_hashes: dict[str, hashlib.blake2b] = {}  # per tenant: BLAKE2b-64 keyed with its record key
+        self._keyed_blocks: dict[str, dict[int, int]] = {}  # per tenant: chain hash -> keyed hash
+        self._num_keyed_blocks = 0
 
     def key_for(self, tenant: str) -> bytes:
         """The tenant's 32-byte record key."""
@@ -60,9 +65,21 @@ class RecordHasher:
             keyed_hash = hashlib.blake2b(digest_size=8, key=self.key_for(tenant))
             if len(self._chain_hashes) < _MAX_CACHED_TENANTS:
                 self._chain_hashes[tenant] = keyed_hash
+        known = self._keyed_blocks.get(tenant)
+        if known is None:
+            known = self._keyed_blocks[tenant] = {}
         keyed = []
         for h in chain.hash_ids:
-            one = keyed_hash.copy()  # a copy of the keyed state: cheaper than keying a new hash per block
-            one.update(h.to_bytes(8, "little", signed=True))
-            keyed.append(int.from_bytes(one.digest(), "big") >> 1)
+            value = known.get(h)
+            if value is None:
+                one = keyed_hash.copy()  # a copy of the keyed state: cheaper than keying a new hash per block
+                one.update(h.to_bytes(8, "little", signed=True))
+                value = int.from_bytes(one.digest(), "big") >> 1
+                if self._num_keyed_blocks >= _MAX_KEYED_BLOCKS:
+                    self._keyed_blocks = {tenant: {}}
+                    self._num_keyed_blocks = 0
+                    known = self._keyed_blocks[tenant]
+                known[h] = value
+                self._num_keyed_blocks += 1
+            keyed.append(value)
         return RequestChain(chain.block_size, chain.input_length, tuple(keyed), chain.approximate)

@@ -6,7 +6,9 @@ costs the request path nothing; what it costs is counted here: spans exported, s
 exporter's own retries), and spans dropped because the queue was full. A collector that cannot be reached is logged
 once when exports start failing and once when they recover (`prefixscope.export_failures`), not once per export. A program may also leave a span's attributes
 to the export thread (`Tracing.defer_attributes`): the request path then only says how to build them, and the SDK's
-per-attribute checks and locks run, with the building, in that thread.
+per-attribute checks and locks run, with the building, in that thread. That thread writes each batch's protobuf
+bytes itself (`prefixscope.otlp_encoding`, several times cheaper than the SDK's encoder) and posts them through the
+exporter's own client.
 
 Where spans go comes from the program's config or from the standard environment variables of the OpenTelemetry
 specification (`export_from_env`): `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL) or
@@ -39,6 +41,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from prefixscope.export_failures import ExportFailureLog, held_back_exporter_logs
+from prefixscope.otlp_encoding import encode_request
 
 TRACES_PATH = "/v1/traces"
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -144,7 +147,7 @@ class ExportCounts:
         self.ended = 0
         self.exported = 0
         self.failed = 0  # spans in batches the collector did not take, after the exporter's retries
-        self.dropped = 0  # spans not queued because the export queue was full
+        self.dropped = 0  # spans lost to a full export queue (the SDK then pushes out the oldest queued one)
         self.failed_exports = 0  # batches
 
     def add(self, name: str, value: int = 1) -> None:
@@ -173,8 +176,26 @@ def with_attributes(span: ReadableSpan, attributes: Mapping[str, Any]) -> Readab
     )
 
 
+def _post_encoded(exporter: SpanExporter, data: bytes) -> SpanExportResult | None:
+    """Send an encoded `ExportTraceServiceRequest` through the OTLP exporter's own HTTP client (its retries, timeout,
+    headers and compression), after the exporter's request size check; None where this SDK version's exporter has no
+    such client (the caller then has the exporter encode the spans itself)."""
+    client = getattr(exporter, "_client", None)
+    send = getattr(client, "export", None)
+    if not isinstance(exporter, OTLPSpanExporter) or not callable(send):
+        return None
+    if getattr(exporter, "_shutdown", False):
+        return SpanExportResult.FAILURE
+    limit = getattr(exporter, "_max_request_size", 0) or 0
+    if 0 < limit < len(data):
+        log.warning("span batch of %d bytes dropped: over the exporter's request size limit", len(data))
+        return SpanExportResult.FAILURE
+    return SpanExportResult.SUCCESS if getattr(send(data), "success", False) else SpanExportResult.FAILURE
+
+
 class _CountingExporter(SpanExporter):
-    """The OTLP exporter, counting what each batch export achieved and adding each span's deferred attributes."""
+    """The OTLP exporter, counting what each batch export achieved and adding each span's deferred attributes.
+    Batches are encoded by `prefixscope.otlp_encoding` (the SDK's encoder where that declines a batch)."""
 
     def __init__(
         self, inner: SpanExporter, counts: ExportCounts, deferred: dict[int, AttributeSource], failures: ExportFailureLog
@@ -184,22 +205,32 @@ class _CountingExporter(SpanExporter):
         self._deferred = deferred
         self._failures = failures
 
-    def _completed(self, span: ReadableSpan) -> ReadableSpan:
+    def _attributes(self, span: ReadableSpan) -> Mapping[str, Any] | None:
+        """The span's deferred attributes, built now (None: none deferred, or they could not be built)."""
         source = self._deferred.pop(span.context.span_id, None) if span.context is not None else None
         if source is None:
-            return span
+            return None
         try:
-            return with_attributes(span, source())
+            return source()
         except Exception:  # noqa: BLE001 - one span's attributes must not cost the batch
             log.warning("span attributes could not be built", exc_info=True)
-            return span
+            return None
+
+    def _send(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        extra = [self._attributes(span) for span in spans]
+        data = encode_request(spans, extra)
+        result = None if data is None else _post_encoded(self._inner, data)
+        if result is not None:
+            return result
+        completed = [span if attributes is None else with_attributes(span, attributes)
+                     for span, attributes in zip(spans, extra, strict=True)]
+        return self._inner.export(completed)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        completed = [self._completed(span) for span in spans]
         error: Exception | None = None
         with held_back_exporter_logs() as exporter_said:
             try:
-                result = self._inner.export(completed)
+                result = self._send(spans)
             except Exception as exc:  # noqa: BLE001 - a broken export must not kill the export thread
                 error, result = exc, SpanExportResult.FAILURE
         if result is SpanExportResult.SUCCESS:
@@ -240,17 +271,30 @@ class _CountingBatchProcessor(BatchSpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         self._counts.add("ended")
-        if queue_length(self) >= self._max_queue_size:
+        queue = _queue_of(self)
+        if queue is not None and len(queue) >= self._max_queue_size:
             self._counts.add("dropped")
-            if span.context is not None:
-                self._deferred.pop(span.context.span_id, None)  # never exported: nothing to build
+            # A full queue takes the new span and pushes out its oldest one (the SDK's deque is bounded): that one is
+            # never exported, so nothing is built for it.
+            try:
+                dropped = queue[-1]
+            except IndexError:  # the export thread emptied the queue meanwhile
+                dropped = None
+            if dropped is not None and dropped.context is not None:
+                self._deferred.pop(dropped.context.span_id, None)
         super().on_end(span)
+
+
+def _queue_of(processor: BatchSpanProcessor) -> Any:
+    """A batch processor's queue (newest on the left, exported from the right), None where this SDK version does not
+    say."""
+    batch = getattr(processor, "_batch_processor", None)
+    return getattr(batch, "_queue", None)
 
 
 def queue_length(processor: BatchSpanProcessor) -> int:
     """Spans waiting in a batch processor's queue (0 where this SDK version does not say)."""
-    batch = getattr(processor, "_batch_processor", None)
-    queue = getattr(batch, "_queue", None)
+    queue = _queue_of(processor)
     return len(queue) if queue is not None else 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from datetime import UTC, datetime, timedelta, timezone
@@ -23,7 +24,7 @@ from db.config import (
 )
 from db.errors import DatabaseConfigError
 from db.queries import bucket_floor
-from db.records import MISS_REASONS, RequestRecord
+from db.records import MISS_REASONS, RequestRecord, _plain_json
 from db.rollups import RollupAccumulator
 from db.timeutil import floor_hour, parse_duration, parse_moment
 
@@ -167,6 +168,25 @@ def test_record_json_round_trip_is_lossless_and_one_line(item: RequestRecord) ->
     assert "\n" not in line
     line.encode("ascii")  # any text survives, lone surrogates included
     assert RequestRecord.from_json(line) == item
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_records)
+def test_record_json_is_the_json_the_standard_library_writes(item: RequestRecord) -> None:
+    data = json.loads(item.to_json())
+    fast = _plain_json(data)
+    if fast is not None:  # else to_json wrote json.dumps's text itself
+        assert fast.isascii() and "\n" not in fast
+        assert json.loads(fast) == json.loads(json.dumps(data, separators=(",", ":"))) == data
+        assert list(json.loads(fast)) == list(data)  # the fields in their order
+
+
+def test_record_json_keeps_non_finite_floats_and_any_text(make_record) -> None:  # type: ignore[no-untyped-def]
+    item = make_record(latency_ms=math.inf, ttft_ms=math.nan, prompt_text="caf\u00e9 \ud800 \u2028")
+    line = item.to_json()
+    assert line.isascii() and "Infinity" in line and "NaN" in line
+    again = RequestRecord.from_json(line)
+    assert again.latency_ms == math.inf and math.isnan(again.ttft_ms) and again.prompt_text == item.prompt_text
 
 
 def test_from_json_ignores_unknown_fields(make_record) -> None:  # type: ignore[no-untyped-def]

@@ -66,3 +66,24 @@ def test_same_prompt_under_two_secrets_stores_different_hashes(stub, stub_url, t
     assert plain not in {row[1] for row in first + second}
     keyed = hashlib.blake2b(material, digest_size=8, key=RecordHasher("secret-one").key_for("acme")).hexdigest()
     assert acme1[1] == keyed
+
+
+def _keyed_block(key: bytes, block_hash: int) -> int:
+    """The keyed form of one chain hash, as the module docstring of `gateway.record_keys` defines it."""
+    digest = hashlib.blake2b(block_hash.to_bytes(8, "little", signed=True), digest_size=8, key=key).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def test_keyed_chains_stay_the_same_when_blocks_are_remembered_and_forgotten(monkeypatch):
+    from db.chains import RequestChain
+    from gateway import record_keys
+
+    monkeypatch.setattr(record_keys, "_MAX_KEYED_BLOCKS", 5)  # forget every few blocks
+    hasher = RecordHasher("secret-one")
+    chains = [RequestChain(16, 64, (1, 2, -3, 4)), RequestChain(16, 96, (1, 2, -3, 4, 5, 2**63 - 1))]
+    for tenant in ("acme", "globex", "acme"):
+        key = hasher.key_for(tenant)
+        for chain in chains:
+            keyed = hasher.chain(tenant, chain)
+            assert keyed.hash_ids == tuple(_keyed_block(key, h) for h in chain.hash_ids)
+            assert (keyed.block_size, keyed.input_length, keyed.approximate) == (16, chain.input_length, False)

@@ -116,3 +116,22 @@ def test_local_engine_headers_and_prefix_cache_object():
 def test_unknown_kind():
     with pytest.raises(ValueError):
         adapter_for("nope")
+
+
+def test_the_header_map_reads_as_the_response_headers_do():
+    import httpx
+
+    from gateway.forwarding import header_map
+
+    headers = httpx.Headers(
+        [(b"X-Prefix-Cache-Matched-Tokens", b"448"), (b"x-prefix-cache-miss", b"partial"), (b"Set-Cookie", b"a=1"),
+         (b"set-cookie", b"b=2"), (b"x-prefix-cache-segment", "caf\u00e9".encode())]
+    )
+    found = header_map(headers)
+    assert set(found) == {name.lower() for name in headers}
+    for name in headers:
+        assert found[name.lower()] == headers.get(name)
+    assert found["set-cookie"] == "a=1, b=2"
+    report = adapter_for("local_engine").cache_report(found)
+    assert report == adapter_for("local_engine").cache_report(headers)
+    assert (report.matched_tokens, report.miss_kind) == (448, "partial")
