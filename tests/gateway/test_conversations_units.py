@@ -10,6 +10,7 @@ import pytest
 from gateway.config.tenant import TenantSettings
 from gateway.conversations.answer import MessageCapture, PlainCapture, StreamCapture
 from gateway.conversations.ids import ExplicitId, explicit_id
+from gateway.conversations.link import CONVERSATION_FIELDS
 from gateway.conversations.rewrite import segment_text
 from gateway.conversations.tracker import ConversationTracker
 from gateway.explain.explainer import ExplainContext, Explainer
@@ -237,3 +238,8 @@ def test_a_request_not_answered_with_a_2xx_is_no_turn(status, recorded):
     opening = gateway.send([SYSTEM, user("hi")], "Hello.", status=status, recorded_status=recorded)
     follow_up = gateway.send([SYSTEM, user("hi"), assistant("Hello."), user("more")], "More.")
     assert opening is None and (follow_up.turn_index, follow_up.parent_request_id) == (1, None)
+
+
+def test_the_declared_conversation_fields_are_the_link_s():
+    link = Gateway().send([user("hi")], "Hello.")
+    assert tuple(link.record_fields()) == CONVERSATION_FIELDS
