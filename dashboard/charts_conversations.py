@@ -3,13 +3,14 @@ and the tokens lost by cause (pure functions, no Streamlit)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
 from dashboard.charts import TIER_COLORS
 from db.ledger import LOST_CAUSES, cause_label
-from db.queries.results_conversations import ConversationTurn
+from db.queries.results_conversations import ConversationTurn, short_request_id
 
 NEW_COLOR = "#457b9d"
 UNKNOWN_COLOR = "#d9d9d9"
@@ -33,12 +34,22 @@ MARKERS = (
     ("replica changed", "diamond"),
     ("answer rewritten", "star"),
 )
+HIT = "hit"  # the miss reason of a turn that lost nothing cacheable (`db.records.MISS_REASONS`)
 _MARGIN = {"l": 10, "r": 10, "t": 40, "b": 10}
 
 
 def turn_label(turn: ConversationTurn, position: int) -> str:
     """`turn 3` (the recorded index, else the position in time order from 1)."""
     return f"turn {turn.turn_index if turn.turn_index is not None else position + 1}"
+
+
+def bar_labels(turns: Sequence[ConversationTurn]) -> list[str]:
+    """One distinct x label per turn: `turn 3`, with the short request id added where two turns share an index (a
+    retry or a fork: two `turn 2`)."""
+    labels = [turn_label(turn, position) for position, turn in enumerate(turns)]
+    counts = Counter(labels)
+    return [f"{label} ({short_request_id(turn.request_id)})" if counts[label] > 1 else label
+            for label, turn in zip(labels, turns, strict=True)]
 
 
 def ledger_parts(turn: ConversationTurn) -> dict[str, int]:
@@ -52,7 +63,8 @@ def ledger_parts(turn: ConversationTurn) -> dict[str, int]:
         parts["cached (tier unknown)"] = turn.cached_tokens
     if turn.new_tokens is not None:
         parts["new"] = turn.new_tokens
-    parts.update({LOST_PARTS.get(cause, f"lost: {cause}"): tokens for cause, tokens in turn.lost.items()})
+    lost = turn.lost or {}
+    parts.update({LOST_PARTS.get(cause, f"lost: {cause}"): tokens for cause, tokens in lost.items()})
     if turn.unknown_tokens is not None:
         parts["unknown"] = turn.unknown_tokens
     return {name: tokens for name, tokens in parts.items() if tokens}
@@ -72,10 +84,31 @@ def _order(part: str) -> int:
     return names.index(part) if part in names else len(names)
 
 
+def lost_by_cause_text(lost_by_cause: Mapping[str, int] | None) -> str:
+    """`evicted 584, answer rewritten 296`: the causes that lost tokens, most first; `0` when the ledger lost none,
+    `-` when there is no ledger (unknown, not 0)."""
+    if lost_by_cause is None:
+        return "-"
+    ranked = sorted(lost_by_cause.items(), key=lambda item: -item[1])
+    return ", ".join(f"{cause_label(cause)} {tokens:,}" for cause, tokens in ranked) or "0"
+
+
+def parent_label(turn: ConversationTurn, turns: Sequence[ConversationTurn]) -> str:
+    """The turn this one extends: `turn 2 (req_…)` when it is among `turns`, else the parent's request id; `-`
+    for a first turn."""
+    if turn.parent_request_id is None:
+        return "-"
+    for position, other in enumerate(turns):
+        if other.request_id == turn.parent_request_id:
+            return f"{turn_label(other, position)} ({short_request_id(other.request_id)})"
+    return short_request_id(turn.parent_request_id)
+
+
 def marker_notes(turn: ConversationTurn, previous_replica: str | None) -> dict[str, str]:
-    """The markers a turn carries (`MARKERS` names) with their hover text."""
+    """The markers a turn carries (`MARKERS` names) with their hover text; a divergence only where the turn missed
+    (its miss reason is not `hit`)."""
     notes: dict[str, str] = {}
-    if turn.divergence_segment is not None:
+    if turn.divergence_segment is not None and turn.miss_reason != HIT:
         offset = "" if turn.divergence_char_offset is None else f" +{turn.divergence_char_offset}"
         notes["divergence"] = f"{turn.miss_reason or 'diverged'} at {turn.divergence_segment}{offset}"
     if turn.idle_beyond_ttl:
@@ -92,7 +125,7 @@ def marker_notes(turn: ConversationTurn, previous_replica: str | None) -> dict[s
 def waterfall_figure(turns: Sequence[ConversationTurn]) -> go.Figure:
     """One stacked bar per turn: cached by tier, new, lost by cause, unknown (tokens), with markers above the bars
     for the divergence, an idle time past the retention class's TTL, a replica change and a rewritten answer."""
-    labels = [turn_label(turn, position) for position, turn in enumerate(turns)]
+    labels = bar_labels(turns)
     per_turn = [ledger_parts(turn) for turn in turns]
     names = sorted({name for parts in per_turn for name in parts}, key=_order)
     figure = go.Figure()

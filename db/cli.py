@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE, CONVERSATIONS_MAX_LIMIT
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -107,7 +107,9 @@ def _register_conversations(commands: Any) -> None:
     )
     listing.add_argument("--until", default=None, help="end (exclusive): a duration before now or ISO time")
     listing.add_argument("--tenant", default=None, help="only this tenant")
-    listing.add_argument("--limit", type=int, default=50, help="at most this many conversations (default 50)")
+    listing.add_argument(
+        "--limit", default=None, help=f"at most this many conversations, 1 to {CONVERSATIONS_MAX_LIMIT} (default 50)",
+    )
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(handler=_lazy("conversations_list", "db.conversation_commands"))
     one = _with_url(commands.add_parser("conversation", help="one conversation turn by turn, with its token ledger"))

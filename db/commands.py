@@ -23,8 +23,9 @@ from db.engine import create_sync_engine_for
 from db.errors import DatabaseError
 from db.readiness import require_schema
 from db.records import RETENTION_CLASSES
+from db.query_params import time_range
 from db.store import prune_requests, rebuild_rollups
-from db.timeutil import iso_utc, parse_duration, parse_moment, utc_now
+from db.timeutil import iso_utc, parse_duration, utc_now
 
 
 def _fail(message: str) -> int:
@@ -54,7 +55,7 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except (DatabaseError, ValueError) as exc:
+        except (DatabaseError, ValueError, OverflowError) as exc:
             return _fail(str(exc))
         except SQLAlchemyError as exc:
             return _fail(f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}")
@@ -189,9 +190,7 @@ def keys_list(args: argparse.Namespace) -> int:
 
 @_guarded
 def stats(args: argparse.Namespace) -> int:
-    now = utc_now()
-    since = parse_moment(args.since, now)
-    until = parse_moment(args.until, now) if args.until else now
+    since, until = time_range(args.since, args.until, "7d")
     with _engine(args) as engine, engine.connect() as conn:
         result = queries.stats(
             conn, since, until, bucket=args.bucket, group_by=args.by, tenant=args.tenant, model=args.model

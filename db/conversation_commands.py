@@ -1,7 +1,8 @@
 """Handlers of `prefixscope conversations` and `prefixscope conversation ID` (registered lazily by `db.cli`).
 
 Token counts are prompt tokens; a count the upstream did not report prints `-`, never 0. Each handler returns an exit
-status: 0, or 2 for a bad argument, a missing database or an unknown conversation.
+status: 0, or 2 for a bad argument (the range and limit validated as `GET /api/conversations` validates them,
+`db.query_params`, with its message), a missing database or an unknown conversation.
 """
 
 from __future__ import annotations
@@ -11,30 +12,38 @@ from collections.abc import Mapping
 from dataclasses import asdict
 
 from db.commands import _engine, _fail, _guarded, _pct, _print_json, _table
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE, CONVERSATIONS_MAX_LIMIT
 from db.ledger import cause_label
 from db.queries.conversations import conversation, conversations
-from db.queries.results_conversations import ConversationSummary, ConversationTurn
-from db.timeutil import parse_moment, utc_now
+from db.queries.results_conversations import ConversationSummary, ConversationTurn, short_request_id
+from db.query_params import row_limit, time_range
+
+CLI_DEFAULT_LIMIT = 50
 
 
 def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _causes(lost: Mapping[str, int]) -> str:
+def _causes(lost: Mapping[str, int] | None) -> str:
     """`evicted 584, answer_rewritten 296, page alignment / last token 32`: the causes that lost tokens, most first,
-    as people read them (`db.ledger.cause_label`)."""
+    as people read them (`db.ledger.cause_label`); `0` when the ledger lost none, `-` without a ledger (unknown)."""
+    if lost is None:
+        return "-"
     ranked = sorted(lost.items(), key=lambda item: (-item[1], item[0]))
-    return ", ".join(f"{cause_label(cause)} {tokens}" for cause, tokens in ranked) or "-"
+    return ", ".join(f"{cause_label(cause)} {tokens}" for cause, tokens in ranked) or "0"
+
+
+def _turns(count: int) -> str:
+    return f"{count} turn" if count == 1 else f"{count} turns"
 
 
 @_guarded
 def conversations_list(args: argparse.Namespace) -> int:
-    now = utc_now()
-    since = parse_moment(args.since, now)
-    until = parse_moment(args.until, now) if args.until else now
+    since, until = time_range(args.since, args.until, CONVERSATIONS_DEFAULT_SINCE)
+    limit = row_limit(args.limit, CLI_DEFAULT_LIMIT, CONVERSATIONS_MAX_LIMIT)
     with _engine(args) as engine, engine.connect() as conn:
-        listed = conversations(conn, since, until, tenant=args.tenant, limit=args.limit)
+        listed = conversations(conn, since, until, tenant=args.tenant, limit=limit)
     if args.json:
         _print_json([asdict(row) for row in listed])
         return 0
@@ -76,13 +85,14 @@ def conversation_show(args: argparse.Namespace) -> int:
         return 0
     summary = found.summary
     print(
-        f"conversation {summary.conversation_id} (tenant {summary.tenant}): {summary.turns} turns, "
+        f"conversation {summary.conversation_id} (tenant {summary.tenant}): {_turns(summary.turns)}, "
         f"{summary.first_at:%Y-%m-%d %H:%M:%S} to {summary.last_at:%Y-%m-%d %H:%M:%S} UTC; token hit "
         f"{_pct(summary.token_hit_rate)}, eligible hit {_pct(summary.eligible_hit_rate)}; lost "
-        f"{_count(summary.lost_tokens)} tokens ({_causes(summary.lost_by_cause)})"
+        f"{_count(summary.lost_tokens)} tokens"
+        + (f" ({_causes(summary.lost_by_cause)})" if summary.lost_tokens else "")
     )
-    headers = ["TURN", "TIME (UTC)", "IDLE s / TTL", "REPLICA", "PROMPT", "CACHED dev/host/disk", "NEW", "LOST",
-               "UNKNOWN", "TOKEN HIT", "ELIGIBLE", "REASON @ WHERE", "ANSWER REWRITE"]
+    headers = ["TURN", "PARENT", "REQUEST", "TIME (UTC)", "IDLE s / TTL", "REPLICA", "PROMPT", "CACHED dev/host/disk",
+               "NEW", "LOST", "UNKNOWN", "TOKEN HIT", "ELIGIBLE", "REASON @ WHERE", "ANSWER REWRITE"]
     print(_table(headers, [_turn_cells(turn) for turn in found.turns]))
     return 0
 
@@ -100,9 +110,11 @@ def _turn_cells(turn: ConversationTurn) -> list[str]:
     rewrite = "-"
     if turn.answer_rewrite is not None:
         rewrite = f"{turn.answer_rewrite} @ {turn.answer_rewrite_segment or '?'}+{turn.answer_rewrite_char_offset}"
-    lost = _causes(turn.lost) if turn.has_ledger else "-"
+    lost = _causes(turn.lost if turn.has_ledger else None)
     return [
         "-" if turn.turn_index is None else str(turn.turn_index),
+        "-" if turn.parent_request_id is None else short_request_id(turn.parent_request_id),
+        short_request_id(turn.request_id),
         f"{turn.created_at:%Y-%m-%d %H:%M:%S}",
         f"{idle} / {ttl}" + (" (past TTL)" if turn.idle_beyond_ttl else ""),
         (turn.replica or "-") + (" (changed)" if turn.replica_changed else ""),

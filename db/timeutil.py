@@ -38,7 +38,8 @@ def floor_day(moment: datetime) -> datetime:
 
 
 def parse_duration(text: str) -> timedelta:
-    """`"90s"`, `"30m"`, `"12h"`, `"7d"`, `"2w"` as a timedelta; raises ValueError otherwise."""
+    """`"90s"`, `"30m"`, `"12h"`, `"7d"`, `"2w"` as a timedelta; raises ValueError otherwise (OverflowError for one
+    longer than a timedelta holds)."""
     match = _DURATION.match(text)
     if match is None:
         raise ValueError(f"not a duration: {text!r} (expected e.g. 30m, 12h, 7d, 2w)")
@@ -49,17 +50,25 @@ def parse_moment(text: str, now: datetime | None = None) -> datetime:
     """A point in time: a duration means "that long before now" (`"7d"`), otherwise an ISO 8601 timestamp.
 
     A timestamp without a zone is taken as UTC.
+    Raises ValueError for text that is neither, and for a time outside the calendar (`3000000d`, `1e309h`).
     """
     reference = now or utc_now()
     try:
-        return reference - parse_duration(text)
+        duration = parse_duration(text)
     except ValueError:
-        pass
+        duration = None
+    except OverflowError:
+        raise ValueError(f"out of range: {text!r} reaches before the year 1") from None
+    if duration is not None:
+        try:
+            return reference - duration
+        except OverflowError:
+            raise ValueError(f"out of range: {text!r} reaches before the year 1") from None
     if text.strip().lower() == "now":
         return reference
     try:
         return as_utc(datetime.fromisoformat(text.strip()))
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise ValueError(f"not a time: {text!r} (expected a duration such as 7d, 'now' or an ISO timestamp)") from exc
 
 

@@ -6,21 +6,45 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from gateway.auth import Principal
+from gateway.auth import Principal, credentials
 from gateway.errors import BadRequest, Forbidden
 
 
 def time_range(params: Any, default_since: str = "24h") -> tuple[datetime, datetime]:
     """`since` (default `default_since` before now) and `until` (default now): a duration before now such as `24h`,
-    `now`, or an ISO timestamp; `since` must come first."""
-    from db.timeutil import parse_moment, utc_now
+    `now`, or an ISO timestamp; `since` must come first (`db.query_params.time_range`, as the CLI validates them)."""
+    from db.query_params import QueryParamError
+    from db.query_params import time_range as parse_range
 
-    now = utc_now()
-    since = _moment(parse_moment, params, "since", default_since, now)
-    until = _moment(parse_moment, params, "until", "now", now)
-    if since >= until:
-        raise BadRequest("'since' must be earlier than 'until'.", param="since")
-    return since, until
+    try:
+        return parse_range(single(params, "since"), single(params, "until"), default_since)
+    except QueryParamError as exc:
+        raise BadRequest(str(exc), param=exc.param) from None
+
+
+def row_limit(params: Any, default: int, maximum: int) -> int:
+    """`limit`: a whole number from 1 to `maximum` (`default` when absent; `db.query_params.row_limit`)."""
+    from db.query_params import QueryParamError
+    from db.query_params import row_limit as parse_limit
+
+    try:
+        return parse_limit(single(params, "limit"), default, maximum)
+    except QueryParamError as exc:
+        raise BadRequest(str(exc), param=exc.param) from None
+
+
+def single(params: Any, name: str) -> str | None:
+    """The one value of query parameter `name` (None when absent); given more than once, a 400 naming it."""
+    values = params.getall(name, []) if hasattr(params, "getall") else ([params[name]] if name in params else [])
+    if len(values) > 1:
+        raise BadRequest(f"{name} must be given at most once.", param=name)
+    return values[0] if values else None
+
+
+def authorization(headers: Any) -> str | None:
+    """The credentials to authenticate (`gateway.auth.credentials`): `x-api-key` (Anthropic's header), else
+    `Authorization`."""
+    return credentials(headers.get("authorization"), headers.get("x-api-key"))
 
 
 def readable_tenant(principal: Principal, asked: str | None, what: str) -> str | None:
@@ -39,14 +63,3 @@ def short_text(value: str, name: str, max_chars: int) -> None:
     """Refuse a value over `max_chars` characters or holding NUL."""
     if "\x00" in value or len(value) > max_chars:
         raise BadRequest(f"{name} must be at most {max_chars} characters, without NUL.", param=name)
-
-
-def _moment(parse_moment: Any, params: Any, name: str, default: str, now: Any) -> Any:
-    """A query parameter as a time; a value that is not one, or lies outside the calendar, is a 400 naming it."""
-    text = params.get(name) or default
-    try:
-        return parse_moment(text, now)
-    except (ValueError, OverflowError) as exc:
-        shown = text if len(text) <= 100 else text[:100] + "..."
-        message = str(exc) if isinstance(exc, ValueError) and len(text) <= 100 else f"not a usable time: {shown!r}"
-        raise BadRequest(f"{name}: {message}", param=name) from None

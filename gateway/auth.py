@@ -87,6 +87,13 @@ def bearer_token(header: str | None) -> str | None:
     return token or None
 
 
+def credentials(authorization: str | None, api_key: str | None) -> str | None:
+    """The `Authorization` value a key store authenticates: an `x-api-key` value (Anthropic's header) as a bearer
+    token when one is given, else the `Authorization` header as sent (None: neither)."""
+    key = (api_key or "").strip()
+    return f"Bearer {key}" if key else authorization
+
+
 class KeyStore:
     """The in-memory key set with a background refresher."""
 

@@ -1,9 +1,10 @@
 """`GET /api/conversations` and `GET /api/conversations/{id}`: conversations and their turns from the database,
-scoped to what the caller may see.
+scoped to what the caller may see (the key in `Authorization: Bearer` or `x-api-key`, as on `/v1/messages`).
 
 The list takes `since` and `until` (as `/api/stats`, but `since` defaults to the last 7 days,
 `db.conversation_window.CONVERSATIONS_DEFAULT_SINCE`, as `prefixscope conversations` does), `tenant` and `limit`
-(1-1000, default 100) and answers `data`, one conversation per object (`db.queries.results_conversations.ConversationSummary`),
+(1-1000, default 100; `db.query_params` validates the range and the limit as the CLI does; a parameter given twice
+is a 400) and answers `data`, one conversation per object (`db.queries.results_conversations.ConversationSummary`),
 worst first (most tokens lost). The detail answers `conversation` (the summary over every turn) and `turns` in time
 order, each with its token ledger (`ConversationTurn`); an admin may name the `tenant` when two tenants' ids collide.
 Admin keys see every tenant; a tenant key sees only its own: naming another tenant is a 403, and another tenant's
@@ -18,13 +19,12 @@ from typing import Any, Protocol
 import msgspec
 from litestar import Request, Response, get
 
-from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE
-from gateway.api_params import readable_tenant, short_text, time_range
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE, CONVERSATIONS_MAX_LIMIT
+from gateway.api_params import authorization, readable_tenant, row_limit, short_text, single, time_range
 from gateway.auth import KeyStore
-from gateway.errors import BadRequest, NotFound, ServiceUnavailable
+from gateway.errors import NotFound, ServiceUnavailable
 
 DEFAULT_LIMIT = 100
-MAX_LIMIT = 1000
 ID_MAX_CHARS = 64  # `requests.conversation_id`
 
 
@@ -39,21 +39,21 @@ def make_conversation_handlers(keys: KeyStore, source: ConversationSource) -> li
 
     @get("/api/conversations")
     async def list_conversations(request: Request[Any, Any, Any]) -> Response[bytes]:
-        principal = await keys.authenticate_now(request.headers.get("authorization"))
+        principal = await keys.authenticate_now(authorization(request.headers))
         params = request.query_params
         since, until = time_range(params, CONVERSATIONS_DEFAULT_SINCE)
-        tenant = readable_tenant(principal, params.get("tenant") or None, "conversations")
-        limit = _limit(params.get("limit"))
+        tenant = readable_tenant(principal, single(params, "tenant") or None, "conversations")
+        limit = row_limit(params, DEFAULT_LIMIT, CONVERSATIONS_MAX_LIMIT)
         rows = await _read(source.conversations(since, until, tenant, limit))
         body = {"since": since, "until": until, "tenant": tenant, "limit": limit, "data": rows}
         return Response(content=msgspec.json.encode(msgspec.to_builtins(body)), media_type="application/json")
 
     @get("/api/conversations/{conversation_id:str}")
     async def one_conversation(request: Request[Any, Any, Any]) -> Response[bytes]:
-        principal = await keys.authenticate_now(request.headers.get("authorization"))
+        principal = await keys.authenticate_now(authorization(request.headers))
         conversation_id: str = request.path_params["conversation_id"]
         short_text(conversation_id, "conversation_id", ID_MAX_CHARS)
-        tenant = readable_tenant(principal, request.query_params.get("tenant") or None, "conversations")
+        tenant = readable_tenant(principal, single(request.query_params, "tenant") or None, "conversations")
         found = await _read(source.conversation(conversation_id, tenant))
         if found is None:
             raise NotFound(f"No conversation {conversation_id!r}.", param="conversation_id")
@@ -61,18 +61,6 @@ def make_conversation_handlers(keys: KeyStore, source: ConversationSource) -> li
         return Response(content=msgspec.json.encode(msgspec.to_builtins(body)), media_type="application/json")
 
     return [list_conversations, one_conversation]
-
-
-def _limit(text: str | None) -> int:
-    if text is None:
-        return DEFAULT_LIMIT
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_LIMIT:
-        raise BadRequest(f"limit must be a whole number from 1 to {MAX_LIMIT}.", param="limit")
-    return value
 
 
 async def _read(query: Any) -> Any:

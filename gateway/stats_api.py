@@ -1,7 +1,8 @@
 """`GET /api/stats`: request history from the database, scoped to what the caller may see.
 
 Query parameters: `since` and `until` (a duration before now such as `24h`, `now`, or an ISO timestamp),
-`bucket` (`1h`, `1d`, ...), `group_by` (`tenant`, `model` or `upstream`) and `tenant`. Admin keys see every
+`bucket` (`1h`, `1d`, ...), `group_by` (`tenant`, `model` or `upstream`) and `tenant`, each at most once. The key
+comes in `Authorization: Bearer` or `x-api-key`. Admin keys see every
 tenant (optionally one, with `tenant=`); a tenant key sees only its own tenant, and asking for another is a 403.
 In open mode (no key exists yet) the caller is treated as an admin, as every request is.
 This endpoint awaits the database; it is not on the request path.
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 import msgspec
 from litestar import Request, Response, get
 
-from gateway.api_params import readable_tenant, short_text, time_range
+from gateway.api_params import authorization, readable_tenant, short_text, single, time_range
 from gateway.auth import KeyStore
 from gateway.errors import BadRequest, ServiceUnavailable
 
@@ -38,18 +39,18 @@ def make_stats_handler(keys: KeyStore, source: StatsSource) -> Any:
 
     @get("/api/stats")
     async def stats(request: Request[Any, Any, Any]) -> Response[bytes]:
-        principal = await keys.authenticate_now(request.headers.get("authorization"))
+        principal = await keys.authenticate_now(authorization(request.headers))
         params = request.query_params
         since, until = time_range(params)
         for name in ("bucket", "group_by"):
-            value = params.get(name)
+            value = single(params, name)
             if value is not None:
                 short_text(value, name, 200)
-        bucket = params.get("bucket", "1h")
-        group_by = params.get("group_by") or None
+        bucket = single(params, "bucket") or "1h"
+        group_by = single(params, "group_by") or None
         if group_by is not None and group_by not in GROUP_BY:
             raise BadRequest(f"group_by must be one of {', '.join(GROUP_BY)}.", param="group_by")
-        tenant = readable_tenant(principal, params.get("tenant") or None, "statistics")
+        tenant = readable_tenant(principal, single(params, "tenant") or None, "statistics")
         try:
             rows = await source.stats(since, until, bucket, group_by, tenant)
         except ValueError as exc:  # unknown bucket and the like

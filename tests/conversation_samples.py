@@ -1,6 +1,7 @@
 """Conversations written as request rows, for the tests of the conversation queries, API, CLI and dashboard.
 
-`conversation_records(start)`: three conversations and one request of none, with ledgers that add up:
+`conversation_records(start)`: three conversations, one request of none and two refused or unanswered requests that
+carry a conversation id (`conv-refused`, `conv-a`) but are no turns (`is_turn`), with ledgers that add up:
 - `conv-a` (tenant acme, 4 turns): a first turn, a hit short of a page, a re-sent answer with its whitespace changed
   served by another replica after an idle time past the 5m class, then an eviction;
 - `conv-b` (acme, 2 turns): a hit short of a page;
@@ -91,7 +92,18 @@ def conversation_records(start: datetime) -> list[RequestRecord]:
     c2 = _turn(start, 5, "beta", "conv-c", 2, c1, TokenLedger(300, None, None, None, {}, 300), upstream="openai",
                idle_s=60.0)
     loose = _record(start, 6, "acme", prompt_tokens=50, cached_tokens=0)
-    return [a1, a2, a3, a4, b1, b2, c1, c2, loose]
+    # Rows written before the gateway left refused and unanswered requests out of conversations: no turns.
+    refused = _record(start, 7, "acme", status_code=400, error_type="invalid_request_error", prompt_tokens=None,
+                      cached_tokens=None, conversation_id="conv-refused", conversation_source="content", turn_index=1)
+    unanswered = _record(start, 9, "acme", status_code=502, error_type="upstream_error", prompt_tokens=None,
+                         cached_tokens=None, conversation_id="conv-a",
+                         conversation_source="header", turn_index=4, parent_request_id=a3.request_id)
+    return [a1, a2, a3, a4, b1, b2, c1, c2, loose, refused, unanswered]
+
+
+def is_turn(record: RequestRecord) -> bool:
+    """Whether a sample row is a conversation turn: it has a conversation id and was answered with a 2xx."""
+    return record.conversation_id is not None and 200 <= record.status_code < 300
 
 
 # What the queries must answer for the sample (per conversation: turns, prompt, cached, new, lost, unknown, token
@@ -111,7 +123,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "conv-c": {
         "tenant": "beta", "turns": 2, "prompt_tokens": 600, "cached_tokens": None, "new_tokens": None,
         "lost_tokens": None, "unknown_tokens": 600, "token_hit_rate": None, "eligible_hit_rate": None,
-        "lost_by_cause": {}, "answer_rewrites": 0, "replicas": None,
+        "lost_by_cause": None, "answer_rewrites": 0, "replicas": None,
     },
 }
 

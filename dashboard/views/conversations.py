@@ -9,9 +9,15 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import data, ui
-from dashboard.charts_conversations import lost_by_cause_figure, marker_notes, turn_label, waterfall_figure
+from dashboard.charts_conversations import (
+    lost_by_cause_figure,
+    lost_by_cause_text,
+    marker_notes,
+    parent_label,
+    turn_label,
+    waterfall_figure,
+)
 from dashboard.data_conversations import CONVERSATIONS_LIMIT, conversation_turns, conversations_data
-from db.ledger import cause_label
 
 settings = ui.load_settings()
 st.title("Conversations")
@@ -69,8 +75,7 @@ if result.conversations:
                 "tokens lost": dash(row.lost_tokens),
                 "token hit rate": rate(row.token_hit_rate),
                 "eligible hit rate": rate(row.eligible_hit_rate),
-                "lost by cause": ", ".join(f"{cause_label(cause)} {tokens:,}" for cause, tokens in
-                                           sorted(row.lost_by_cause.items(), key=lambda item: -item[1])) or "-",
+                "lost by cause": lost_by_cause_text(row.lost_by_cause),
                 "answer rewrites": row.answer_rewrites,
                 "replicas": "-" if row.replicas is None else row.replicas,
             }
@@ -97,7 +102,9 @@ else:
 found = ui.read_database(conversation_turns, settings.database_url, conversation_id, tenant)
 st.subheader(f"Conversation {conversation_id}")
 if found is None:
-    ui.stop_with_warning(f"No conversation with id {conversation_id!r}.")
+    ui.stop_with_warning(
+        f"No conversation with id {conversation_id!r}" + (f" for tenant {tenant!r}." if tenant else ".")
+    )
 
 summary = found.summary
 st.caption(
@@ -121,6 +128,7 @@ for position, turn in enumerate(found.turns):
         {
             "turn": turn_label(turn, position),
             "request": turn.request_id,
+            "parent": parent_label(turn, found.turns),
             "time (UTC)": turn.created_at.replace(tzinfo=None),
             "prompt": dash(turn.prompt_tokens),
             "cached": dash(turn.cached_tokens),

@@ -3,7 +3,8 @@ per conversation (`conversations`) or over all of them (`conversation_totals`), 
 their token ledgers (`conversation`, `db.ledger`).
 
 All read request rows: the range queries by `created_at` (its index), `conversation` by its id (the index on
-`(tenant, conversation_id)`). A count no turn reported stays None, never 0.
+`(tenant, conversation_id)`). A turn is a request the upstream answered with a 2xx. A count no turn reported stays
+None, never 0.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Final
 
 from sqlalchemy import ColumnElement, and_, case, func, literal, select
 
+from db.conversation_window import CONVERSATIONS_MAX_LIMIT
 from db.ledger import LOST_CAUSES, TokenLedger, eligible_hit_rate, lost_field
 from db.models import RequestRecordRow, table_of
 from db.queries.results_conversations import (
@@ -27,7 +29,7 @@ from db.timeutil import as_utc
 
 REQUESTS = table_of(RequestRecordRow)
 
-MAX_CONVERSATIONS: Final = 1000
+MAX_CONVERSATIONS: Final = CONVERSATIONS_MAX_LIMIT
 """The most conversations `conversations` returns, whatever `limit` asks."""
 MAX_TURNS: Final = 5000
 """The most turns `conversation` returns (the first ones); the summary still covers every turn."""
@@ -108,7 +110,7 @@ def _figures(row: Any) -> dict[str, Any]:
         "eligible_hit_rate": eligible_hit_rate(
             _int(row.ledger_cached_tokens), _int(row.ledger_prompt_tokens), _int(row.new_tokens)
         ),
-        "lost_by_cause": {cause: tokens for cause, tokens in lost.items() if tokens},
+        "lost_by_cause": {cause: tokens for cause, tokens in lost.items() if tokens} if known_lost else None,
         "answer_rewrites": int(row.answer_rewrites),
     }
 
@@ -128,8 +130,15 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def _is_turn() -> list[ColumnElement[bool]]:
+    """A conversation turn: a request with a conversation id that was answered with a 2xx (rows recorded before the
+    gateway left the id out of refused and unanswered requests carry one)."""
+    c = REQUESTS.c
+    return [c.conversation_id.is_not(None), c.status_code >= 200, c.status_code < 300]
+
+
 def _range(since: datetime | None, until: datetime | None, tenant: str | None) -> list[ColumnElement[bool]]:
-    clauses: list[ColumnElement[bool]] = [REQUESTS.c.conversation_id.is_not(None)]
+    clauses: list[ColumnElement[bool]] = _is_turn()
     if tenant is not None:
         clauses.append(REQUESTS.c.tenant == tenant)
     if since is not None:
@@ -191,11 +200,12 @@ def conversation(conn: Reader, conversation_id: str, tenant: str | None = None) 
     c = REQUESTS.c
     if tenant is None:
         tenant = conn.scalar(
-            select(c.tenant).where(c.conversation_id == conversation_id).order_by(c.created_at, c.id).limit(1)
+            select(c.tenant).where(*_is_turn(), c.conversation_id == conversation_id).order_by(c.created_at, c.id)
+            .limit(1)
         )
         if tenant is None:
             return None
-    scope = (c.tenant == tenant, c.conversation_id == conversation_id)
+    scope = (*_is_turn(), c.tenant == tenant, c.conversation_id == conversation_id)
     summary_row = conn.execute(
         select(c.tenant, c.conversation_id, *_aggregates()).where(*scope).group_by(c.tenant, c.conversation_id)
     ).first()
@@ -232,7 +242,7 @@ def _turn(row: Any, previous_replica: str | None) -> ConversationTurn:
         cached_tokens=cached,
         cached_by_tier=None if any(t is None for t in tiers) else dict(zip(("device", "host", "disk"), tiers)),
         new_tokens=row.new_tokens,
-        lost=dict(ledger.lost) if ledger is not None and has_ledger else {},
+        lost=dict(ledger.lost) if ledger is not None and has_ledger else None,
         lost_tokens=ledger.lost_tokens if ledger is not None and has_ledger else None,
         unknown_tokens=row.unknown_tokens,
         has_ledger=has_ledger,

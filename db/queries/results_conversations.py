@@ -8,7 +8,7 @@ ledger (`db.ledger.TokenLedger`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 
@@ -19,7 +19,8 @@ class ConversationSummary:
     `prompt_tokens` sums every turn that reported its prompt; `token_hit_rate` is cached / prompt over the turns that
     reported cached tokens, `eligible_hit_rate` cached / (prompt - new) over the turns with a ledger
     (`db.ledger.eligible_hit_rate`). `lost_by_cause` maps each cause of `db.ledger.LOST_CAUSES` that lost tokens to
-    its tokens (causes that lost none are left out); `lost_tokens` is their sum. `answer_rewrites` counts the turns
+    its tokens (causes that lost none are left out: empty when none did), None with `lost_tokens` when no turn has a
+    ledger; `lost_tokens` is their sum. `answer_rewrites` counts the turns
     whose client re-sent the previous answer differently, `replicas` the distinct replicas that served a turn (None
     when no turn went through a replica set: unknown, not 0).
     """
@@ -36,7 +37,7 @@ class ConversationSummary:
     unknown_tokens: int | None
     token_hit_rate: float | None
     eligible_hit_rate: float | None
-    lost_by_cause: dict[str, int] = field(default_factory=dict)
+    lost_by_cause: dict[str, int] | None = None
     answer_rewrites: int = 0
     replicas: int | None = None
 
@@ -55,7 +56,7 @@ class ConversationTotals:
     unknown_tokens: int | None = None
     token_hit_rate: float | None = None
     eligible_hit_rate: float | None = None
-    lost_by_cause: dict[str, int] = field(default_factory=dict)
+    lost_by_cause: dict[str, int] | None = None
     answer_rewrites: int = 0
 
 
@@ -64,7 +65,8 @@ class ConversationTurn:
     """One request of a conversation, with its token ledger (`prompt = cached + new + lost + unknown`).
 
     `cached_by_tier` maps `device` / `host` / `disk` to tokens, None when the upstream reports no tiers; `lost` maps
-    the causes that lost tokens to their tokens (empty without a ledger: see `has_ledger`). `idle_s` is the time since
+    the causes that lost tokens to their tokens (empty when the ledger lost none; None without a ledger, see
+    `has_ledger`). `idle_s` is the time since
     the previous turn was answered; `ttl_s` the TTL of the turn's retention class (None: `persistent`, or no class),
     and `idle_beyond_ttl` whether the idle time exceeded it (None when either is unknown). `replica_changed` is True
     when a replica set served this turn from another replica than the previous turn. The miss reason and divergence
@@ -87,7 +89,7 @@ class ConversationTurn:
     cached_tokens: int | None
     cached_by_tier: dict[str, int] | None
     new_tokens: int | None
-    lost: dict[str, int]
+    lost: dict[str, int] | None
     lost_tokens: int | None
     unknown_tokens: int | None
     has_ledger: bool
@@ -112,3 +114,12 @@ class Conversation:
 
     summary: ConversationSummary
     turns: list[ConversationTurn]
+
+
+SHORT_ID_CHARS = 12
+
+
+def short_request_id(request_id: str) -> str:
+    """A request id cut to its first `SHORT_ID_CHARS` characters (`req_0123abcd`, the gateway's ids being `req_` and
+    24 hex digits): enough to tell a conversation's turns apart, as the CLI and the dashboard show a turn's parent."""
+    return request_id[:SHORT_ID_CHARS]

@@ -34,7 +34,7 @@ from gateway.asgi_io import (
     run_until_disconnect,
     send_response,
 )
-from gateway.auth import Principal
+from gateway.auth import Principal, credentials
 from gateway.conversations.ids import SESSION_HEADER_BYTES, explicit_id
 from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, Unauthorized, UpstreamUnavailable
 from gateway.explain.explainer import ExplainContext
@@ -60,12 +60,11 @@ ANTHROPIC_KIND = "anthropic"
 
 async def authenticate(runtime: Runtime, headers: dict[bytes, str]) -> Principal:
     """The caller, from `x-api-key` (Anthropic's header) or else `Authorization: Bearer`."""
-    api_key = headers.get(_X_API_KEY, "").strip()
-    authorization = headers.get(_AUTHORIZATION)
+    given = credentials(headers.get(_AUTHORIZATION), headers.get(_X_API_KEY))
     try:
-        return await runtime.keys.authenticate_now(f"Bearer {api_key}" if api_key else authorization)
+        return await runtime.keys.authenticate_now(given)
     except Unauthorized:
-        if api_key or authorization:
+        if given:
             raise
         raise Unauthorized("You didn't provide an API key. Send it in the x-api-key header.") from None
 

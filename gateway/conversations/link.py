@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+
+CONVERSATION_FIELDS: Final = (
+    "conversation_id",
+    "conversation_source",
+    "turn_index",
+    "parent_request_id",
+    "idle_s",
+    "answer_rewrite",
+    "answer_rewrite_segment",
+    "answer_rewrite_char_offset",
+)
+"""The `RequestRecord` fields a link fills (`ConversationLink.record_fields`); NULL on a request of no conversation."""
 
 
 @dataclass(frozen=True, slots=True)

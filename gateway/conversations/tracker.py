@@ -62,6 +62,7 @@ class Pending:
     chain: tuple[bytes, ...]  # keyed chain over the segments after the model
     turn: Turn | None  # its explicit conversation's turn (registered already), else None
     prepared_at: float
+    previous: Turn | None = None  # the explicit conversation's latest turn before this one (restored if unanswered)
 
 
 class _Tenant:
@@ -131,13 +132,17 @@ class ConversationTracker:
             link = self._extension(link, context, segments, parent, rewrite_at)
         else:
             link = ConversationLink(_keyed_id(key, b"content\x00" + str(context.request_id).encode()), CONTENT, 1)
-        context.conversation = Pending(link, chain, turn, now)
+        context.conversation = Pending(link, chain, turn, now, None if explicit is None else last)
 
     def finish(self, context: Any, *, answered: bool) -> ConversationLink | None:
-        """The request's link (None when it was never prepared); an answered request (`answered`: a 2xx answer went
-        to the client) is remembered as a turn later requests can extend."""
+        """The request's link, remembered as a turn later requests can extend; None when it was never prepared or not
+        `answered` (the upstream's 2xx answer went to the client): a request the gateway refused or the upstream did
+        not answer is no turn of any conversation, and its explicit conversation's latest turn is the one before."""
         pending: Pending | None = getattr(context, "conversation", None)
         if pending is None:
+            return None
+        if not answered:
+            self._withdraw(context.tenant, pending)
             return None
         now = self._clock()
         link = pending.link
@@ -148,7 +153,7 @@ class ConversationTracker:
                 link = _child(parent, _idle(pending.prepared_at, parent))
                 link = self._extension(link, context, context.segments, parent, rewrite_at)
                 pending.link = link
-        if not answered or (pending.turn is None and not pending.chain):
+        if pending.turn is None and not pending.chain:
             return link  # nothing a later request could follow
         turn = pending.turn
         if turn is None:
@@ -184,6 +189,21 @@ class ConversationTracker:
             segment = segments.segments[at]
             rewrite = answer_rewrite(parent.answer, _message_of(segment, _messages(context)), segment.name, at)
         return replace(link, new_from_segment=at + 1, answer_rewrite=rewrite)
+
+    def _withdraw(self, tenant: str, pending: Pending) -> None:
+        """Forget an unanswered request's explicit turn: its conversation's latest turn is the previous one again
+        (unless a later request of that conversation was registered since)."""
+        turn = pending.turn
+        if turn is None:
+            return
+        state = self._tenants.get(tenant)
+        slot = ("e", turn.conversation_id)
+        if state is None or state.slots.get(slot) is not turn:
+            return
+        self._drop(tenant, slot)
+        previous = pending.previous
+        if previous is not None and previous.expires_at > self._clock():
+            self._put(tenant, slot, previous)
 
     # -- memory --------------------------------------------------------------------------------------------------
 

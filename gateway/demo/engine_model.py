@@ -9,6 +9,8 @@ page not cached; least recently used pages are evicted past `capacity_pages`, an
 expire. With a host tier (`host_capacity_pages`), pages evicted from the device are demoted to it instead and loaded
 back when a prompt uses them again; only pages evicted from the host tier are dropped. Pages dropped either way are
 remembered (a bounded ghost index), so the next miss says `evicted` or `expired` as the local engine does.
+The prefix computed before (cached, or dropped and still in the ghost index) is the engine's `seen_tokens`, which
+with the page size and each segment's first token lets the gateway make its token ledger.
 Reports come out in the engine's own shapes (`x-prefix-cache-*` headers, `usage`, `prefix_cache.hash_chain`,
 `prefix_cache.tiers` and `load_ms`) for the gateway's adapters to read.
 """
@@ -23,6 +25,7 @@ from typing import Any
 
 from db.cache_model import DEVICE as _DEVICE, HOST as _HOST, PrefixCacheModel
 from gateway.explain.segments import MODEL, PromptSegments
+from gateway.upstreams.engine_report import HEADER_PAGE_SIZE, HEADER_SEEN_TOKENS, HEADER_SEGMENTS
 
 PAGE_TOKENS = 16
 CHARS_PER_TOKEN = 4
@@ -56,6 +59,12 @@ class Rendered:
     @property
     def pages(self) -> tuple[int, ...]:
         return self.ids[: len(self.text) // _PAGE_CHARS]
+
+    def segment_starts(self) -> tuple[tuple[str, int], ...]:
+        """Each segment's first token, its header's (`(("system", 3), ("messages[1]", 40))`), as the engine's
+        `x-prefix-cache-segments` header gives them."""
+        return tuple((name, (start - len(f"<{name}>\n")) // CHARS_PER_TOKEN)
+                     for name, start in zip(self.names, self.starts, strict=True))
 
     def locate(self, token: int) -> tuple[str | None, int | None]:
         """The segment and character offset in it of token `token` (None, None past the end of the prompt)."""
@@ -113,6 +122,8 @@ class Match:
     hash_ids: tuple[int, ...]
     device_tokens: int
     host_tokens: int
+    seen_tokens: int = 0  # the longest prefix computed before in the namespace, cached or dropped since (>= matched)
+    segment_starts: tuple[tuple[str, int], ...] = ()  # each segment's first token (its header's), in prompt order
 
     @property
     def load_ms(self) -> float:
@@ -188,7 +199,13 @@ class SimulatedEngine:
             counts[tier] += taken
             left -= taken
         segment, offset = rendered.locate(matched)
-        return Match(matched, prompt_tokens, kind, segment, offset, rendered.pages, counts[_DEVICE], counts[_HOST])
+        seen = full
+        while seen < len(rendered.ids) and (cache.tier_of(rendered.ids[seen]) is not None
+                                            or cache.removed_as(rendered.ids[seen]) is not None):
+            seen += 1
+        seen_tokens = max(matched, min(seen * PAGE_TOKENS, prompt_tokens))
+        return Match(matched, prompt_tokens, kind, segment, offset, rendered.pages, counts[_DEVICE], counts[_HOST],
+                     seen_tokens, rendered.segment_starts())
 
     def serve(self, rendered: Rendered, now: float) -> Match:
         """Match `rendered`, then cache all its chunks on the device as the prefill does (the host tier's chunks are
@@ -217,7 +234,12 @@ def local_engine_response(match: Match, completion_tokens: int, ttft_ms: float, 
         "x-prefix-cache-tiers": f"device={match.device_tokens},host={match.host_tokens},disk=0",
         "x-prefix-cache-template-tokens": str(TEMPLATE_TOKENS),
         "x-prefix-cache-ttft-ms": f"{ttft_ms:.3f}",
+        # The token ledger's inputs (`gateway.upstreams.engine_report`).
+        HEADER_PAGE_SIZE: str(PAGE_TOKENS),
+        HEADER_SEEN_TOKENS: str(match.seen_tokens),
     }
+    if match.segment_starts:
+        headers[HEADER_SEGMENTS] = ",".join(f"{name}={token}" for name, token in match.segment_starts)
     if match.segment is not None and match.char_offset is not None:
         headers["x-prefix-cache-divergence-segment"] = match.segment
         headers["x-prefix-cache-divergence-offset"] = str(match.char_offset)

@@ -6,13 +6,15 @@ miss kind, reason, segment name and id format in the demo is one the gateway wri
 requests are replayed that way (about 1,000 a second); larger histories repeat them, each copy with its own request
 id and time near its original's, so that millions of rows stay cheap. Rows are spread over the last `days` days with
 a daily rhythm, inserted in bulk through the same code as the live writer (so the rollups agree with the rows), and
-seeded: the same arguments give the same data.
+seeded: the same arguments give the same data. The replayed requests carry their conversations (ids, turns, parents)
+and token ledgers as the gateway records them; the copies carry the ledgers but are no conversation turns.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from bisect import bisect_right
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,6 +25,7 @@ from db.records import RequestRecord
 from db.store import store_records
 from db.tenants import ensure_tenant
 from db.timeutil import as_utc, utc_now
+from gateway.conversations.link import CONVERSATION_FIELDS
 from gateway.demo.replay import Replay
 from gateway.demo.traffic import TENANTS
 from prefixscope.progress import progress
@@ -97,7 +100,8 @@ def write_demo_data(
     stamps = _timestamps(rng, rows, since, days)
     ids = [f"req_{rng.getrandbits(96):024x}" for _ in range(rows)]  # the gateway's request-id format
     distinct = min(rows, pool)
-    # The pool's requests sit at evenly spaced rows; row j copies pool request j * distinct // rows.
+    # The pool's requests sit at evenly spaced rows, as replayed (their ids, times and conversations); the rows up to
+    # the next one copy them.
     at = [k * rows // distinct for k in range(distinct)]
     originals = replay_pool(seed, [stamps[j] for j in at], [ids[j] for j in at])
     engine = create_sync_engine_for(url)
@@ -109,7 +113,7 @@ def write_demo_data(
             chain_rng = random.Random(f"chain-sample/{seed}")
             for start in range(0, rows, batch_size):
                 records = [
-                    _copy(originals[j * distinct // rows], ids[j], stamps[j], chain_rng.random() < chain_share)
+                    _copy(originals[bisect_right(at, j) - 1], ids[j], stamps[j], chain_rng.random() < chain_share)
                     for j in range(start, min(rows, start + batch_size))
                 ]
                 with engine.begin() as conn:
@@ -128,7 +132,11 @@ def write_demo_data(
 
 
 def _copy(record: RequestRecord, request_id: str, created_at: datetime, keep_chain: bool) -> RequestRecord:
+    """`record` as row `request_id` at `created_at`: the replayed record itself when the id is its own, else a copy
+    that is no conversation turn (its conversation fields NULL: the conversation's turns are the replayed ones)."""
     changes: dict[str, Any] = {"request_id": request_id, "created_at": created_at}
     if not keep_chain and record.chain is not None:
         changes["chain"] = None
+    if request_id != record.request_id:
+        changes.update(dict.fromkeys(CONVERSATION_FIELDS))
     return replace(record, **changes)

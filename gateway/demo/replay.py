@@ -1,4 +1,5 @@
-"""Demo requests through the gateway's own code: normalization pipeline, salts, `RequestTracker`, explainer, uplift.
+"""Demo requests through the gateway's own code: normalization pipeline, salts, `RequestTracker`, explainer (with its
+conversation tracker: multi-turn chats link into conversations with their token ledgers), uplift.
 
 Each request is built by `gateway.demo.traffic`, normalized by the tenant's `Pipeline`, salted and handed to the
 tenant's upstream, which here is a `SimulatedEngine` answering in that upstream kind's response shape (read back by
@@ -19,6 +20,7 @@ from typing import Any
 from db.held_record import HeldRecord
 from db.records import RequestRecord
 from gateway.config import GatewayConfig
+from gateway.conversations.tracker import ConversationTracker
 from gateway.demo.engine_model import SimulatedEngine, local_engine_response, openai_response, render
 from gateway.demo.traffic import TENANTS, TenantProfile, Traffic
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
@@ -126,10 +128,12 @@ class Replay:
         self.traffic = Traffic(seed)
         self.sink = _Sink()
         uplift: Any = _DryRunUplift(self)
-        self.explainer = Explainer(uplift, rng=random.Random(f"uplift/{seed}"))
         self.secret = secret = demo_secret(seed)
         metrics: Any = _NoMetrics()
         self.recorder = Recorder(self.sink, metrics, RecordHasher(secret))
+        self.now = 0.0  # the request's time (POSIX seconds): the conversation tracker's clock
+        conversations = ConversationTracker(self.recorder.hash_key, clock=lambda: self.now)
+        self.explainer = Explainer(uplift, rng=random.Random(f"uplift/{seed}"), conversations=conversations)
         self.recorder.compose(explainer=self.explainer, uplift=uplift)
         self.salts = SaltDeriver(secret)
         self.pipelines: dict[str, Pipeline] = {profile.name: build_pipeline(profile.settings) for profile in TENANTS}
@@ -174,6 +178,7 @@ class Replay:
         the proxy does; the record goes to `sink`, its latency to `latencies`."""
         rng = self.rng
         self.clock += _SECONDS_PER_REQUEST
+        self.now = created_at.timestamp()
         route = self.routes[upstream]
         endpoint = CHAT if profile.endpoint == "chat.completions" else profile.endpoint
         model, stream = str(raw["model"]), raw.get("stream") is True

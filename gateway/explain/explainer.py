@@ -189,13 +189,13 @@ class Explainer:
                 log.exception("could not link a request to its conversation")
 
     def conversation(self, context: ExplainContext, *, recorded_status: int) -> ConversationLink | None:
-        """The request's place in its conversation, once it is finished (None: not linked); an answered request is
-        remembered for the turns that follow it."""
+        """The request's place in its conversation, once it is finished, remembered for the turns that follow it.
+        None: not linked, or not a turn: only a request the upstream answered with a 2xx that went on to the client
+        (`recorded_status` 2xx too) is a conversation turn."""
         if self.conversations is None:
             return None
         self.prepare(context)
-        status = context.upstream_status
-        answered = status is not None and status < 400 and recorded_status < 400
+        answered = _is_2xx(context.upstream_status) and _is_2xx(recorded_status)
         try:
             return self.conversations.finish(context, answered=answered)
         except Exception:
@@ -312,3 +312,7 @@ class Explainer:
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Finish (bounded) the uplift checks in flight; their records are submitted either way."""
         await self.uplift.stop(timeout_s)
+
+
+def _is_2xx(status: int | None) -> bool:
+    return status is not None and 200 <= status < 300

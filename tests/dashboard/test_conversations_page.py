@@ -4,16 +4,18 @@ token hit rate, over a database of conversations (`tests/conversation_samples.py
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from datetime import timedelta
 
 import pandas as pd
 import pytest
 from dashboard_testkit import create_database
 
-from dashboard.charts_conversations import lost_by_cause_figure
+from dashboard.charts_conversations import bar_labels, lost_by_cause_figure, marker_notes, parent_label
 from db.ledger import TokenLedger
+from db.queries.results_conversations import ConversationTurn, short_request_id
 from db.timeutil import utc_now
-from tests.conversation_samples import conversation_records
+from tests.conversation_samples import conversation_records, is_turn
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def bars(app) -> dict[str, list]:
 
 def expected_totals(records) -> dict[str, str]:
     """The page's first metrics, computed from the rows written (turns of a conversation only)."""
-    turns = [r for r in records if r.conversation_id is not None]
+    turns = [r for r in records if is_turn(r)]
     ledgers = [TokenLedger.of(r) for r in turns]
     known = [r for r in turns if r.cached_tokens is not None]
     cached = sum(r.cached_tokens for r in known)
@@ -62,7 +64,7 @@ def test_conversations_worst_first_and_the_worst_ones_waterfall(run_page, conver
     assert list(table["tokens lost"]) == ["912", "4", "-"]  # unknown is `-`, never 0
     assert list(table["eligible hit rate"]) == ["24.0%", "96.0%", "-"]
     # The worst conversation is shown: one bar per turn, the parts of each adding up to its prompt tokens.
-    turns = [r for r in sample if r.conversation_id == "conv-a"]
+    turns = [r for r in sample if r.conversation_id == "conv-a" and is_turn(r)]
     traces = bars(app)
     stacked = [name for name, trace in traces.items() if trace["type"] == "bar"]
     for position, record in enumerate(turns):
@@ -125,3 +127,44 @@ def test_replicas_show_the_eligible_hit_rate(run_page, conversations_url):
 def test_the_lost_by_cause_chart_names_the_last_token_with_page_alignment():
     figure = lost_by_cause_figure({"page_alignment": 8, "evicted": 3})
     assert list(figure.data[0].y) == ["evicted", "page alignment / last token"]
+
+
+def test_the_turn_table_names_each_parent_and_a_known_zero_loss(run_page, conversations_url, sample):
+    app = run_page("conversations", conversations_url)
+    turns = app.dataframe[1].value
+    ids = [r.request_id for r in sample if r.conversation_id == "conv-a" and is_turn(r)]
+    assert list(turns["parent"]) == ["-", *(f"turn {i} ({short_request_id(ids[i - 1])})" for i in (1, 2, 3))]
+    assert list(turns["lost"])[:2] == ["0", "8"]  # turn 1's ledger lost nothing: 0, not unknown
+
+
+def test_a_linked_conversation_of_another_tenant_is_not_found_for_that_tenant(run_page, conversations_url):
+    app = run_page("conversations", conversations_url)
+    app.query_params["conversation"] = "conv-a"
+    app.query_params["tenant"] = "beta"
+    app.run()
+    assert not app.exception
+    assert [item.value for item in app.warning] == ["No conversation with id 'conv-a' for tenant 'beta'."]
+
+
+def _turn(**values) -> ConversationTurn:
+    """A turn with every field unknown but `values`."""
+    base = {item.name: None for item in fields(ConversationTurn)}
+    base.update(request_id="req_1", created_at=utc_now(), has_ledger=False, replica_changed=False)
+    base.update(values)
+    return ConversationTurn(**base)
+
+
+def test_only_a_turn_that_missed_carries_a_divergence_marker():
+    hit = _turn(miss_reason="hit", divergence_segment="messages[1]", divergence_char_offset=26)
+    missed = _turn(miss_reason="expired", divergence_segment="messages[1]", divergence_char_offset=26)
+    assert "divergence" not in marker_notes(hit, None)
+    assert marker_notes(missed, None)["divergence"] == "expired at messages[1] +26"
+
+
+def test_two_turns_of_one_index_get_two_bars():
+    """A retry or a fork: two `turn 2`, told apart by their short request ids (one bar each, not one merged bar)."""
+    first = _turn(request_id="req_aaaaaaaa0001", turn_index=1, prompt_tokens=10, new_tokens=10)
+    retry = [_turn(request_id=f"req_{letter * 8}0001", turn_index=2, prompt_tokens=20, new_tokens=20,
+                   parent_request_id=first.request_id) for letter in "bc"]
+    assert bar_labels([first, *retry]) == ["turn 1", "turn 2 (req_bbbbbbbb)", "turn 2 (req_cccccccc)"]
+    assert parent_label(retry[1], [first, *retry]) == "turn 1 (req_aaaaaaaa)"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
-from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE
+from db.conversation_window import CONVERSATIONS_DEFAULT_SINCE, CONVERSATIONS_MAX_LIMIT
 from db.engine import create_sync_engine_for
+from db.query_params import QueryParamError, row_limit, time_range
+from db.queries.results_conversations import short_request_id
 from db.store import store_records
 from db.timeutil import utc_now
 from prefixscope.cli import main
@@ -55,7 +58,7 @@ def test_one_conversation(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "conversation", "conv-a", "--database-url", url)
     assert code == 0
     head, header, *turns = out.splitlines()
-    assert "4 turns" in head and "token hit 14.4%, eligible hit 24.0%" in head
+    assert ": 4 turns, " in head and "token hit 14.4%, eligible hit 24.0%" in head
     assert header.startswith("TURN")
     assert len(turns) == 4
     assert "answer_rewritten @ messages[2]+25" in turns[2] and "whitespace @ messages[2]+25" in turns[2]
@@ -76,3 +79,74 @@ def test_help_names_the_default_range(capsys: pytest.CaptureFixture[str]) -> Non
         main(["conversations", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert f"(default {CONVERSATIONS_DEFAULT_SINCE}, as GET /api/conversations)" in shown
+
+
+def _cells(header: str, line: str) -> dict[str, str]:
+    """A table row as {column: cell}, cut where the header's columns start (cells may hold spaces)."""
+    names = [name for name in header.split("  ") if name]
+    starts = [header.index(name) for name in names]
+    ends = [*starts[1:], None]
+    return {name.strip(): line[start:end].strip() for name, start, end in zip(names, starts, ends, strict=True)}
+
+
+def test_turns_show_their_parent_and_a_known_zero_loss(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """LOST is `0` for a ledger that lost nothing and `-` only without a ledger; PARENT tells two turns of the same
+    index apart (a retry or a fork) by the parent's short request id."""
+    code, out, _ = _run(capsys, "conversation", "conv-a", "--json", "--database-url", url)
+    ids = [turn["request_id"] for turn in json.loads(out)["turns"]]
+    code, out, _ = _run(capsys, "conversation", "conv-a", "--database-url", url)
+    _, header, *lines = out.splitlines()
+    rows = [_cells(header, line) for line in lines]
+    assert [row["PARENT"] for row in rows] == ["-", *(short_request_id(i) for i in ids[:-1])]
+    assert [row["REQUEST"] for row in rows] == [short_request_id(i) for i in ids]
+    assert rows[0]["LOST"] == "0" and rows[3]["LOST"] == "evicted 584, page alignment / last token 16"
+    code, out, _ = _run(capsys, "conversation", "conv-c", "--database-url", url)
+    head, header, *lines = out.splitlines()
+    assert [_cells(header, line)["LOST"] for line in lines] == ["-", "-"]
+    assert head.endswith("lost - tokens")
+
+
+def test_a_single_turn_conversation_says_one_turn(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    engine = create_sync_engine_for(url)
+    with engine.begin() as conn:
+        store_records(conn, [replace(conversation_records(utc_now() - timedelta(hours=1))[4], request_id="req_single",
+                                     conversation_id="conv-single")])
+    engine.dispose()
+    code, out, _ = _run(capsys, "conversation", "conv-single", "--database-url", url)
+    assert code == 0 and ": 1 turn, " in out.splitlines()[0]
+
+
+def test_refused_requests_are_not_listed(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "conversations", "--json", "--database-url", url)
+    assert "conv-refused" not in [row["conversation_id"] for row in json.loads(out)]
+    code, _, err = _run(capsys, "conversation", "conv-refused", "--database-url", url)
+    assert code == 2 and "no conversation 'conv-refused'" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "param"),
+    [
+        (["conversations", "--since", "3000000d"], "since"),
+        (["stats", "--since", "3000000d"], "since"),
+        (["conversations", "--until", "3000000d"], "until"),
+        (["conversations", "--since", "1h", "--until", "2h"], "since"),
+        (["stats", "--since", "1h", "--until", "2h"], "since"),
+        (["conversations", "--limit", "0"], "limit"),
+        (["conversations", "--limit", "-5"], "limit"),
+        (["conversations", "--limit", "abc"], "limit"),
+        (["conversations", "--limit", "1001"], "limit"),
+    ],
+)
+def test_a_range_or_limit_the_api_refuses_exits_2_with_its_message(
+    url: str, capsys: pytest.CaptureFixture[str], argv: list[str], param: str
+) -> None:
+    """The CLI validates `--since`, `--until` and `--limit` as `GET /api/conversations` does (`db.query_params`):
+    exit status 2 and the API's message on one line, no traceback."""
+    options = dict(zip(argv[1::2], argv[2::2], strict=True))
+    with pytest.raises(QueryParamError) as refused:
+        time_range(options.get("--since"), options.get("--until"), "7d")
+        row_limit(options.get("--limit"), 50, CONVERSATIONS_MAX_LIMIT)
+    assert refused.value.param == param
+    code, out, err = _run(capsys, *argv, "--database-url", url)
+    assert (code, out) == (2, "")
+    assert err == f"prefixscope: error: {refused.value}\n"

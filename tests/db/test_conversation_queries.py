@@ -79,8 +79,21 @@ def test_unknown_stays_unknown(conn):
     for turn in found.turns:
         assert (turn.cached_tokens, turn.new_tokens, turn.lost_tokens, turn.token_hit_rate) == (None,) * 4
         assert (turn.eligible_hit_rate, turn.cached_by_tier, turn.has_ledger) == (None, None, False)
-        assert turn.unknown_tokens == turn.prompt_tokens == 300 and turn.lost == {}
+        assert turn.unknown_tokens == turn.prompt_tokens == 300 and turn.lost is None  # no ledger: not an empty one
         assert turn.ttl_s is None and turn.idle_beyond_ttl is None
+    assert (found.summary.lost_tokens, found.summary.lost_by_cause) == (None, None)
+    known = conversation(conn, "conv-b")
+    assert known is not None and known.turns[0].lost == {} and known.turns[0].lost_tokens == 0  # known: none lost
+
+
+def test_refused_and_unanswered_requests_are_no_turns(conn):
+    """A row with a conversation id but a 4xx/5xx status (written before the gateway left the id out) is listed
+    nowhere and counts in no conversation."""
+    assert "conv-refused" not in [row.conversation_id for row in conversations(conn)]
+    assert conversation(conn, "conv-refused") is None and conversation(conn, "conv-refused", tenant="acme") is None
+    found = conversation(conn, "conv-a")
+    assert found is not None and found.summary.turns == 4 and len(found.turns) == 4
+    assert all(turn.prompt_tokens is not None for turn in found.turns)
 
 
 def test_another_tenants_conversation_is_not_found(conn):
@@ -97,7 +110,8 @@ def test_totals_over_every_conversation(conn):
     assert totals.eligible_hit_rate == pytest.approx(384 / 1300)
     assert totals.lost_by_cause == {"answer_rewritten": 296, "evicted": 584, "page_alignment": 36}
     assert totals.answer_rewrites == 1
-    assert conversation_totals(conn, tenant="beta").lost_tokens is None
+    beta = conversation_totals(conn, tenant="beta")
+    assert (beta.lost_tokens, beta.lost_by_cause) == (None, None)
     assert conversation_totals(conn, tenant="nobody") == ConversationTotals()
 
 

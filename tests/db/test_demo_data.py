@@ -10,7 +10,10 @@ import pytest
 from db import queries
 from db.engine import create_sync_engine_for
 from db.records import MISS_KINDS, MISS_REASONS
+from db.queries.conversations import conversation, conversation_totals, conversations
+from db.timeutil import utc_now
 from gateway.demo.history import write_demo_data
+from prefixscope.cli import main
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -161,3 +164,41 @@ def test_demo_data_splits_the_local_engine_s_hits_over_its_cache_tiers(empty_db_
     assert overview.tiers == CachedByTier(device=device, host=host, disk=0, unknown=unknown)
     assert 0.1 < host / (device + host) < 0.3 and unknown > 0
     assert overview.cache_load_ms_mean is not None and overview.cache_load_ms_mean > 0
+
+
+def test_demo_data_records_conversations_with_ledgers_that_add_up(empty_db_url: str) -> None:
+    """The replayed multi-turn chats are conversations (ids, turns, parents in the same conversation) with token
+    ledgers that add up to each turn's prompt tokens; `prefixscope conversations` lists them."""
+    write_demo_data(empty_db_url, rows=3000, seed=3, days=1, now=NOW)
+    engine = create_sync_engine_for(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            listed = conversations(conn, NOW - timedelta(days=1), NOW, limit=1000)
+            totals = conversation_totals(conn, NOW - timedelta(days=1), NOW)
+            shown = [conversation(conn, row.conversation_id, tenant=row.tenant) for row in listed]
+    finally:
+        engine.dispose()
+    assert len(listed) > 50 and max(row.turns for row in listed) >= 4
+    assert totals.eligible_hit_rate is not None and totals.lost_tokens and totals.new_tokens
+    ledgers = 0
+    for found in shown:
+        assert found is not None
+        ids = {turn.request_id for turn in found.turns}
+        for turn in found.turns:
+            assert turn.turn_index == 1 or turn.parent_request_id in ids
+            if turn.has_ledger:
+                ledgers += 1
+                assert turn.adds_up and turn.cached_tokens + turn.new_tokens + turn.lost_tokens + (
+                    turn.unknown_tokens or 0) == turn.prompt_tokens
+        summary = found.summary
+        assert summary.turns == len(found.turns)
+    assert ledgers > 0.3 * totals.turns
+
+
+def test_demo_data_through_the_cli_lists_conversations(
+    empty_db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_demo_data(empty_db_url, rows=500, seed=4, days=1, now=utc_now())
+    assert main(["conversations", "--since", "2d", "--limit", "5", "--database-url", empty_db_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CONVERSATION") and len(lines) == 6

@@ -119,3 +119,36 @@ def test_the_default_range_is_the_cli_s(stub_url, tmp_path, capsys):
     listed = json.loads(capsys.readouterr().out)
     assert [row["conversation_id"] for row in body["data"]] == [row["conversation_id"] for row in listed]
     assert [row["conversation_id"] for row in listed] == ["conv-a", "conv-b", "conv-c"]
+
+
+def test_the_key_may_come_in_x_api_key_as_on_v1_messages(conversations_gateway):
+    gw, keys = conversations_gateway
+    for path in ("/api/conversations", "/api/conversations/conv-a", "/api/stats"):
+        answer = httpx.get(f"{gw.url}{path}", headers={"x-api-key": keys["acme"]})
+        assert answer.status_code == 200, path
+    assert httpx.get(f"{gw.url}/api/conversations", headers={"x-api-key": "wrong"}).status_code == 401
+
+
+def test_a_parameter_given_twice_is_refused(conversations_gateway):
+    gw, keys = conversations_gateway
+    headers = {"authorization": f"Bearer {keys['admin']}"}
+    for path, query in (("/api/conversations", "since=1h&since=2h"), ("/api/conversations", "limit=1&limit=2"),
+                        ("/api/conversations/conv-a", "tenant=acme&tenant=beta"), ("/api/stats", "since=1h&since=2h")):
+        answer = httpx.get(f"{gw.url}{path}?{query}", headers=headers)
+        assert answer.status_code == 400, query
+        assert answer.json()["error"]["param"] == query.split("=")[0]
+
+
+def test_refusals_are_the_cli_s(conversations_gateway, stub_url, tmp_path, capsys):
+    """An out-of-range duration, a reversed range and a bad limit: the API's 400 says what the CLI says."""
+    gw, keys = conversations_gateway
+    url = f"sqlite:///{tmp_path}/cli.db"
+    upgrade(url)
+    for params, argv in (({"since": "3000000d"}, ["--since", "3000000d"]),
+                         ({"since": "1h", "until": "2h"}, ["--since", "1h", "--until", "2h"]),
+                         ({"limit": "-5"}, ["--limit", "-5"])):
+        answer = get(gw, keys["admin"], **params)
+        assert answer.status_code == 400
+        assert main(["conversations", *argv, "--database-url", url]) == 2
+        assert capsys.readouterr().err == f"prefixscope: error: {answer.json()['error']['message']}\n"
+    assert get(gw, keys["admin"], "/conv-refused").status_code == 404  # a refused request is no conversation

@@ -73,3 +73,23 @@ def test_anthropic_passthrough_answers_round_trip(tmp_path):
     assert [r.turn_index for r in records] == [1, 2, 3] and len({r.conversation_id for r in records}) == 1
     assert [r.answer_rewrite for r in records] == [None, None, "whitespace"]
     assert (records[2].answer_rewrite_segment, records[2].answer_rewrite_char_offset) == ("messages[3]", 3)
+
+
+def test_a_refused_request_is_no_conversation_turn(stub, stub_url):
+    """Requests the upstream refused (its 400, as for `user=12345`, and a 429) are recorded without conversation
+    fields, by id and by content; the session's next answered request is its first turn."""
+    with running_gateway(gateway_config(stub_url)) as gw:
+        client = _client(gw.url, "k")
+        session = {"x-prefixscope-session": "chat-8"}
+        for model, headers in (("err-400", session), ("err-429", None)):
+            try:
+                client.chat.completions.create(model=model, messages=[{"role": "user", "content": "a"}],
+                                               extra_headers=headers)
+            except (openai.BadRequestError, openai.RateLimitError):
+                pass
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "b"}], extra_headers=session)
+        *refused, answered = gw.wait_records(3)
+    assert [r.status_code for r in refused] == [400, 429]
+    for record in refused:
+        assert (record.conversation_id, record.conversation_source, record.turn_index) == (None, None, None)
+    assert (answered.conversation_source, answered.turn_index, answered.parent_request_id) == ("header", 1, None)

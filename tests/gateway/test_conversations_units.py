@@ -10,6 +10,7 @@ import pytest
 from gateway.config.tenant import TenantSettings
 from gateway.conversations.answer import MessageCapture, PlainCapture, StreamCapture
 from gateway.conversations.ids import ExplicitId, explicit_id
+from gateway.conversations.link import CONVERSATION_FIELDS
 from gateway.conversations.rewrite import segment_text
 from gateway.conversations.tracker import ConversationTracker
 from gateway.explain.explainer import ExplainContext, Explainer
@@ -40,18 +41,20 @@ class Gateway:
         self.explainer = Explainer(None, conversations=self.tracker)  # type: ignore[arg-type]
         self.count = 0
 
-    def send(self, messages, answer=None, *, tenant="acme", explicit=None, retention="5m", model="m"):
+    def send(self, messages, answer=None, *, tenant="acme", explicit=None, retention="5m", model="m", status=200,
+             recorded_status=None):
         self.count += 1
         settings = TenantSettings(max_cache_retention=retention)
         body = {"model": model, "messages": messages}
         context = ExplainContext(settings, CHAT, tenant, body, body, "salt", None, False, explicit_id=explicit)
         context.request_id = f"req_{self.count}"
         self.explainer.prepare(context)
-        context.upstream_status = 200
+        context.upstream_status = status
         if answer is not None:
             context.answer = MessageCapture(answer if isinstance(answer, dict) else {"role": "assistant",
                                                                                      "content": answer})
-        return self.explainer.conversation(context, recorded_status=200)
+        recorded = recorded_status if recorded_status is not None else (status if status is not None else 502)
+        return self.explainer.conversation(context, recorded_status=recorded)
 
 
 def user(text):
@@ -219,3 +222,24 @@ def test_a_request_prepared_before_its_parent_was_answered_links_when_finished()
     child.upstream_status = 200
     link = gateway.explainer.conversation(child, recorded_status=200)
     assert (link.conversation_id, link.turn_index) == (first.conversation_id, 2)
+
+
+@pytest.mark.parametrize(("status", "recorded"), [(None, 400), (None, 502), (500, 500), (429, 429), (200, 499)])
+def test_a_request_not_answered_with_a_2xx_is_no_turn(status, recorded):
+    """Refused by the gateway (no upstream status), failed upstream, or cut before the answer reached the client:
+    no conversation link, and the conversation goes on from the turn before, by id and by content."""
+    gateway = Gateway()
+    session = ExplicitId("header", "chat-9")
+    first = gateway.send([user("a")], "x", explicit=session)
+    failed = gateway.send([user("b")], "y", explicit=session, status=status, recorded_status=recorded)
+    second = gateway.send([user("c")], "z", explicit=session)
+    assert failed is None
+    assert (second.conversation_id, second.turn_index, second.parent_request_id) == (first.conversation_id, 2, "req_1")
+    opening = gateway.send([SYSTEM, user("hi")], "Hello.", status=status, recorded_status=recorded)
+    follow_up = gateway.send([SYSTEM, user("hi"), assistant("Hello."), user("more")], "More.")
+    assert opening is None and (follow_up.turn_index, follow_up.parent_request_id) == (1, None)
+
+
+def test_the_declared_conversation_fields_are_the_link_s():
+    link = Gateway().send([user("hi")], "Hello.")
+    assert tuple(link.record_fields()) == CONVERSATION_FIELDS

@@ -1,5 +1,6 @@
 """Demo history is what the gateway records: the same requests sent through the running gateway (keys, proxy,
-adapters, recorder) to an engine answering from the same simulated cache give the same records, field by field; and
+adapters, recorder) to an engine answering from the same simulated cache give the same records, field by field
+(conversations, turns and token ledgers included); and
 the demo's names (rules, reasons, miss kinds, segments, request-id, model and upstream formats) are the gateway's."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 from gateway_testkit import FakeStorage, gateway_config, running_gateway, serve_in_thread
 
+from db.ledger import LOST_CAUSES, TokenLedger, lost_field
 from db.records import MISS_KINDS, MISS_REASONS
 from gateway.config import UpstreamConfig
 from gateway.config.tenant import ALL_RULES
@@ -32,7 +34,8 @@ COMPARED = (
     "miss_kind", "applied_rules", "prefix_hash", "prompt_text", "miss_reason", "divergence_segment",
     "divergence_char_offset", "recomputed_tokens", "divergence_source", "diverged_at_token", "template_tokens",
     "namespace_label", "chain", "hash_key_version", "cached_tokens_device", "cached_tokens_host", "cached_tokens_disk",
-    "cache_load_ms",
+    "cache_load_ms", "conversation_source", "turn_index", "answer_rewrite", "new_tokens", "unknown_tokens",
+    *(lost_field(cause) for cause in LOST_CAUSES),
 )
 
 
@@ -94,6 +97,17 @@ def _replies(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return replies
 
 
+def _conversation_shape(records: list[Any]) -> list[tuple[int | None, int | None]]:
+    """Per record, in order: the position of its conversation's first record and of its parent (None: none)."""
+    position = {record.request_id: index for index, record in enumerate(records)}
+    first: dict[str | None, int] = {}
+    shape = []
+    for index, record in enumerate(records):
+        opened = None if record.conversation_id is None else first.setdefault(record.conversation_id, index)
+        shape.append((opened, position.get(record.parent_request_id)))
+    return shape
+
+
 def test_demo_records_equal_the_running_gateway_s_for_the_same_requests() -> None:
     seed = 11
     demo = Replay(seed)
@@ -135,6 +149,10 @@ def test_demo_records_equal_the_running_gateway_s_for_the_same_requests() -> Non
         assert re.fullmatch(r"req_[0-9a-f]{24}", theirs.request_id)
         assert {name: getattr(ours, name) for name in COMPARED} == {name: getattr(theirs, name) for name in COMPARED}, (
             theirs.tenant, theirs.answer_rewrite, theirs.answer_rewrite_segment, theirs.answer_rewrite_char_offset)
+    # The same conversations: the same first turn and parent of every request (ids differ: the gateway draws its own).
+    assert _conversation_shape(demo_records) == _conversation_shape(recorded)
+    assert max(record.turn_index or 0 for record in recorded) >= 3
+    assert any(sum(TokenLedger.of(record).lost.values()) > 0 for record in recorded)
     # The engine's tier split came through the proxy: some of the hits were loaded back from the host tier.
     assert all(record.cached_tokens_device is not None for record in recorded)
     assert any((record.cached_tokens_host or 0) > 0 and (record.cache_load_ms or 0) > 0 for record in recorded)
