@@ -4,9 +4,9 @@ Every engine step is one forward pass over one packed batch: the tokens of all s
 per running sequence, plus prefill chunks) side by side in an input of shape `[1, num_tokens]`, each with its own
 position id. The model runs without a transformers cache object: attention is the function `paged_attention`,
 registered in transformers' `AttentionInterface` and selected as the model's attention implementation, which reads
-and writes K/V in the engine's KV pool through each sequence's slot table. Llama-architecture models in float32 run
-through `FusedLlamaForward` instead (fewer, larger operations per layer; local_engine.model.fused_llama), which calls
-the same attention function. Since that name has no entry in `AttentionMaskInterface`, transformers builds no dense
+and writes K/V in the engine's KV pool through each sequence's slot table. Llama-architecture models (float32, or bfloat16 on the
+CPU) run through `FusedLlamaForward` instead (fewer, larger operations per layer, on packed weights in bf16;
+local_engine.model.fused_llama), which calls the same attention function. Since that name has no entry in `AttentionMaskInterface`, transformers builds no dense
 mask. The per-step `PagedBatch` reaches the attention
 function as a forward keyword argument, which transformers passes down to every attention call.
 """

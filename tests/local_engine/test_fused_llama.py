@@ -1,5 +1,5 @@
-"""The fused Llama forward computes what transformers' forward computes, holds no second copy of the weights, and
-leaves models outside its scope to transformers."""
+"""The fused Llama forward computes what transformers' forward computes (in bf16 on the CPU bit for bit), holds no
+second plain copy of the weights, and leaves models outside its scope to transformers."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_the_fused_weights_are_views_shared_with_the_model_and_built_once():
     forward = FusedLlamaForward.of(model)
     assert FusedLlamaForward.of(model) is forward
     attn = model.model.layers[0].self_attn
-    fused = forward.layers[0].qkv
+    fused = forward.layers[0].qkv.weight
     for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
         assert proj.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
     assert fused.shape == (64 + 2 * 32, 64)  # 4 query heads and 2 KV heads of 16
@@ -63,11 +63,40 @@ def test_models_with_projection_biases_keep_the_transformers_forward():
     assert _runner(model, True)._fused is None
 
 
-def test_bfloat16_models_keep_the_transformers_forward():
+def test_in_bfloat16_on_the_cpu_the_logits_and_greedy_tokens_are_transformers_bit_for_bit():
+    model = build_tiny_llama(vocab_size=300, seed=5).to(torch.bfloat16)
+    config = ModelRunner.pool_config_for(model, torch.device("cpu"), torch.bfloat16)
+    fused, plain = (ModelRunner(model, KVPool(config, 1024), fused=flag) for flag in (True, False))
+    assert fused._fused is not None and plain._fused is None
+    generator = torch.Generator().manual_seed(1)
+    lengths = [70, 9, 130]
+    prompts = [torch.randint(5, 300, (n,), generator=generator).tolist() for n in lengths]
+    scattered = SlotAllocator(1024).alloc(1024)[torch.randperm(1024, generator=generator)]
+    tables = [scattered[sum(lengths[:i]) + 8 * i :][: n + 8] for i, n in enumerate(lengths)]  # disjoint, as after evictions
+    for prompt, table in zip(prompts, tables):
+        a, b = (runner.forward([ScheduledChunk(prompt, table[: len(prompt)], True)]) for runner in (fused, plain))
+        assert torch.equal(a, b)
+    # One sequence alone, then all three batched: greedy tokens from each runner's own logits.
+    tokens = {id(runner): [[p[-1]] for p in prompts] for runner in (fused, plain)}
+    for step in range(6):
+        rows = [0] if step < 3 else [0, 1, 2]
+        logits = []
+        for runner in (fused, plain):
+            chunks = [ScheduledChunk(tokens[id(runner)][r], tables[r][: lengths[r] + step + 1], True) for r in rows]
+            logits.append(runner.forward(chunks))
+            for r, row in zip(rows, logits[-1]):
+                tokens[id(runner)][r] = [int(row.argmax())]
+        assert torch.equal(logits[0], logits[1])
+    assert tokens[id(fused)] == tokens[id(plain)]
+
+
+def test_bfloat16_models_off_the_cpu_keep_the_transformers_forward():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2)
     model = LlamaForCausalLM(config).eval()
     assert FusedLlamaForward.supports(model)
-    assert not FusedLlamaForward.supports(model.to(torch.bfloat16))
+    assert FusedLlamaForward.supports(model.to(torch.bfloat16))
+    assert not FusedLlamaForward.supports(model.to("meta"))  # any device but the CPU
+    assert not FusedLlamaForward.supports(model.to(torch.float16))
