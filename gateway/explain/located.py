@@ -1,13 +1,18 @@
 """Explaining a request from where the engine says its match ended; the tenant's history only says why.
 
 An engine that reports the divergence (`CacheReport.divergence_segment` / `divergence_char_offset`, and the count of
-leading tokens its template always produces) has located the first uncached token exactly. The recorded segment and
-offset are the engine's, whatever the reason (a hit's new turn, a cold miss at `system` offset 0). The reason comes
-from the earlier requests that shared everything before that segment:
+leading tokens its template always produces) has located the first uncached token exactly, and where the tokens an
+earlier request computed end (`seen_segment` / `seen_char_offset`). The recorded segment and offset are the engine's:
+where the prompt diverged from what was computed before when the content decides the reason (a hit's new turn, an
+edit, an answer re-sent differently, a shared opening shorter than a page), where the match ended when nothing could be
+served (an eviction, a cold miss at `system` offset 0). The reason comes from the earlier requests that shared
+everything before that segment:
 
 1. The engine matched everything it could: `hit`, or `below_page` when a tail shorter than a page was left.
 2. `evicted` / `expired` when the engine's ghost index says so.
 3. The match reused part of the request (beyond the template's fixed opening):
+   - a named conversation whose previous turn sent another segment there (a compacted history): compared with that
+     turn, never a new turn;
    - it ended in the final turn (the trailing user and tool messages), or after every segment of an earlier request
      that this one extends: the prompt only adds to what was cached, `hit`;
    - else, compared with the remembered request that shares the segments before the divergence and most of the
@@ -16,8 +21,7 @@ from the earlier requests that shared everything before that segment:
      The same segment text sent before but not matched: `evicted` (dropped without a trace in the ghost index).
      Never `new_prefix`: part of the prompt was cached.
    A page-aligned match may end a segment or more before the content differs: when the engine says where the
-   tokens computed before end (`seen_segment`, `seen_char_offset`) in a later segment, that is the location and the
-   segment compared. Before all of these: the previous answer re-sent differently (`answer_rewritten`), when the
+   tokens computed before end (`seen_segment`, `seen_char_offset`), that is the location and the segment compared. Before all of these: the previous answer re-sent differently (`answer_rewritten`), when the
    conversation says so (at the rewrite's segment and offset) or when the tokens computed before end inside a
    message the earlier request did not send and the final turn does not hold (the answer it returned).
 4. Nothing beyond the template's opening matched: when the engine says what was computed before and a page more
