@@ -167,8 +167,9 @@ def _tool_patterns(items: list[SignedRequest]) -> list[FleetPattern]:
         costly = [m for m in members if tuple(sorted(m.signature.tools)) != common]
         where = f"tools ({len(base)} shared, one differs)"
         patterns.append(_tool_pattern("one_tool", members, costly, len(sets), where,
-                                      "send the union of the tools, or put the tool that varies last, so the shared "
-                                      "tools stay cached"))
+                                      "send the union of the tools so the shared tools stay cached (putting the "
+                                      "one that varies last helps only with the gateway's tool_order rule off: it "
+                                      "sorts tools by name)"))
     return patterns
 
 

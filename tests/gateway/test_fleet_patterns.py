@@ -107,6 +107,7 @@ def test_planted_patterns_are_found_with_their_token_cost(tmp_path: Path) -> Non
     # Cost: the tool tokens of the requests outside the most common list (helpdesk-0's came first).
     assert one.tokens_total == round(sum(r.signature.tool_chars * 0.25 for r in records if r.tenant == "helpdesk-1"))
     assert "union of the tools" in one.action
+    assert "tool_order" in one.action  # the gateway's default rule sorts tools: "put it last" alone would not hold
 
 
 def test_signatures_are_keyed_so_another_secret_gives_other_hashes() -> None:
