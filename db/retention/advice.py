@@ -213,14 +213,14 @@ def _eviction_note(today_outcome: ClassOutcome, best: str, today: str, reuse: Pr
 
 
 def _action(best: str, today: str, uses: PrefixUses | None) -> str:
-    """What to do; `uses` given when today's class is kept for reuse the replay does not see."""
+    """What to do; `uses` given when today's class is kept because the prefix's leading blocks are read from cache,
+    whatever the replay of the whole prefix and the cost model say."""
     if best != today:
         return _ACTIONS[best]
     if uses is not None:
-        seen = [f"its requests got {uses.cached_tokens} cached tokens"] if uses.cached_tokens else []
+        seen = [f"its requests got {uses.cached_tokens:,} cached tokens"] if uses.cached_tokens else []
         seen += ["it starts with blocks other prefixes of the tenant start with"] if uses.shares_leading_blocks else []
-        return (f"keep today's class ({today}): {' and '.join(seen)} (reuse of leading blocks that a replay of the "
-                "whole prefix does not see)")
+        return f"keep today's class ({today}): {' and '.join(seen)}; caching less would lose those reads"
     return f"keep today's class ({today}): no class saves more"
 
 

@@ -94,7 +94,9 @@ def format_retention(found: list[TenantRetention]) -> str:
     for tenant in found:
         head = f"retention for tenant {tenant.tenant} ({tenant.upstream_kind} prices): "
         if tenant.advised_class == tenant.today_class:
-            head += f"keep today's class ({tenant.today_class}): no other class saves more"
+            kept = any(prefix.kept_for_reuse for prefix in tenant.prefixes)
+            why = "its prefixes' leading blocks are read from cache" if kept else "no other class saves more"
+            head += f"keep today's class ({tenant.today_class}): {why}"
         else:
             advised = tenant.advised_class if tenant.advised_class != "none" else "do not cache"
             head += (f"advised class {advised}, saving {_amount(tenant.saving_per_day, tenant.unit)} per day over "

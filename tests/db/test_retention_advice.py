@@ -204,6 +204,11 @@ def test_a_prefix_whose_requests_got_cached_tokens_is_never_advised_do_not_cache
                for p in advice.prefixes)
     assert advice.advised_class == advice.today_class == "persistent"
     assert advice.saving_per_day == 0.0 and advice.toml_lines == ()
+    # The tenant's line says why today's class stays: not "no other class saves more" (by the replay one does).
+    from gateway.advisor.retention_report import format_retention
+
+    assert "keep today's class (persistent): its prefixes' leading blocks are read from cache" in format_retention(
+        [advice])
     # Without reported cached tokens the same uses are not read again: do not cache, with no lines that keep caching.
     unread = [PrefixUses("agents", f"p{i:02}", 643, (i * 10.0,), None, "") for i in range(12)]
     advice = advise_tenant("agents", unread, LOCAL, 1.0, end_s=120.0)
