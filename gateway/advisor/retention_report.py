@@ -69,7 +69,8 @@ def prefix_lines(prefix: PrefixRetention, unit: str, days: float = 1.0) -> list[
     return [
         f"  prefix {prefix.prefix_hash[:16]} ({prefix.prefix_tokens} tokens, {prefix.uses} use{'' if prefix.uses == 1 else 's'}): "
         f"today {prefix.today}, "
-        f"best {best if best != 'none' else 'do not cache'} -> saves {_amount(prefix.saving_per_day, unit)} per day{per_day_note(days)}",
+        f"best {best if best != 'none' else 'do not cache'} -> saves {_amount(prefix.saving_per_day, unit)} per day "
+        f"more than today's class{per_day_note(days)}",
         f"    writes never read again today: {unread}; gaps between uses: {gap_line(prefix.gaps)}",
         *([f"    {line}"] if (line := reuse_line(prefix.reuse)) else []),
         f"    to do: {prefix.action}",

@@ -112,6 +112,7 @@ def test_advise_prints_no_lines_that_contradict_the_advice(tmp_path: Path, capsy
     assert "to apply it" not in steady and "[tenants.steady]" not in steady
     assert "gaps between uses: <=10s:1; median 3.5s, 90% within 3.5s" in steady
     assert "to do: keep today's class (5m): no class saves more" in steady
+    assert "per day more than today's class" in steady  # the saving is against today's class, not against none
 
 
 def test_prefixes_used_once_are_one_summary_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
