@@ -236,7 +236,10 @@ def test_the_event_index_follows_a_real_engines_evictions_token_for_token(fresh)
                         tokens = tokenizer.prompt_token_ids("chat", {"messages": earlier})
                         matched = _engine_matched(engine.url, earlier)
                         blocks, _ = index.match(block_keys("", tokens, 16), 0.0)
-                        assert blocks * 16 == matched - matched % 16
+                        # The engine never matches a prompt's last token (it computes it for its logits): a prompt of
+                        # whole blocks, all held, matches one block less than the index holds.
+                        matchable = min(blocks * 16, (len(tokens) - 1) // 16 * 16)
+                        assert matchable == matched - matched % 16
                 assert subscriber.synced and subscriber.gaps == 0
                 assert _engine_matched(engine.url, prompts[0]) < 100  # the first prompt was evicted (mostly)
         finally:
