@@ -27,6 +27,7 @@ from gateway.explain.ledger import (
     CONTENT_CAUSES,
     Routing,
     changed_segment_unsent,
+    first_changed_segment,
     evicted_tier,
     sent_before_segment,
     token_ledger,
@@ -255,7 +256,7 @@ class Explainer:
         if explanation is None or explanation.reason not in CONTENT_CAUSES or explanation.reason == REORDERED:
             return 0
         segments, earlier = context.segments.segments, context.nearest.entry.digests
-        index = next((i for i, (a, b) in enumerate(zip(segments, earlier)) if a.digest != b), None)
+        index = first_changed_segment([segment.digest for segment in segments], earlier)
         if index is None:
             return 0
         history = self.histories.for_tenant(context.tenant, context.settings.explain_history_size)

@@ -272,12 +272,18 @@ def evicted_tier(engine: CacheReport, ledger: TokenLedger | None) -> str | None:
     return engine.dropped_tier
 
 
+def first_changed_segment(current: Sequence[int], earlier: Sequence[int]) -> int | None:
+    """The index of the first segment where `current` and `earlier` (segment digests) differ; None when one only
+    extends the other."""
+    return next((i for i, (a, b) in enumerate(zip(current, earlier)) if a != b), None)
+
+
 def sent_before_segment(current: Sequence[int], earlier: Sequence[int]) -> int | None:
     """The index of the first segment of `current` that `earlier` had not sent at the same place, looking past the
     first segment where they differ (segment digests, `gateway.explain.segments`); None when `current` differs
     nowhere within `earlier` (it only adds to it)."""
     shared = len(earlier)
-    first = next((i for i, (a, b) in enumerate(zip(current, earlier)) if a != b), None)
+    first = first_changed_segment(current, earlier)
     if first is None:
         return None
     index = first + 1
