@@ -36,6 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
     import os
     import sys
 
+    from local_engine.engine.compute_threads import serialize_caller
     from local_engine.engine.engine import Engine
     from local_engine.model.loader import load_model, resolve_device
     from local_engine.api.access import ENV_API_KEY, check_bind
@@ -69,6 +70,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"prefixscope engine: {error}", file=sys.stderr)
         return 2
+    serialize_caller()  # torch's threads are the engine worker's (local_engine.engine.compute_threads)
     loaded = load_model(config.model, device, config.dtype)
     try:
         engine = Engine(config, loaded)

@@ -130,12 +130,14 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
     from local_engine.bench.dtype_agreement import run_dtype_agreement
     from local_engine.prompt.chat_prompt import chat_prompt_token_ids
     from local_engine.config import EngineConfig
+    from local_engine.engine.compute_threads import on_worker_threads, serialize_caller
     from local_engine.engine.engine import Engine
     from local_engine.model.loader import load_model, resolve_device
     from local_engine.options import config_from
     from prefixscope.progress import progress
 
     config = config_from(EngineConfig, args)
+    serialize_caller()  # torch's threads are the engine worker's, as in `prefixscope engine`
     with progress(f"bench engine: loading {config.model}"):
         loaded = load_model(config.model, resolve_device(config.device), config.dtype)
     tokenizer = loaded.tokenizer
@@ -163,7 +165,8 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
             concurrent = run_concurrent_workload(engine, tokenizer, args)
         finally:
             engine.stop()
-        floor = floor_section(engine, concurrent["runs"], args.num_prefixes, read_bandwidth_gb_s(loaded.device))
+        bandwidth = on_worker_threads(lambda: read_bandwidth_gb_s(loaded.device))  # the threads the engine ran on
+        floor = floor_section(engine, concurrent["runs"], args.num_prefixes, bandwidth)
     apis, api_verdicts = _api_sections(args, config, loaded, workload[0][1])
     agreement, agreement_verdicts = None, {}
     if args.agreement_prompts:

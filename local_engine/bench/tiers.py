@@ -161,10 +161,12 @@ def verdicts(ttft_p50: dict, restart_share: float) -> dict:
 
 def run_tiers_benchmark(args: argparse.Namespace) -> int:
     from local_engine.bench.engine import system_prompt
+    from local_engine.engine.compute_threads import serialize_caller
     from local_engine.model.loader import load_model, resolve_device
 
     from prefixscope.progress import progress
 
+    serialize_caller()  # torch's threads are the engine worker's, as in `prefixscope engine`
     with progress(f"bench tiers: loading {args.model}"):
         loaded = load_model(args.model, resolve_device(args.device))
     tokenizer, repeats = loaded.tokenizer, args.repeats

@@ -24,6 +24,7 @@ from local_engine.cache.protocol import PrefixCache
 from local_engine.cache.tiers.cleaner import CLEAN_CHUNK_TOKENS
 from local_engine.cache.tiers import RETENTION_CLASSES, TierTokens
 from local_engine.config import DEFAULT_KV_CACHE_TOKENS, EngineConfig
+from local_engine.engine.compute_threads import claim_worker_threads
 from local_engine.engine.counters import EngineCounters
 from local_engine.engine.types import Finished, GenerationRequest, MatchReport, RequestHandle, TokenDelta
 from local_engine.engine.kv_tiers import build_tier_store, tiers_summary
@@ -170,6 +171,7 @@ class Engine:
     # ---- worker thread ------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        claim_worker_threads()
         while True:
             if self._idle() and self._clean_while_idle():
                 continue  # copied some KV down; look for requests before the next piece
