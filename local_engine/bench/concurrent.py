@@ -4,7 +4,7 @@ K system prompts of 1.5-2k tokens; each request is one of them plus a short dist
 requests in flight at a time (closed loop) for C in `--concurrency`, and for each `--bench-max-tokens`. The
 prompts are computed once before the runs, so the runs measure serving shared prefixes from cache, as agents and
 support bots do. Reports per run: requests/s, output tokens/s, TTFT and inter-token latency percentiles (measured
-by the client, from submit), the cached share of prompt tokens, and the memory growth during the run next to the KV
+by the client, from submit), the worker's decode steps phase by phase, the cached share of prompt tokens, and the memory growth during the run next to the KV
 pool's bytes (a per-request copy of the KV would show up as growth beyond the pool). The growth is measured where the
 pool lives: on CUDA, the device's allocated bytes (`torch.cuda.max_memory_allocated`, reset at the run's start); on
 the CPU, the process's resident set size. The host RSS is reported in both cases.
@@ -17,6 +17,7 @@ import asyncio
 import os
 import threading
 import time
+from dataclasses import replace
 
 from local_engine.bench.engine import percentile, system_prompt
 from prefixscope.progress import Progress, progress
@@ -130,6 +131,7 @@ def measure_concurrency(engine, tokenizer, prompts, concurrency: int, max_tokens
     requests = [request_token_ids(tokenizer, prompts, offset + i) for i in range(num_requests)]
     label = f"bench engine: C={concurrency} max_tokens={max_tokens}"
     memory_source, memory = kv_memory_probe(engine.pool.config.device)
+    phases_before = replace(engine.counters.decode_steps)
     with _PeakRss() as rss, memory, progress(label, total=num_requests, unit="requests") as bar:
         started = time.perf_counter()
         results = asyncio.run(_run(engine, requests, concurrency, max_tokens, bar))
@@ -150,6 +152,8 @@ def measure_concurrency(engine, tokenizer, prompts, concurrency: int, max_tokens
         "ttft_p99_ms": _ms(percentile(ttft, 0.99)),
         "itl_p50_ms": _ms(percentile(itl, 0.5)),
         "itl_p99_ms": _ms(percentile(itl, 0.99)),
+        # The worker's decode-only steps, phase by phase (local_engine.engine.counters.DecodeStepPhases).
+        "decode_step_ms": engine.counters.decode_steps.since(phases_before).per_step_ms(),
         "cached_share_of_prompt_tokens": round(cached_tokens / prompt_tokens, 4) if prompt_tokens else None,
         "prompt_tokens_mean": round(prompt_tokens / num_requests, 1),
         "cached_tokens_mean": round(cached_tokens / num_requests, 1),

@@ -11,6 +11,43 @@ from local_engine.telemetry.vllm_metrics import ServingHistograms
 
 
 @dataclass
+class DecodeStepPhases:
+    """Where the worker's time went in decode-only steps (every running request one token, no prefill), in
+    seconds summed over `steps`: choosing the batch (`schedule`: cancellations, the scheduler, admissions), the
+    forward pass (`forward`: building the batch's tensors, the model, attention), drawing the tokens (`sample`), and
+    handing them to their requests (`emit`: detokenizing, stop strings, the stream's queue)."""
+
+    steps: int = 0
+    schedule_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+    emit_s: float = 0.0
+
+    def add(self, schedule_s: float, forward_s: float, sample_s: float, emit_s: float) -> None:
+        self.steps += 1
+        self.schedule_s += schedule_s
+        self.forward_s += forward_s
+        self.sample_s += sample_s
+        self.emit_s += emit_s
+
+    def since(self, earlier: DecodeStepPhases) -> DecodeStepPhases:
+        """The steps taken since `earlier` (a copy of these counters taken then)."""
+        return DecodeStepPhases(self.steps - earlier.steps, self.schedule_s - earlier.schedule_s,
+                                self.forward_s - earlier.forward_s, self.sample_s - earlier.sample_s,
+                                self.emit_s - earlier.emit_s)
+
+    def per_step_ms(self) -> dict:
+        """Milliseconds per step of each phase and of the whole step, or {} before any step."""
+        if not self.steps:
+            return {}
+        phases = {"schedule": self.schedule_s, "forward": self.forward_s, "sample": self.sample_s,
+                  "emit": self.emit_s}
+        per_step = {name: round(seconds * 1000 / self.steps, 3) for name, seconds in phases.items()}
+        per_step["step"] = round(sum(phases.values()) * 1000 / self.steps, 3)
+        return per_step
+
+
+@dataclass
 class EngineCounters:
     """Written by the worker thread only; readers tolerate a value that is one request stale."""
 
@@ -26,6 +63,7 @@ class EngineCounters:
     decode_s: float = 0.0
     engine_busy_s: float = 0.0
     preemptions: int = 0  # running requests sent back to the queue because the pool ran dry
+    decode_steps: DecodeStepPhases = field(default_factory=DecodeStepPhases)
     # Latency histograms under vLLM's names (`local_engine.telemetry.vllm_metrics`).
     serving: ServingHistograms = field(default_factory=ServingHistograms)
 

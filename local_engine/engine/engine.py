@@ -221,13 +221,14 @@ class Engine:
 
     def step(self) -> None:
         """One scheduling decision and one forward pass (the worker's loop body; tests may drive it directly)."""
+        started = time.perf_counter()
         for sequence in list(self.scheduler.running) + list(self.scheduler.waiting):
             if sequence.handle.cancelled:
                 self._finish(sequence, "cancelled")
         plan = self.scheduler.schedule()
         self._apply_admissions(plan)
         if plan.chunks:
-            self._forward(plan)
+            self._forward(plan, schedule_s=time.perf_counter() - started)
         self.num_steps += 1
 
     def _apply_admissions(self, plan: StepPlan) -> None:
@@ -246,7 +247,7 @@ class Engine:
                 sequence.handle._resolve_report(report)
         self.counters.preemptions += len(plan.preempted)
 
-    def _forward(self, plan: StepPlan) -> None:
+    def _forward(self, plan: StepPlan, schedule_s: float) -> None:
         chunks = []
         for sequence, num_tokens in plan.chunks:
             start = sequence.num_computed_tokens
@@ -276,10 +277,15 @@ class Engine:
             rows.append(row)
             groups.append([sequence] + self.scheduler.start_forks(sequence))
         samplers = [[s.sampler for s in group] for group in groups]
+        sampling_started = time.perf_counter()
         drawn = sample_rows(step.logits[rows], samplers, self.sequences.grammar_masks)
+        emit_started = time.perf_counter()
         for group, tokens in zip(groups, drawn):
             for sequence, token in zip(group, tokens):
                 self._accept_token(sequence, token)
+        if not num_prefill:
+            self.counters.decode_steps.add(schedule_s, elapsed, emit_started - sampling_started,
+                                           time.perf_counter() - emit_started)
 
     def _accept_token(self, sequence: Sequence, sampled: SampledToken) -> None:
         token_id = sampled.token_id

@@ -222,3 +222,22 @@ def test_requests_of_different_sizes_share_steps(make_engine):
     assert engine.num_steps < sum(m for _, m in sizes)
     assert not hasattr(engine.runner, "_idle_buffers")  # no per-request working copy of the KV exists
     engine.check_integrity()
+
+
+def test_decode_steps_are_counted_phase_by_phase(make_engine):
+    engine = make_engine(kv_cache_tokens=4096)
+
+    async def scenario():
+        await asyncio.gather(*(run_to_end(engine, GenerationRequest(prompt(seed), GREEDY)) for seed in (1, 2)))
+
+    asyncio.run(scenario())
+    phases = engine.counters.decode_steps
+    # Each request's prompt step samples its first token; its other 7 tokens come from decode-only steps, in which
+    # the two requests may run side by side or one after the other.
+    assert 7 <= phases.steps <= 14
+    assert min(phases.schedule_s, phases.forward_s, phases.sample_s, phases.emit_s) > 0
+    per_step = phases.per_step_ms()
+    assert set(per_step) == {"schedule", "forward", "sample", "emit", "step"}
+    parts = per_step["schedule"] + per_step["forward"] + per_step["sample"] + per_step["emit"]
+    assert per_step["step"] == pytest.approx(parts, abs=0.01)
+    assert phases.since(phases).steps == 0 and phases.since(type(phases)()).steps == phases.steps
