@@ -36,11 +36,12 @@ def serve(config: GatewayConfig, database_url: str, *, log_level: str = "info") 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     loop, http = best_loop_and_http()
     log.info(
-        "gateway on http://%s:%d -> %s (database %s)",
+        "gateway on http://%s:%d -> %s (database %s; traces %s)",
         config.host,
         config.port,
         ", ".join(f"{u.name}={u.url} [{u.kind}]" for u in config.upstreams),
         database_url.split("@")[-1],
+        f"to {config.telemetry.otlp_endpoint}" if config.telemetry.otlp_endpoint else "off",
     )
     uvicorn.run(
         app,

@@ -50,6 +50,9 @@ ENV_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
 ENV_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
 ENV_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
 ENV_TRACES_TIMEOUT = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
+ENV_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+ENV_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+EXPORT_PROTOCOL = "http/protobuf"  # the only OTLP transport prefixscope speaks
 ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
 ENV_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
@@ -115,7 +118,9 @@ def tracing_disabled(env: Mapping[str, str]) -> bool:
 
 def export_from_env(env: Mapping[str, str], default_service_name: str) -> TraceExport | None:
     """The export the standard OpenTelemetry environment variables ask for, or None when they name no endpoint or
-    turn tracing off. Raises ValueError on malformed headers or a timeout that is not a positive number of ms."""
+    turn tracing off. Raises ValueError on malformed headers, a timeout that is not a positive number of ms, or a
+    protocol other than http/protobuf (`OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`: a gRPC collector port would only
+    fail every export)."""
     if tracing_disabled(env):
         return None
     url = env.get(ENV_TRACES_ENDPOINT, "").strip()
@@ -124,6 +129,10 @@ def export_from_env(env: Mapping[str, str], default_service_name: str) -> TraceE
         if not base:
             return None
         url = traces_url(base)
+    protocol = (env.get(ENV_TRACES_PROTOCOL) or env.get(ENV_PROTOCOL) or EXPORT_PROTOCOL).strip().lower()
+    if protocol != EXPORT_PROTOCOL:
+        raise ValueError(f"OTLP protocol {protocol!r} is not supported: spans are exported as {EXPORT_PROTOCOL} "
+                         f"(point the endpoint at the collector's OTLP/HTTP port, 4318 by default)")
     headers = parse_headers(env.get(ENV_TRACES_HEADERS) or env.get(ENV_HEADERS) or "")
     service_name = env.get(ENV_SERVICE_NAME, "").strip() or default_service_name
     timeout_ms = (env.get(ENV_TRACES_TIMEOUT) or env.get(ENV_TIMEOUT) or "").strip()

@@ -113,6 +113,18 @@ def test_telemetry_settings_and_the_standard_environment():
         with_environment(
             TelemetrySettings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_EXPORTER_OTLP_HEADERS": "bad"}
         )
+    # The environment's timeout wins over the file's export_timeout_s; without one the file's stays.
+    assert from_env.export_timeout_s == settings.telemetry.export_timeout_s
+    timed = with_environment(settings.telemetry, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318",
+                                                  "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1500"})
+    assert timed.export_timeout_s == 1.5 and timed.trace_export().export_timeout_s == 1.5
+    # Spans go out as OTLP/HTTP protobuf only: a gRPC (or JSON) protocol is refused rather than failing every export.
+    assert export_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+                           "s").traces_url == "http://x/v1/traces"
+    for protocol in ("grpc", "http/json"):
+        with pytest.raises(ConfigError, match="4318"):
+            with_environment(TelemetrySettings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317",
+                                                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol})
 
 
 def test_tenant_hit_counters_are_pairs_over_the_same_requests():
