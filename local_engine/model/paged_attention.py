@@ -13,12 +13,14 @@ of packed tokens and context slots.
 Decode sequences whose slot tables begin with the same run of at least MIN_SHARED_PREFIX slots (sequences on one
 cached system prompt) are attended as a cascade group instead (local_engine.model.cascade_attention): the shared prefix
 is read (as views of its long runs of slots) and scored once for the whole group, every row's own suffix in one
-padded pass, and the parts merged exactly; a row alone on a long run of slots is a group of its own. On
+padded pass, and the parts merged exactly; in float32, a row alone on a long run of slots is a group of its own. On
 CPU (one thread, fp32, one layer of SmolLM2's shape: 9 heads, 3 KV heads, head_dim 64), with every sequence on a
 shared 1,700-token prefix plus 1-40 tokens of its own, one decode attention call took, best of 25 (median in
 brackets), 14.0-15.8 ms (25 ms) for 8 sequences and 76-90 ms (83-111 ms) for 32 on the padded path, against
 2.3-2.5 ms (2.6-3.4 ms) and 4.1-4.3 ms (4.5-8.7 ms) as a cascade group; finding the groups costs 0.2-1.2 ms once
-per step in build_paged_batch.
+per step in build_paged_batch. A row alone stays on the padded path in bf16: on 2 threads, 30 layers of one row on a
+1,800-token run plus 30 slots of its own took 13.9 ms gathered against 17.5 ms as a group of one (and 19.9 against
+30.2 ms for two rows on different prompts); in float32, 24.5 against 22.6 ms.
 """
 
 from __future__ import annotations
@@ -109,12 +111,13 @@ def build_paged_batch(
         groups = [(rows, length, None) for rows, length in shared]
         grouped = {row for rows, _ in shared for row in rows}
         plain = []
+        alone_as_group = pool.k.dtype == torch.float32
         for row in range(num_decode):
             if row in grouped:
                 continue
-            # A row alone on a context with a long run of slots is a group of its own, so that run is read as a
-            # view instead of gathered.
-            runs = split_runs(slot_tables[row][:-1])
+            # In float32, a row alone on a context with a long run of slots is a group of its own, so that run is
+            # read as a view instead of gathered. In bf16 the gather costs half as much and the padded path wins.
+            runs = split_runs(slot_tables[row][:-1]) if alone_as_group else ((), None)
             if runs[0]:
                 groups.append(([row], len(slot_tables[row]) - 1, runs))
             else:

@@ -88,6 +88,29 @@ def test_cascade_equals_the_padded_path_and_per_sequence_attention():
         assert (cascade_out[row] - alone).abs().max() <= 1e-5
 
 
+def test_in_bf16_rows_alone_are_gathered_and_groups_stay():
+    tables, counts = mixed_tables()
+    torch.manual_seed(0)
+    pool = KVPool(KVPoolConfig(1, NUM_KV_HEADS, HEAD_DIM, torch.bfloat16, torch.device("cpu")), 1000)
+    pool.k.normal_()
+    pool.v.normal_()
+    total = sum(counts)
+    query = torch.randn(1, NUM_HEADS, total, HEAD_DIM, dtype=torch.bfloat16)
+    key = torch.randn(1, NUM_KV_HEADS, total, HEAD_DIM, dtype=torch.bfloat16)
+    value = torch.randn(1, NUM_KV_HEADS, total, HEAD_DIM, dtype=torch.bfloat16)
+    batch = build_paged_batch(pool, tables, counts, 8)
+    out = paged_attention(batch, 0, query, key, value, SCALING)[0]
+    assert batch.cascade.rows.tolist() == [0, 1, 2, 3, 5]  # the two shared groups
+    assert batch.decode_rows.tolist() == [4, 6, 7]  # rows alone: the padded path
+    for row, table in enumerate(tables[:8]):
+        keys = pool.k[0][table].float().transpose(0, 1).unsqueeze(0)
+        values = pool.v[0][table].float().transpose(0, 1).unsqueeze(0)
+        alone = F.scaled_dot_product_attention(
+            query[:, :, row : row + 1].float(), keys, values, scale=SCALING, enable_gqa=True
+        )[0, :, 0]
+        assert (out[row].float() - alone).abs().max() <= 0.02  # bf16's rounding of the output
+
+
 def test_a_batch_made_only_of_one_group_and_long_prefixes():
     prefix = torch.arange(1700)
     tables = [torch.cat([prefix, torch.arange(2000 + 50 * i, 2000 + 50 * i + 1 + i)]) for i in range(8)]
