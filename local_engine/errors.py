@@ -53,6 +53,12 @@ class CapacityExceeded(EngineError):
     status_code = 503
     error_type = "server_overloaded"
 
+    @classmethod
+    def pool_too_small(cls, num_tokens: int, num_slots: int) -> CapacityExceeded:
+        """A request of `num_tokens` tokens that a pool of `num_slots` slots can never hold."""
+        return cls(f"the request needs {num_tokens} KV slots but the pool holds {num_slots} and it cannot fit even "
+                   f"with every unused prefix evicted", code="kv_cache_full")
+
 
 class EngineStopped(EngineError):
     status_code = 503

@@ -151,7 +151,7 @@ class Engine:
             raise InvalidRequest(f"cache_retention must be one of {list(RETENTION_CLASSES)}", param="cache_retention")
         self.check_fits_window(len(request.prompt_token_ids), request.sampling.max_tokens)
         if len(request.prompt_token_ids) > self.allocator.num_slots:
-            raise _too_big(len(request.prompt_token_ids), self.allocator.num_slots)
+            raise CapacityExceeded.pool_too_small(len(request.prompt_token_ids), self.allocator.num_slots)
         handle = RequestHandle(asyncio.get_running_loop(), num_sequences=request.sampling.num_sequences)
         sequence = await self.sequences.build(request, handle)
         with self._wakeup:
@@ -233,7 +233,7 @@ class Engine:
 
     def _apply_admissions(self, plan: StepPlan) -> None:
         for sequence in plan.rejected:
-            self._fail(sequence, _too_big(len(sequence.token_ids), self.allocator.num_slots))
+            self._fail(sequence, CapacityExceeded.pool_too_small(len(sequence.token_ids), self.allocator.num_slots))
         for sequence, match in plan.admitted:
             if sequence.num_preemptions == 0:
                 sequence.matched_tokens = match.matched_tokens
@@ -397,11 +397,3 @@ class Engine:
         with self.tree_lock:
             held = self.kv.num_slots_outside_tree(self.scheduler.running)
             self.cache.check_integrity(num_slots_outside_tree=held)
-
-
-def _too_big(num_tokens: int, num_slots: int) -> CapacityExceeded:
-    return CapacityExceeded(
-        f"the request needs {num_tokens} KV slots but the pool holds {num_slots} and it cannot fit even with every "
-        f"unused prefix evicted",
-        code="kv_cache_full",
-    )

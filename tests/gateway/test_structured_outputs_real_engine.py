@@ -15,7 +15,7 @@ import openai
 import pytest
 from gateway_testkit import gateway_config, running_gateway
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from real_engine_kit import MODEL
 
 from gateway.config import UpstreamConfig
@@ -24,6 +24,10 @@ pytestmark = pytest.mark.real_model
 
 
 class Shipment(BaseModel):
+    # No keys beyond these (`additionalProperties: false`): without it the schema admits any other key, and the
+    # constrained answer may spend its max_tokens on keys the model invents.
+    model_config = ConfigDict(extra="forbid")
+
     city: str
     delivered: bool
     days: int

@@ -1,4 +1,5 @@
-"""Weights packed once for oneDNN give what `F.linear` gives, bit for bit, for any number of rows."""
+"""Weights packed once for oneDNN give what `F.linear` gives: bit for bit up to EXACT_ROWS rows, and beyond them within
+one bf16 rounding of each output (oneDNN may sum a long batch in another order for the two layouts)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,30 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from local_engine.model.packed_linear import PackedLinear, packs
+from local_engine.model.packed_linear import EXACT_ROWS, PackedLinear, packs
+
+_BF16_STEP = 2.0**-7  # one rounding step of bf16, relative to the value
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, rows: int) -> bool:
+    if rows <= EXACT_ROWS:
+        return torch.equal(a, b)
+    # The two kernels' fp32 sums differ in their last bits, so a rounding to bf16 may fall one step apart.
+    return bool(((a.float() - b.float()).abs() <= _BF16_STEP * b.float().abs() + 1e-4).all())
 
 
 @pytest.mark.skipif(not packs(torch.zeros(1, dtype=torch.bfloat16)), reason="oneDNN computes no bf16 on this CPU")
-@pytest.mark.parametrize("rows", [1, 2, 8, 33])
-def test_a_packed_bf16_weight_gives_f_linear_outputs_bit_for_bit(rows):
+@pytest.mark.parametrize("rows", [1, 2, 8, EXACT_ROWS, 33, 512])
+def test_a_packed_bf16_weight_gives_f_linear_outputs(rows):
     generator = torch.Generator().manual_seed(rows)
     weight = (torch.randn(960, 576, generator=generator) * 0.05).to(torch.bfloat16)
     linear = PackedLinear(weight)
     assert linear.packed is not None and linear.out_features == 960
     for scale in (0.1, 1.0, 30.0):
         x = (torch.randn(rows, 576, generator=generator) * scale).to(torch.bfloat16)
-        assert torch.equal(linear(x), F.linear(x, weight))
+        assert _same(linear(x), F.linear(x, weight), rows)
     x = torch.randn(1, rows, 576, generator=generator).to(torch.bfloat16)  # [batch, tokens, features]
-    assert torch.equal(linear(x), F.linear(x, weight))
+    assert _same(linear(x), F.linear(x, weight), rows)
 
 
 def test_float32_weights_are_not_packed():
