@@ -225,16 +225,23 @@ def test_requests_of_different_sizes_share_steps(make_engine):
 
 
 def test_decode_steps_are_counted_phase_by_phase(make_engine):
-    engine = make_engine(kv_cache_tokens=4096)
+    alone, together = make_engine(kv_cache_tokens=4096), make_engine(kv_cache_tokens=4096)
 
-    async def scenario():
-        await asyncio.gather(*(run_to_end(engine, GenerationRequest(prompt(seed), GREEDY)) for seed in (1, 2)))
+    async def one():
+        await run_to_end(alone, GenerationRequest(prompt(1), GREEDY))
 
-    asyncio.run(scenario())
-    phases = engine.counters.decode_steps
-    # Each request's prompt step samples its first token; its other 7 tokens come from decode-only steps, in which
-    # the two requests may run side by side or one after the other.
-    assert 7 <= phases.steps <= 14
+    async def two():
+        await asyncio.gather(*(run_to_end(together, GenerationRequest(prompt(seed), GREEDY)) for seed in (2, 3)))
+
+    asyncio.run(one())
+    asyncio.run(two())
+    for engine in (alone, together):
+        engine.stop()  # the worker counts a step after handing out its tokens: read the counters once it is done
+    # A request's prompt step samples its first token; its other 7 come from decode-only steps, which two requests
+    # share in some steps and take alone in others.
+    assert alone.counters.decode_steps.steps == 7
+    assert 7 <= together.counters.decode_steps.steps <= 14
+    phases = together.counters.decode_steps
     assert min(phases.schedule_s, phases.forward_s, phases.sample_s, phases.emit_s) > 0
     per_step = phases.per_step_ms()
     assert set(per_step) == {"schedule", "forward", "sample", "emit", "step"}
