@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -116,11 +116,12 @@ def tracing_disabled(env: Mapping[str, str]) -> bool:
             or env.get(ENV_TRACES_EXPORTER, "").strip().lower() == "none")
 
 
-def export_from_env(env: Mapping[str, str], default_service_name: str) -> TraceExport | None:
+def export_from_env(env: Mapping[str, str], default_service_name: str,
+                    default_timeout_s: float | None = None) -> TraceExport | None:
     """The export the standard OpenTelemetry environment variables ask for, or None when they name no endpoint or
     turn tracing off. Raises ValueError on malformed headers, a timeout that is not a positive number of ms, or a
     protocol other than http/protobuf (`OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`: a gRPC collector port would only
-    fail every export)."""
+    fail every export). Without a timeout variable the export keeps `default_timeout_s` (None: TraceExport's)."""
     if tracing_disabled(env):
         return None
     url = env.get(ENV_TRACES_ENDPOINT, "").strip()
@@ -137,7 +138,8 @@ def export_from_env(env: Mapping[str, str], default_service_name: str) -> TraceE
     service_name = env.get(ENV_SERVICE_NAME, "").strip() or default_service_name
     timeout_ms = (env.get(ENV_TRACES_TIMEOUT) or env.get(ENV_TIMEOUT) or "").strip()
     if not timeout_ms:
-        return TraceExport(traces_url=url, service_name=service_name, headers=headers)
+        export = TraceExport(traces_url=url, service_name=service_name, headers=headers)
+        return export if default_timeout_s is None else replace(export, export_timeout_s=default_timeout_s)
     try:
         timeout_s = float(timeout_ms) / 1000
     except ValueError:

@@ -72,23 +72,21 @@ def parse_telemetry_settings(values: dict[str, Any]) -> TelemetrySettings:
 def with_environment(settings: TelemetrySettings, env: Mapping[str, str]) -> TelemetrySettings:
     """`settings` with the standard OpenTelemetry environment variables applied (they win over the file).
     Raises `ConfigError` on malformed `OTEL_EXPORTER_OTLP_HEADERS` or timeout, or an unsupported protocol."""
-    from prefixscope.tracing import (ENV_SERVICE_NAME, ENV_TIMEOUT, ENV_TRACES_TIMEOUT, export_from_env,
-                                     tracing_disabled)
+    from prefixscope.tracing import ENV_SERVICE_NAME, export_from_env, tracing_disabled
 
     if tracing_disabled(env):
         return replace(settings, otlp_endpoint=None)
     try:
-        export = export_from_env(env, settings.service_name)
+        export = export_from_env(env, settings.service_name, settings.export_timeout_s)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if export is None:
         service_name = env.get(ENV_SERVICE_NAME, "").strip() or settings.service_name
         return replace(settings, service_name=service_name)
-    timeout_given = bool((env.get(ENV_TRACES_TIMEOUT) or env.get(ENV_TIMEOUT) or "").strip())
     return replace(
         settings,
         otlp_endpoint=export.traces_url,
         service_name=export.service_name,
         headers={**settings.headers, **export.headers},
-        export_timeout_s=export.export_timeout_s if timeout_given else settings.export_timeout_s,
+        export_timeout_s=export.export_timeout_s,
     )

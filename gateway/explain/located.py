@@ -20,10 +20,11 @@ everything before that segment:
      (only dates, ids or numbers differ), else `tools_changed` / `system_changed` / `messages_changed` by segment.
      The same segment text sent before but not matched: `evicted` (dropped without a trace in the ghost index).
      Never `new_prefix`: part of the prompt was cached.
-   A page-aligned match may end a segment or more before the content differs: when the engine says where the
-   tokens computed before end (`seen_segment`, `seen_char_offset`), that is the location and the segment compared. Before all of these: the previous answer re-sent differently (`answer_rewritten`), when the
-   conversation says so (at the rewrite's segment and offset) or when the tokens computed before end inside a
-   message the earlier request did not send and the final turn does not hold (the answer it returned).
+   A page-aligned match may end a segment or more before the content differs: when the engine says where the tokens
+   computed before end (`seen_segment`, `seen_char_offset`), that is the location and the segment compared. Before all
+   of these: the previous answer re-sent differently (`answer_rewritten`), when the conversation says so (at the
+   rewrite's segment and offset) or when the tokens computed before end inside a message the earlier request did not
+   send and the final turn does not hold (the answer it returned).
 4. Nothing beyond the template's opening matched: when the engine says what was computed before and a page more
    could not have been matched from it (a shared opening shorter than a page), `below_page`; else the history method
    (`reasons.classify` on `compare`) decides, with a zero match: `new_prefix` when nothing earlier is like it (at the

@@ -3,11 +3,11 @@
 K system prompts of 1.5-2k tokens; each request is one of them plus a short distinct question, streamed, with C
 requests in flight at a time (closed loop) for C in `--concurrency`, and for each `--bench-max-tokens`. The
 prompts are computed once before the runs, so the runs measure serving shared prefixes from cache, as agents and
-support bots do. Reports per run: requests/s, output tokens/s, TTFT and inter-token latency percentiles (measured
-by the client, from submit), the worker's decode steps phase by phase, the cached share of prompt tokens, and the memory growth during the run next to the KV
-pool's bytes (a per-request copy of the KV would show up as growth beyond the pool). The growth is measured where the
-pool lives: on CUDA, the device's allocated bytes (`torch.cuda.max_memory_allocated`, reset at the run's start); on
-the CPU, the process's resident set size. The host RSS is reported in both cases.
+support bots do. Reports per run: requests/s, output tokens/s, TTFT and inter-token latency percentiles (measured by the
+client, from submit), the worker's decode steps phase by phase, the cached share of prompt tokens, and the memory growth
+during the run next to the KV pool's bytes (a per-request copy of the KV would show up as growth beyond the pool). The
+growth is measured where the pool lives: on CUDA, the device's allocated bytes (`torch.cuda.max_memory_allocated`, reset
+at the run's start); on the CPU, the process's resident set size. The host RSS is reported in both cases.
 Progress goes to stderr through `prefixscope.progress`, like every other benchmark's.
 """
 

@@ -4,13 +4,13 @@ For a bfloat16 (or float16) `F.linear` on the CPU, torch calls oneDNN, which fir
 blocked layout on every call: a decode step then reads each weight twice and writes it once. Reordered once at start
 (`torch.ops.mkldnn._reorder_linear_weight`, the layout torch.compile's CPU backend packs linear weights into) and
 multiplied through `torch.ops.mkldnn._linear_pointwise`, the same oneDNN kernel runs without that pass and gives the
-same outputs bit for bit for up to EXACT_ROWS input rows (decode steps, short chunks). On one core of a 2-core AMD
-EPYC (AVX512-BF16), 30 bf16 weights of 3072x576 took 10.3 ms against 15.1 ms for one input row, 9.7 against 17.5 for
-8 rows, and 276 against 296 for 512, with no output differing. On a CPU with AMX (a 2-core Xeon), oneDNN picks other
-kernels for the packed and the plain weight above 32 rows, which sum in another order: some outputs then differ by
-one bf16 rounding step (at most 0.0156 on outputs up to about 4, rows 33-512), while the packed weight stays 15-25%
-faster (2 threads, 30 weights of 3072x576: 12.7 against 15.8 ms at 33 rows, 39.4 against 45.8 at 512). float32 keeps `F.linear` (MKL's SGEMM, no reorder per call; a packed fp32 weight rounds
-differently), as does every other device.
+same outputs bit for bit for up to EXACT_ROWS input rows (decode steps, short chunks). On one core of a 2-core AMD EPYC
+(AVX512-BF16), 30 bf16 weights of 3072x576 took 10.3 ms against 15.1 ms for one input row, 9.7 against 17.5 for 8 rows,
+and 276 against 296 for 512, with no output differing. On a CPU with AMX (a 2-core Xeon), oneDNN picks other kernels for
+the packed and the plain weight above 32 rows, which sum in another order: some outputs then differ by one bf16 rounding
+step (at most 0.0156 on outputs up to about 4, rows 33-512), while the packed weight stays 15-25% faster (2 threads, 30
+weights of 3072x576: 12.7 against 15.8 ms at 33 rows, 39.4 against 45.8 at 512). float32 keeps `F.linear` (MKL's SGEMM,
+no reorder per call; a packed fp32 weight rounds differently), as does every other device.
 
 The packed copy is held beside the plain weight, which the model's own modules keep using: the weights' memory is
 held twice on the CPU in reduced precision.
