@@ -9,8 +9,9 @@ same outputs bit for bit for up to EXACT_ROWS input rows (decode steps, short ch
 and 276 against 296 for 512, with no output differing. On a CPU with AMX (a 2-core Xeon), oneDNN picks other kernels for
 the packed and the plain weight above 32 rows, which sum in another order: some outputs then differ by one bf16 rounding
 step (at most 0.0156 on outputs up to about 4, rows 33-512), while the packed weight stays 15-25% faster (2 threads, 30
-weights of 3072x576: 12.7 against 15.8 ms at 33 rows, 39.4 against 45.8 at 512). float32 keeps `F.linear` (MKL's SGEMM,
-no reorder per call; a packed fp32 weight rounds differently), as does every other device.
+weights of 3072x576: 12.7 against 15.8 ms at 33 rows, 39.4 against 45.8 at 512). float32 goes through the CPU kernels
+of local_engine.model.cpu_kernels for up to their MAX_ROWS rows where they run, else `F.linear` (MKL's SGEMM, no
+reorder per call), as does every other device.
 
 The packed copy is held beside the plain weight, which the model's own modules keep using: the weights' memory is
 held twice on the CPU in reduced precision.
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from local_engine.model import cpu_kernels
 
 _PACKING_HINT_ROWS = 1  # the batch-size hint of the reorder; the packed weight serves any number of rows
 EXACT_ROWS = 32  # up to this many rows, outputs equal F.linear's bit for bit on every CPU measured
@@ -44,12 +47,15 @@ class PackedLinear:
         self.weight = weight
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKING_HINT_ROWS)
                        if packs(weight) else None)
+        self.native = cpu_kernels.runs(weight)
 
     @property
     def out_features(self) -> int:
         return self.weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native and x.dim() == 2 and x.shape[0] <= cpu_kernels.MAX_ROWS and x.dtype == torch.float32:
+            return cpu_kernels.linear(x.contiguous(), self.weight)
         if self.packed is None or not torch._C._get_mkldnn_enabled():
             return F.linear(x, self.weight)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")

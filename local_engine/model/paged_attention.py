@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from local_engine.cache import KVPool
+from local_engine.model import cpu_kernels
 from local_engine.model.flashinfer_attention import FlashInferAttention, PageTable, build_page_table
 from local_engine.model.cascade_attention import (
     MIN_SHARED_PREFIX,
@@ -85,6 +86,8 @@ class PagedBatch:
     # With a FlashInfer kernel every row is attended by it through `page_table` instead of the torch paths above.
     kernel: FlashInferAttention | None = None
     page_table: PageTable | None = None
+    # float32 on a CPU with local_engine.model.cpu_kernels: every decode row is attended by its kernel instead.
+    decode_plan: cpu_kernels.DecodePlan | None = None
 
 
 def build_paged_batch(
@@ -105,6 +108,12 @@ def build_paged_batch(
         return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, None, None, (),
                           kernel=kernel, page_table=build_page_table(slot_tables, num_query_tokens))
     decode_slots = decode_mask = decode_rows = cascade = None
+    if num_decode and device.type == "cpu" and pool.k.dtype == torch.float32 and cpu_kernels.available():
+        tables = slot_tables[:num_decode]
+        shared = (find_shared_prefixes(tables, min_shared_prefix)
+                  if num_decode > 1 and min_shared_prefix is not None else [])
+        return PagedBatch(pool, write_slots, num_decode, None, None, _prefill_chunks(slot_tables, num_query_tokens,
+                          num_decode, device), decode_plan=cpu_kernels.plan_decode(tables, shared))
     plain = list(range(num_decode))
     if num_decode and min_shared_prefix is not None:
         shared = find_shared_prefixes(slot_tables[:num_decode], min_shared_prefix) if num_decode > 1 else []
@@ -137,6 +146,13 @@ def build_paged_batch(
         if min(lengths) != longest:
             real = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
             decode_mask = real.view(len(plain), 1, 1, longest).to(device, non_blocking=True)
+    return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, decode_slots, decode_mask,
+                      _prefill_chunks(slot_tables, num_query_tokens, num_decode, device), decode_rows, cascade)
+
+
+def _prefill_chunks(slot_tables: list[torch.Tensor], num_query_tokens: list[int], num_decode: int,
+                    device: torch.device) -> tuple[ChunkAttention, ...]:
+    """The ChunkAttention of every sequence after the first `num_decode`, in packed order."""
     chunks, start = [], num_decode
     for table, n in zip(slot_tables[num_decode:], num_query_tokens[num_decode:]):
         context = len(table)
@@ -146,8 +162,7 @@ def build_paged_batch(
             mask = torch.ones(n, context, dtype=torch.bool).tril(diagonal=context - n).to(device, non_blocking=True)
         chunks.append(ChunkAttention(start, n, table.to(device, non_blocking=True), mask, contiguous_start(table)))
         start += n
-    return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, decode_slots, decode_mask,
-                      tuple(chunks), decode_rows, cascade)
+    return tuple(chunks)
 
 
 def paged_attention(
@@ -173,6 +188,9 @@ def paged_attention(
         cascade_queries = queries.index_select(0, rows).to(pool_k.dtype)  # [R, num_heads, head_dim]
         attended = cascade_attention(pool_k, pool_v, batch.cascade, cascade_queries, scaling)
         out.index_copy_(0, rows, attended.to(out.dtype))
+    if batch.decode_plan is not None:
+        rows = batch.decode_plan.rows
+        out[:rows] = cpu_kernels.decode_attention(queries[:rows], pool_k, pool_v, batch.decode_plan, scaling)
     if batch.decode_slots is not None:
         rows, longest = batch.decode_slots.shape
         flat = batch.decode_slots.view(-1)

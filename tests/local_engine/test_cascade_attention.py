@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from local_engine.model import paged_attention as paged_attention_module
+from local_engine.model import cpu_kernels, paged_attention as paged_attention_module
 from local_engine.cache.kv_pool import KVPool, KVPoolConfig
 from local_engine.model.cascade_attention import SlotRead, cascade_attention, find_shared_prefixes, split_runs
 from local_engine.engine.types import GenerationRequest
@@ -20,6 +20,13 @@ from .test_batching import token_ids
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64
 SCALING = HEAD_DIM**-0.5
+
+
+@pytest.fixture(autouse=True)
+def torch_attention(monkeypatch):
+    """These tests are of the torch paths, which float32 decode rows take where the CPU kernels do not run
+    (tests/local_engine/test_cpu_kernels.py compares the kernel with them)."""
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
 
 
 def mixed_tables() -> tuple[list[torch.Tensor], list[int]]:

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from local_engine.model import cpu_kernels
 from local_engine.model.packed_linear import EXACT_ROWS, PackedLinear, packs
 
 _BF16_STEP = 2.0**-7  # one rounding step of bf16, relative to the value
@@ -34,8 +35,13 @@ def test_a_packed_bf16_weight_gives_f_linear_outputs(rows):
 
 
 def test_float32_weights_are_not_packed():
+    """A float32 weight goes through the CPU kernels for a few rows where they run (their own test checks their
+    values), and through F.linear, bit for bit, for more rows or without them."""
     weight = torch.randn(64, 32)
     assert not packs(weight)
     linear = PackedLinear(weight)
-    x = torch.randn(3, 32)
-    assert linear.packed is None and torch.equal(linear(x), F.linear(x, weight))
+    assert linear.packed is None and linear.native == cpu_kernels.available()
+    many = torch.randn(cpu_kernels.MAX_ROWS + 1, 32)
+    assert torch.equal(linear(many), F.linear(many, weight))
+    few = torch.randn(3, 32)
+    assert torch.allclose(linear(few), F.linear(few, weight), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,386 @@
+/*
+ * Float32 decode kernels for x86-64 CPUs with AVX2 and FMA: the small-batch matmul (x @ W^T for a few rows of x)
+ * and decode attention over the paged KV pool, both bound by memory reads.
+ *
+ * Work is split across torch's own OpenMP thread pool: the libgomp that torch loaded is found by the Python side
+ * (local_engine.model.cpu_kernels) and bound here with dlopen(RTLD_NOLOAD), and GOMP_parallel, the entry point
+ * `#pragma omp parallel` compiles to (GCC's libgomp ABI, also exported by Intel's libiomp5), is called directly.
+ * A second OpenMP runtime would give the process a second pool of spinning threads on the same cores.
+ *
+ * Every entry point takes raw addresses of contiguous float32 (and int64) tensors the caller keeps alive, and
+ * releases the GIL while it runs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+typedef int (*omp_int_fn)(void);
+
+static gomp_parallel_fn gomp_parallel = NULL;
+static omp_int_fn omp_thread_num = NULL;
+
+/* Runs fn(data, thread, num_threads) on `threads` threads of the bound pool, or inline on one. */
+typedef struct {
+    void (*fn)(void *, int, int);
+    void *data;
+    int threads;
+} parallel_call;
+
+static void parallel_trampoline(void *arg) {
+    parallel_call *call = (parallel_call *)arg;
+    call->fn(call->data, omp_thread_num(), call->threads);
+}
+
+static void run_parallel(void (*fn)(void *, int, int), void *data, int threads) {
+    if (threads <= 1 || gomp_parallel == NULL) {
+        fn(data, 0, 1);
+        return;
+    }
+    parallel_call call = {fn, data, threads};
+    gomp_parallel(parallel_trampoline, &call, (unsigned)threads, 0);
+}
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX2 static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * y[m, n] = sum_k x[m, k] * w[n, k]: x [M, K], w [N, K], y [M, N], all row-major float32.
+ * The weight's rows are read one after another, so each thread streams one linear range of memory (4-row tiles
+ * read as 4 streams gave 24 GB/s where this gives 29 on a 2-core EPYC whose torch sum reads 33). Each weight row
+ * meets up to 4 input rows at a time, 2 accumulators each; a row of more than 4 inputs is read again from L1.
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int64_t rows, n, k;
+} linear_args;
+
+AVX2 static void linear_one_row(const linear_args *a, int64_t n0, int64_t n1) {
+    const int64_t k = a->k, k32 = k & ~(int64_t)31, k8 = k & ~(int64_t)7;
+    const float *x = a->x;
+    for (int64_t n = n0; n < n1; n++) {
+        const float *w = a->w + n * k;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+               acc3 = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i < k32; i += 32) {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
+            acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), acc2);
+            acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), acc3);
+        }
+        for (; i < k8; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
+        float sum = sum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+        for (; i < k; i++) sum += x[i] * w[i];
+        a->y[n] = sum;
+    }
+}
+
+AVX2 static void linear_rows(const linear_args *a, int64_t n0, int64_t n1) {
+    const int64_t k = a->k, k16 = k & ~(int64_t)15;
+    for (int64_t n = n0; n < n1; n++) {
+        const float *w = a->w + n * k;
+        for (int64_t m0 = 0; m0 < a->rows; m0 += 4) {
+            const int64_t count = a->rows - m0 < 4 ? a->rows - m0 : 4;
+            const float *x[4];
+            for (int m = 0; m < 4; m++) x[m] = a->x + (m0 + (m < count ? m : 0)) * k; /* missing rows: repeats */
+            __m256 acc[4][2];
+            for (int m = 0; m < 4; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+            int64_t i = 0;
+            for (; i < k16; i += 16) {
+                const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+                for (int m = 0; m < 4; m++) {
+                    acc[m][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[m] + i), acc[m][0]);
+                    acc[m][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[m] + i + 8), acc[m][1]);
+                }
+            }
+            for (int m = 0; m < count; m++) {
+                float sum = sum8(_mm256_add_ps(acc[m][0], acc[m][1]));
+                for (int64_t j = i; j < k; j++) sum += x[m][j] * w[j];
+                a->y[(m0 + m) * a->n + n] = sum;
+            }
+        }
+    }
+}
+
+static void linear_part(void *data, int thread, int threads) {
+    const linear_args *a = (const linear_args *)data;
+    /* One contiguous range of the weight's rows per thread. */
+    const int64_t n0 = a->n * thread / threads, n1 = a->n * (thread + 1) / threads;
+    if (a->rows == 1) linear_one_row(a, n0, n1);
+    else linear_rows(a, n0, n1);
+}
+
+static PyObject *linear(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_ssize_t x, w, y, rows, n, k;
+    int threads;
+    if (!PyArg_ParseTuple(args, "nnnnnni", &x, &w, &y, &rows, &n, &k, &threads)) return NULL;
+    linear_args a = {(const float *)x, (const float *)w, (float *)y, rows, n, k};
+    Py_BEGIN_ALLOW_THREADS
+    run_parallel(linear_part, &a, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * exp(x) for x <= 0 in float32: Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp.
+ * ------------------------------------------------------------------------------------------------------------- */
+AVX2 static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Decode attention over the paged pool, one query token per row. q [rows, heads, head_dim]; pool_k, pool_v
+ * [num_slots, kv_heads, head_dim]; slots [rows, stride] (int64); out [rows, heads, head_dim].
+ *
+ * The work is a list of segments: segment s reads positions [t0, t1) of the slot table of row `table_row` and is
+ * attended by the queries of `count` rows (seg_rows[first .. first + count)). A row alone has its context cut into
+ * a few segments (flash-decoding: Dao et al., "Flash-Decoding for long-context inference", 2023); rows that share a
+ * prefix of slots read it once, in segments every one of them attends, and each reads its own suffix alone (cascade
+ * attention: Ye et al., "Cascade Inference", FlashInfer, 2024). Each segment leaves, per row and head, its
+ * unnormalised output, maximum score and sum of exponentials, and the parts of a row are merged by those.
+ * Threads take segments in order (the caller puts the largest first) from a shared counter.
+ * ------------------------------------------------------------------------------------------------------------- */
+#define MAX_HEAD_DIM 256
+#define MAX_QUERIES 256 /* queries attended together in a segment: of one KV head, rows x (heads / kv_heads) */
+#define BLOCK 64
+
+/* scale * (query . key[u]) for 8 keys, as one vector: 8 accumulators, then a tree of horizontal adds. */
+AVX2 static inline __m256 dot8(const float *query, const float *const *key, int64_t d, float scale) {
+    __m256 acc[8];
+    for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) {
+        const __m256 q = _mm256_loadu_ps(query + i);
+        for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(_mm256_loadu_ps(key[u] + i), q, acc[u]);
+    }
+    const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+    const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+    const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+    return _mm256_mul_ps(sums, _mm256_set1_ps(scale));
+}
+
+enum { TABLE_ROW, FIRST_POSITION, END_POSITION, FIRST_ROW, ROW_COUNT, SEGMENT_FIELDS };
+
+typedef struct {
+    const float *q, *k, *v;
+    const int64_t *slots, *segments, *seg_rows, *partial_offset;
+    float *partial; /* per segment: [count, heads, head_dim + 2] (output, maximum, sum) */
+    int64_t stride, num_segments, heads, kv_heads, head_dim;
+    float scale;
+    int64_t next; /* the next segment to take */
+} attention_args;
+
+AVX2 static void attend_segment(const attention_args *a, int64_t segment) {
+    const int64_t *seg = a->segments + segment * SEGMENT_FIELDS;
+    const int64_t d = a->head_dim, group = a->heads / a->kv_heads, record = d + 2;
+    const int64_t count = seg[ROW_COUNT], t0 = seg[FIRST_POSITION], t1 = seg[END_POSITION];
+    const int64_t *slots = a->slots + seg[TABLE_ROW] * a->stride;
+    const int64_t *rows = a->seg_rows + seg[FIRST_ROW];
+    float *partial = a->partial + a->partial_offset[segment];
+    float scores[MAX_QUERIES][BLOCK] __attribute__((aligned(32)));
+    const float *query[MAX_QUERIES];
+    float *acc[MAX_QUERIES];
+    /* Up to MAX_QUERIES queries at a time: one KV head's queries of all the segment's rows, or a part of them. */
+    for (int64_t h = 0; h < a->kv_heads; h++)
+    for (int64_t j0 = 0; j0 < count * group; j0 += MAX_QUERIES) {
+        const int64_t queries = count * group - j0 < MAX_QUERIES ? count * group - j0 : MAX_QUERIES;
+        for (int64_t j = 0; j < queries; j++) {
+            const int64_t row = rows[(j0 + j) / group], head = h * group + (j0 + j) % group;
+            query[j] = a->q + (row * a->heads + head) * d;
+            acc[j] = partial + (((j0 + j) / group) * a->heads + head) * record;
+            memset(acc[j], 0, sizeof(float) * d);
+            acc[j][d] = -INFINITY;
+            acc[j][d + 1] = 0.0f;
+        }
+        for (int64_t b0 = t0; b0 < t1; b0 += BLOCK) {
+            const int64_t n = t1 - b0 < BLOCK ? t1 - b0 : BLOCK;
+            const float *key[BLOCK], *value[BLOCK];
+            for (int64_t t = 0; t < n; t++) {
+                key[t] = a->k + (slots[b0 + t] * a->kv_heads + h) * d;
+                value[t] = a->v + (slots[b0 + t] * a->kv_heads + h) * d;
+            }
+            for (int64_t j = 0; j < queries; j++) {
+                int64_t t = 0;
+                for (; t + 8 <= n; t += 8) _mm256_store_ps(scores[j] + t, dot8(query[j], key + t, d, a->scale));
+                for (; t < n; t++) {
+                    __m256 dot = _mm256_setzero_ps();
+                    for (int64_t i = 0; i < d; i += 8)
+                        dot = _mm256_fmadd_ps(_mm256_loadu_ps(key[t] + i), _mm256_loadu_ps(query[j] + i), dot);
+                    scores[j][t] = sum8(dot) * a->scale;
+                }
+            }
+            for (int64_t j = 0; j < queries; j++) {
+                float *out = acc[j];
+                float block_max = -INFINITY;
+                for (int64_t t = 0; t < n; t++) block_max = scores[j][t] > block_max ? scores[j][t] : block_max;
+                const float new_max = block_max > out[d] ? block_max : out[d];
+                const float rescale = expf(out[d] - new_max); /* 0 for the first block: out[d] is -inf */
+                int64_t t = 0;
+                __m256 sum = _mm256_setzero_ps();
+                for (; t + 8 <= n; t += 8) {
+                    const __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(scores[j] + t), _mm256_set1_ps(new_max)));
+                    _mm256_store_ps(scores[j] + t, p);
+                    sum = _mm256_add_ps(sum, p);
+                }
+                float total = sum8(sum);
+                for (; t < n; t++) {
+                    scores[j][t] = expf(scores[j][t] - new_max);
+                    total += scores[j][t];
+                }
+                out[d] = new_max;
+                out[d + 1] = out[d + 1] * rescale + total;
+                /* The block's values come from memory for the first query, from L1 for the others; 64 of a query's
+                   dimensions stay in 8 registers across the block. */
+                for (int64_t i0 = 0; i0 < d; i0 += 64) {
+                    const int64_t width = d - i0 < 64 ? (d - i0) / 8 : 8;
+                    __m256 reg[8];
+                    const __m256 r = _mm256_set1_ps(rescale);
+                    for (int k = 0; k < width; k++) reg[k] = _mm256_mul_ps(_mm256_loadu_ps(out + i0 + 8 * k), r);
+                    for (int64_t u = 0; u < n; u++) {
+                        const __m256 p = _mm256_set1_ps(scores[j][u]);
+                        for (int k = 0; k < width; k++)
+                            reg[k] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value[u] + i0 + 8 * k), reg[k]);
+                    }
+                    for (int k = 0; k < width; k++) _mm256_storeu_ps(out + i0 + 8 * k, reg[k]);
+                }
+            }
+        }
+    }
+}
+
+static void attention_part(void *data, int thread, int threads) {
+    (void)thread, (void)threads;
+    attention_args *a = (attention_args *)data;
+    for (;;) {
+        const int64_t segment = __atomic_fetch_add(&a->next, 1, __ATOMIC_RELAXED);
+        if (segment >= a->num_segments) return;
+        attend_segment(a, segment);
+    }
+}
+
+/* out[row, head] = sum over the row's parts of exp(max_part - max) * output_part / the same sum of sum_part. */
+static void merge_segments(const attention_args *a, float *out, float *row_max, float *row_sum, int64_t rows) {
+    const int64_t d = a->head_dim, record = d + 2;
+    memset(out, 0, sizeof(float) * (size_t)(rows * a->heads * d));
+    for (int64_t i = 0; i < rows * a->heads; i++) row_max[i] = -INFINITY, row_sum[i] = 0.0f;
+    for (int64_t s = 0; s < a->num_segments; s++) {
+        const int64_t *seg = a->segments + s * SEGMENT_FIELDS;
+        const float *partial = a->partial + a->partial_offset[s];
+        for (int64_t j = 0; j < seg[ROW_COUNT]; j++)
+            for (int64_t head = 0; head < a->heads; head++) {
+                const float *part = partial + (j * a->heads + head) * record;
+                if (part[d] == -INFINITY) continue; /* an empty segment */
+                const int64_t at = a->seg_rows[seg[FIRST_ROW] + j] * a->heads + head;
+                float *o = out + at * d;
+                const float top = part[d] > row_max[at] ? part[d] : row_max[at];
+                const float keep = expf(row_max[at] - top), add = expf(part[d] - top);
+                for (int64_t i = 0; i < d; i++) o[i] = o[i] * keep + part[i] * add;
+                row_sum[at] = row_sum[at] * keep + part[d + 1] * add;
+                row_max[at] = top;
+            }
+    }
+    for (int64_t i = 0; i < rows * a->heads; i++) {
+        const float inverse = 1.0f / row_sum[i];
+        for (int64_t k = 0; k < d; k++) out[i * d + k] *= inverse;
+    }
+}
+
+static PyObject *decode_attention(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_ssize_t q, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, kv_heads, head_dim;
+    float scale;
+    int threads;
+    if (!PyArg_ParseTuple(args, "nnnnnnnnnnnnnfi", &q, &k, &v, &slots, &segments, &seg_rows, &out, &rows, &stride,
+                          &num_segments, &heads, &kv_heads, &head_dim, &scale, &threads))
+        return NULL;
+    if (head_dim % 8 || head_dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads) {
+        PyErr_SetString(PyExc_ValueError, "unsupported attention shape");
+        return NULL;
+    }
+    const int64_t *seg = (const int64_t *)segments, record = head_dim + 2;
+    int64_t *offset = malloc(sizeof(int64_t) * (size_t)(num_segments + 1));
+    if (offset == NULL) return PyErr_NoMemory();
+    offset[0] = 0;
+    for (Py_ssize_t s = 0; s < num_segments; s++)
+        offset[s + 1] = offset[s] + seg[s * SEGMENT_FIELDS + ROW_COUNT] * heads * record;
+    float *partial = malloc(sizeof(float) * (size_t)(offset[num_segments] + 2 * rows * heads));
+    if (partial == NULL) {
+        free(offset);
+        return PyErr_NoMemory();
+    }
+    attention_args a = {(const float *)q, (const float *)k, (const float *)v, (const int64_t *)slots, seg,
+                        (const int64_t *)seg_rows, offset, partial, stride, num_segments, heads, kv_heads, head_dim,
+                        scale, 0};
+    float *row_max = partial + offset[num_segments], *row_sum = row_max + rows * heads;
+    Py_BEGIN_ALLOW_THREADS
+    run_parallel(attention_part, &a, threads < num_segments ? threads : (int)num_segments);
+    merge_segments(&a, (float *)out, row_max, row_sum, rows);
+    Py_END_ALLOW_THREADS
+    free(partial);
+    free(offset);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------------------------------------------- */
+
+static PyObject *supported(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    __builtin_cpu_init();
+    return PyBool_FromLong(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+}
+
+static PyObject *bind_openmp(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path)) return NULL;
+    void *library = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (library == NULL) Py_RETURN_FALSE;
+    gomp_parallel_fn parallel = (gomp_parallel_fn)dlsym(library, "GOMP_parallel");
+    omp_int_fn thread_num = (omp_int_fn)dlsym(library, "omp_get_thread_num");
+    if (parallel == NULL || thread_num == NULL) Py_RETURN_FALSE;
+    gomp_parallel = parallel;
+    omp_thread_num = thread_num;
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef methods[] = {
+    {"supported", supported, METH_NOARGS, "Whether this CPU has AVX2 and FMA."},
+    {"bind_openmp", bind_openmp, METH_VARARGS, "bind_openmp(path) -> bool: use the loaded OpenMP runtime at path."},
+    {"linear", linear, METH_VARARGS, "linear(x, w, y, rows, n, k, threads): y = x @ w.T in float32."},
+    {"decode_attention", decode_attention, METH_VARARGS,
+     "decode_attention(q, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, kv_heads, "
+     "head_dim, scale, threads)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }

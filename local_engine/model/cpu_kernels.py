@@ -1,0 +1,125 @@
+"""Float32 decode kernels for x86-64 CPUs with AVX2 and FMA (local_engine/model/cpu_kernels.c, built by setup.py when
+a C compiler is there): the matmul of a few rows against a weight, and decode attention read straight from the
+paged pool's slots.
+
+A decode step at small batch sizes reads every weight once and each sequence's context once, so its time is set by
+memory reads. On a 2-core AMD EPYC (AVX2, no AVX-512) whose read bandwidth a torch sum measures at 22.5 GB/s, MKL's
+float32 GEMV read SmolLM2's 538 MB of weights (30 layers plus the 49152x576 head, one input row) at 11.4 GB/s and
+oneDNN's packed GEMV at 16.8 GB/s; at 8 rows at 6.4 and 8.9 GB/s. The kernels here stream four weight rows at a time
+against up to two input rows, which a thread's 16 vector registers hold, on torch's own OpenMP threads.
+
+`available()` says whether they run here (built, CPU supports them, torch's OpenMP runtime found); callers keep
+torch's kernels otherwise, and for anything but float32 on the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+MAX_ROWS = 16  # rows of x up to which `linear` beats torch's GEMM (even at 32 rows on the EPYC above)
+_SPLIT_TOKENS = 512  # contexts are attended in parts of at most about this many tokens, one part per thread at least
+
+
+@functools.cache
+def _module():
+    try:
+        from local_engine.model import _cpu_kernels
+    except ImportError:
+        return None
+    if not _cpu_kernels.supported():
+        return None
+    runtimes = sorted({line.split()[-1] for line in open("/proc/self/maps")
+                       if "/libgomp" in line or "/libiomp" in line})
+    if not any(_cpu_kernels.bind_openmp(path) for path in runtimes):
+        return None
+    return _cpu_kernels
+
+
+def available() -> bool:
+    """Whether the kernels are built, this CPU has AVX2 and FMA, and torch's OpenMP runtime was bound."""
+    return _module() is not None
+
+
+def runs(weight: torch.Tensor) -> bool:
+    """Whether `linear` serves this weight: float32, contiguous, on the CPU, with the kernels available."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous()
+            and available())
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`x @ weight.T` for float32 `x` `[rows, in_features]` (rows <= MAX_ROWS) and `weight`
+    `[out_features, in_features]`, both contiguous on the CPU; returns `[rows, out_features]`. Sums in another order
+    than MKL: outputs agree within float32 rounding, not bit for bit."""
+    rows, k = x.shape
+    out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
+    _module().linear(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, weight.shape[0], k,
+                     torch.get_num_threads())
+    return out
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """How one step's decode rows are attended by `decode_attention`, built once per step for every layer.
+
+    `slots`: int64 `[rows, longest]`, each row's slot table padded with zeros; `segments`: int64
+    `[num_segments, 5]`, each (row whose table is read, first position, end position, first index into
+    `segment_rows`, number of rows), largest first; `segment_rows`: int64, the rows attending each segment."""
+
+    slots: torch.Tensor
+    segments: torch.Tensor
+    segment_rows: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return self.slots.shape[0]
+
+
+def plan_decode(tables: list[torch.Tensor], groups: list[tuple[list[int], int]],
+                threads: int | None = None) -> DecodePlan:
+    """A DecodePlan for rows whose slot tables are `tables` (int64 CPU `[n_i]`, ending with the row's new token):
+    each of `groups` (`(rows, shared prefix length)`, as `find_shared_prefixes` returns) reads its shared prefix
+    once for all its rows, in parts, and each of its rows reads the rest alone; a row in no group reads its table in
+    parts. Parts are at most about _SPLIT_TOKENS long, and there are at least `threads` (default: torch's)."""
+    threads = threads or torch.get_num_threads()
+    lengths = [len(table) for table in tables]
+    slots = torch.zeros(len(tables), max(lengths), dtype=torch.int64)
+    for row, table in enumerate(tables):
+        slots[row, : len(table)] = table
+    grouped = {row for rows, _ in groups for row in rows}
+    spans = [([row], row, 0, lengths[row]) for row in range(len(tables)) if row not in grouped]
+    for rows, shared in groups:
+        spans.append((rows, rows[0], 0, shared))
+        spans.extend(([row], row, shared, lengths[row]) for row in rows)
+    tokens = sum(end - start for _, _, start, end in spans)
+    part = max(1, min(_SPLIT_TOKENS, tokens // threads))
+    segments, segment_rows = [], []
+    for rows, table_row, start, end in spans:
+        parts = max(1, -(-(end - start) // part))
+        for index in range(parts):
+            first, last = start + (end - start) * index // parts, start + (end - start) * (index + 1) // parts
+            segments.append(((last - first) * (2 + len(rows)), [table_row, first, last, len(segment_rows), len(rows)]))
+            segment_rows.extend(rows)
+    segments.sort(key=lambda segment: -segment[0])
+    return DecodePlan(slots, torch.tensor([fields for _, fields in segments], dtype=torch.int64),
+                      torch.tensor(segment_rows, dtype=torch.int64))
+
+
+def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, plan: DecodePlan,
+                     scale: float) -> torch.Tensor:
+    """One query token per row attends to its context as `plan` says.
+
+    `query`: float32 `[rows, heads, head_dim]`; `pool_k`, `pool_v`: one layer of the pool, float32 contiguous
+    `[num_slots, kv_heads, head_dim]` on the CPU. Returns float32 `[rows, heads, head_dim]`. Raises ValueError for
+    a head_dim that is not a multiple of 8 or is above 256.
+    """
+    query = query.contiguous()
+    rows, heads, head_dim = query.shape
+    out = torch.empty_like(query)
+    _module().decode_attention(query.data_ptr(), pool_k.data_ptr(), pool_v.data_ptr(), plan.slots.data_ptr(),
+                               plan.segments.data_ptr(), plan.segment_rows.data_ptr(), out.data_ptr(), rows,
+                               plan.slots.shape[1], len(plan.segments), heads, pool_k.shape[1], head_dim, scale,
+                               torch.get_num_threads())
+    return out

@@ -1,0 +1,120 @@
+"""The float32 CPU decode kernels compute what torch computes: the few-row matmul, and decode attention from the
+paged pool for rows alone, rows sharing a prefix and rows of scattered slots, beside prefill chunks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from local_engine.cache.kv_pool import KVPool, KVPoolConfig
+from local_engine.model import cpu_kernels
+from local_engine.model.cascade_attention import find_shared_prefixes
+from local_engine.model.paged_attention import build_paged_batch, paged_attention
+
+from .test_cascade_attention import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SCALING, mixed_tables
+
+
+def _cpu_has(*flags: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            line = next(line for line in cpuinfo if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return set(flags) <= set(line.split())
+
+
+def test_the_kernels_run_in_ci_on_a_cpu_that_has_them():
+    """`make install` builds them; a build that silently failed would leave every float32 decode on torch."""
+    if os.environ.get("CI") != "true" or not _cpu_has("avx2", "fma"):
+        pytest.skip("only checked in CI on an AVX2 CPU")
+    assert cpu_kernels.available()
+
+
+needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or this CPU "
+                                   "lacks AVX2 and FMA")
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, cpu_kernels.MAX_ROWS])
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (577, 1536), (7, 13), (49, 40)])
+def test_linear_equals_a_float64_matmul_within_float32_rounding(rows, out_features, in_features):
+    generator = torch.Generator().manual_seed(rows * 1000 + in_features)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    x = torch.randn(rows, in_features, generator=generator)
+    exact = x.double() @ weight.double().T
+    got = cpu_kernels.linear(x, weight)
+    assert got.shape == (rows, out_features) and got.dtype == torch.float32
+    torch_error = (F.linear(x, weight).double() - exact).abs().max().item()
+    assert (got.double() - exact).abs().max().item() <= 4 * torch_error + 1e-6
+
+
+def _pool(seed: int, slots: int = 1000) -> KVPool:
+    torch.manual_seed(seed)
+    pool = KVPool(KVPoolConfig(1, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu")), slots)
+    pool.k.normal_()
+    pool.v.normal_()
+    return pool
+
+
+def _alone(pool: KVPool, query: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """One row's attention over its table in float64: `[num_heads, head_dim]`."""
+    keys = pool.k[0][table].double().transpose(0, 1).unsqueeze(0)
+    values = pool.v[0][table].double().transpose(0, 1).unsqueeze(0)
+    return F.scaled_dot_product_attention(query.double().unsqueeze(0).unsqueeze(2), keys, values, scale=SCALING,
+                                          enable_gqa=True)[0, :, 0]
+
+
+@needs_kernels
+def test_decode_rows_of_every_kind_attend_as_each_alone_and_prefill_chunks_are_unchanged(monkeypatch):
+    tables, counts = mixed_tables()  # two groups, a row alone, a short shared opening, scattered slots, a prefill
+    pool = _pool(0)
+    total = sum(counts)
+    query = torch.randn(1, NUM_HEADS, total, HEAD_DIM)
+    key, value = torch.randn(2, 1, NUM_KV_HEADS, total, HEAD_DIM)
+    batch = build_paged_batch(pool, tables, counts, 8)
+    assert batch.decode_plan is not None and batch.cascade is None and batch.decode_slots is None
+    out = paged_attention(batch, 0, query, key, value, SCALING)[0]
+    for row, table in enumerate(tables[:8]):  # the pool already holds the step's new K/V
+        assert (out[row].double() - _alone(pool, query[0, :, row], table)).abs().max() <= 1e-5
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    torch_out = paged_attention(build_paged_batch(pool, tables, counts, 8), 0, query, key, value, SCALING)[0]
+    assert torch.equal(out[8:], torch_out[8:])  # the prefill chunk: torch's SDPA either way
+
+
+@needs_kernels
+def test_a_group_reads_its_shared_prefix_once_in_parts_and_each_row_its_suffix():
+    prefix = torch.arange(1700)
+    tables = [torch.cat([prefix, torch.arange(2000 + 50 * i, 2000 + 50 * i + 1 + i)]) for i in range(6)]
+    tables.append(torch.arange(2400, 2400 + 1000))  # a row alone
+    groups = find_shared_prefixes(tables, 64)
+    assert groups == [([0, 1, 2, 3, 4, 5], 1700)]
+    plan = cpu_kernels.plan_decode(tables, groups, threads=2)
+    segments = plan.segments.tolist()
+    shared = [s for s in segments if s[4] == 6]
+    assert [s[1:3] for s in sorted(shared)] == [[0, 425], [425, 850], [850, 1275], [1275, 1700]]
+    suffixes = sorted((s[0], s[1], s[2]) for s in segments if s[4] == 1 and s[0] < 6)
+    assert suffixes == [(row, 1700, 1701 + row) for row in range(6)]
+    alone = sorted(s[1:3] for s in segments if s[0] == 6)
+    assert alone[0][0] == 0 and alone[-1][1] == 1000 and len(alone) == 2
+    sizes = [(s[2] - s[1]) * (2 + s[4]) for s in segments]
+    assert sizes == sorted(sizes, reverse=True)  # largest first, for the threads' shared counter
+    pool = _pool(1, 3500)
+    query = torch.randn(len(tables), NUM_HEADS, HEAD_DIM)
+    out = cpu_kernels.decode_attention(query, pool.k[0], pool.v[0], plan, SCALING)
+    for row, table in enumerate(tables):
+        assert (out[row].double() - _alone(pool, query[row], table)).abs().max() <= 1e-5
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_row_alone_is_split_for_the_threads_and_merged_exactly(threads):
+    pool = _pool(2, 4000)
+    table = torch.randperm(4000)[:3001]
+    query = torch.randn(1, NUM_HEADS, HEAD_DIM) * 4  # sharp scores: a wrong merge of the parts' maxima shows
+    plan = cpu_kernels.plan_decode([table], [], threads=threads)
+    assert len(plan.segments) >= max(threads, 3001 // 512)
+    out = cpu_kernels.decode_attention(query, pool.k[0], pool.v[0], plan, SCALING)
+    assert (out[0].double() - _alone(pool, query[0], table)).abs().max() <= 1e-5
