@@ -125,6 +125,8 @@ def _api_sections(args: argparse.Namespace, config, loaded, long_prompt: list[in
 
 
 def run_engine_benchmark(args: argparse.Namespace) -> int:
+    import torch
+
     from local_engine.bench.concurrent import concurrency_verdicts, run_concurrent_workload
     from local_engine.bench.decode_floor import floor_section, floor_verdicts, read_bandwidth_gb_s
     from local_engine.bench.dtype_agreement import run_dtype_agreement
@@ -132,6 +134,7 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
     from local_engine.config import EngineConfig
     from local_engine.engine.compute_threads import on_worker_threads, serialize_caller
     from local_engine.engine.engine import Engine
+    from local_engine.model import cpu_kernels
     from local_engine.model.loader import load_model, resolve_device
     from local_engine.options import config_from
     from prefixscope.progress import progress
@@ -187,6 +190,8 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
         "model": loaded.model_id,
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
+        # float32 decode on the CPU through local_engine.model.cpu_kernels (else torch's kernels)
+        "cpu_kernels": loaded.device.type == "cpu" and loaded.dtype == torch.float32 and cpu_kernels.available(),
         "workload": {
             "num_prefixes": args.num_prefixes,
             "prefix_tokens": args.prefix_tokens,

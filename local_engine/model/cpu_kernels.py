@@ -1,6 +1,7 @@
 """Float32 decode kernels for x86-64 CPUs with AVX2 and FMA (local_engine/model/cpu_kernels.c, built by setup.py when
-a C compiler is there): the matmul of a few rows against a weight, and decode attention read straight from the
-paged pool's slots.
+a C compiler is there): the matmul of a few rows against a weight, decode attention read straight from the paged
+pool's slots, and a decoder layer's elementwise steps (RMSNorm, rotary embedding, SwiGLU), each one call where
+torch dispatches several operations.
 
 A decode step at small batch sizes reads every weight once and each sequence's context once, so its time is set by
 memory reads. On a 2-core AMD EPYC (AVX2, no AVX-512) whose read bandwidth a torch sum measures at 22.5 GB/s, MKL's
@@ -57,6 +58,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
     _module().linear(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, weight.shape[0], k,
                      torch.get_num_threads())
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm of float32 `x` `[rows, n]` with `weight` `[n]`, both contiguous on the CPU:
+    `x * rsqrt(mean(x**2) + eps) * weight`, a new `[rows, n]` tensor."""
+    rows, n = x.shape
+    out = torch.empty_like(x)
+    _module().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, n, eps)
+    return out
+
+
+def rotate_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> None:
+    """The rotary embedding of the first `heads` heads of float32 `qkv` `[rows, all_heads, head_dim]` (contiguous),
+    in place: `x * cos + rotate_half(x) * sin` with `cos`, `sin` contiguous `[rows, head_dim]`."""
+    rows, all_heads, head_dim = qkv.shape
+    _module().rotate(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, all_heads * head_dim, heads, head_dim)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` for float32 `gate_up` `[rows, 2n]` (contiguous, gate first); returns `[rows, n]`."""
+    rows, both = gate_up.shape
+    out = torch.empty(rows, both // 2, dtype=torch.float32)
+    _module().silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, both // 2)
     return out
 
 

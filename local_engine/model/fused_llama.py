@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from local_engine.model import cpu_kernels
 from local_engine.model.packed_linear import PackedLinear
 
 _SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -84,6 +85,7 @@ class FusedLlamaForward:
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.hidden = config.hidden_size
+        self.swiglu = getattr(config, "hidden_act", None) == "silu"  # silu(gate) * up, the CPU kernels' MLP
         self.layers = [_Layer(layer) for layer in inner.layers[: config.num_hidden_layers]]
 
     @classmethod
@@ -128,22 +130,43 @@ class FusedLlamaForward:
         cos, sin = self.rotary(hidden, position_ids.unsqueeze(0))  # [1, T, head_dim]
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, head_dim]
         rounded = hidden.dtype != torch.float32  # round where transformers' forward rounds
-        norm = _rms_norm_rounded if rounded else _rms_norm
-        rotate = _rotate_rounded if rounded else _rotate
+        native = not rounded and hidden.device.type == "cpu" and cpu_kernels.available()
+        if native:
+            norm, activate = cpu_kernels.rms_norm, (_native_swiglu if self.swiglu else _swiglu)
+
+            def rotate(qkv: torch.Tensor) -> torch.Tensor:
+                cpu_kernels.rotate_(qkv, cos[:, 0], sin[:, 0], heads + kv_heads)
+                return qkv
+        else:
+            norm, activate = (_rms_norm_rounded if rounded else _rms_norm), _swiglu
+            rotate_part = _rotate_rounded if rounded else _rotate
+
+            def rotate(qkv: torch.Tensor) -> torch.Tensor:
+                return rotate_part(qkv[:, : heads + kv_heads], cos, sin)
         for index, layer in enumerate(self.layers):
             x = norm(hidden, layer.input_norm, layer.eps)
             qkv = layer.qkv(x).view(num_tokens, heads + 2 * kv_heads, head_dim)
-            rotated = rotate(qkv[:, : heads + kv_heads], cos, sin)
+            rotated = rotate(qkv)  # q and k rotated: heads [0, heads + kv_heads)
             q = rotated[:, :heads].transpose(0, 1).unsqueeze(0)
-            k = rotated[:, heads:].transpose(0, 1).unsqueeze(0)
+            k = rotated[:, heads : heads + kv_heads].transpose(0, 1).unsqueeze(0)
             v = qkv[:, heads + kv_heads :].transpose(0, 1).unsqueeze(0)
             attended = attention(index, q, k, v, layer.scaling).reshape(num_tokens, heads * head_dim)
             hidden.add_(layer.o(attended))
             x = norm(hidden, layer.post_norm, layer.eps)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            hidden.add_(layer.down(layer.act(gate).mul_(up)))
+            hidden.add_(layer.down(activate(layer, layer.gate_up(x))))
         kept = norm(hidden.index_select(0, keep), self.norm, self.norm_eps)
         return self.lm_head(kept)
+
+
+def _swiglu(layer: _Layer, gate_up: torch.Tensor) -> torch.Tensor:
+    """The MLP's `act(gate) * up` from the fused projection's `[T, 2 * intermediate]`."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return layer.act(gate).mul_(up)
+
+
+def _native_swiglu(layer: _Layer, gate_up: torch.Tensor) -> torch.Tensor:
+    """`_swiglu` for a SiLU activation, in one CPU kernel call (float32)."""
+    return cpu_kernels.silu_mul(gate_up)
 
 
 def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

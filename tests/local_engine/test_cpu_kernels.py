@@ -118,3 +118,23 @@ def test_a_row_alone_is_split_for_the_threads_and_merged_exactly(threads):
     assert len(plan.segments) >= max(threads, 3001 // 512)
     out = cpu_kernels.decode_attention(query, pool.k[0], pool.v[0], plan, SCALING)
     assert (out[0].double() - _alone(pool, query[0], table)).abs().max() <= 1e-5
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_the_elementwise_steps_equal_transformers_forms(rows):
+    generator = torch.Generator().manual_seed(rows)
+    x, weight = torch.randn(rows, 581, generator=generator) * 3, torch.randn(581, generator=generator)
+    expected = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    assert torch.allclose(cpu_kernels.rms_norm(x, weight, 1e-5), expected, rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(rows, 2 * 99, generator=generator) * 8  # large gates: exp's range ends
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.allclose(cpu_kernels.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+    qkv = torch.randn(rows, 5, 72, generator=generator)
+    angles = torch.rand(rows, 36, generator=generator) * 50
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+    first, second = qkv[..., :36], qkv[..., 36:]
+    rotated = qkv * cos.unsqueeze(1) + torch.cat([-second, first], dim=-1) * sin.unsqueeze(1)
+    expected = torch.cat([rotated[:, :3], qkv[:, 3:]], dim=1)  # heads past the first 3 (v) untouched
+    cpu_kernels.rotate_(qkv, cos, sin, 3)
+    assert torch.allclose(qkv, expected, rtol=1e-5, atol=1e-5)
