@@ -10,7 +10,9 @@ module once per step, so every rope variant transformers implements for Llama is
 paged attention, the same function transformers calls through the registered attention interface.
 
 In float32, RMSNorm is one fused operation (`torch.nn.functional.rms_norm`) and the rotary embedding accumulates its
-second product in place: about 15 operations per layer against about 45, within 1e-4 of transformers' logits. In
+second product in place: about 15 operations per layer against about 45, within 1e-4 of transformers' logits. On a
+CPU with local_engine.model.cpu_kernels, a float32 step of up to its MAX_ROWS tokens (a decode step) calls them for
+the matmuls, RMSNorm, the rotary embedding (in place in the qkv output) and silu(gate) * up instead. In
 bfloat16 on the CPU every elementwise step rounds where transformers' forward rounds (RMSNorm in float32, rounded to
 bf16 before the weight; rotary as `q * cos + rotate_half(q) * sin`, each product rounded), a fused matmul gives each
 output the value the separate projections give, and the matmuls run on weights oneDNN has packed once at start
@@ -130,7 +132,9 @@ class FusedLlamaForward:
         cos, sin = self.rotary(hidden, position_ids.unsqueeze(0))  # [1, T, head_dim]
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, head_dim]
         rounded = hidden.dtype != torch.float32  # round where transformers' forward rounds
-        native = not rounded and hidden.device.type == "cpu" and cpu_kernels.available()
+        # The kernels' elementwise steps run on one thread: for a decode step's few rows, not a prefill chunk's.
+        native = (not rounded and num_tokens <= cpu_kernels.MAX_ROWS and hidden.device.type == "cpu"
+                  and cpu_kernels.available())
         if native:
             norm, activate = cpu_kernels.rms_norm, (_native_swiglu if self.swiglu else _swiglu)
 
