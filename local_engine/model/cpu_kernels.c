@@ -25,18 +25,17 @@ typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 typedef int (*omp_int_fn)(void);
 
 static gomp_parallel_fn gomp_parallel = NULL;
-static omp_int_fn omp_thread_num = NULL;
+static omp_int_fn omp_thread_num = NULL, omp_num_threads = NULL;
 
 /* Runs fn(data, thread, num_threads) on `threads` threads of the bound pool, or inline on one. */
 typedef struct {
     void (*fn)(void *, int, int);
     void *data;
-    int threads;
 } parallel_call;
 
 static void parallel_trampoline(void *arg) {
     parallel_call *call = (parallel_call *)arg;
-    call->fn(call->data, omp_thread_num(), call->threads);
+    call->fn(call->data, omp_thread_num(), omp_num_threads()); /* the team may be smaller than asked for */
 }
 
 static void run_parallel(void (*fn)(void *, int, int), void *data, int threads) {
@@ -44,7 +43,7 @@ static void run_parallel(void (*fn)(void *, int, int), void *data, int threads) 
         fn(data, 0, 1);
         return;
     }
-    parallel_call call = {fn, data, threads};
+    parallel_call call = {fn, data};
     gomp_parallel(parallel_trampoline, &call, (unsigned)threads, 0);
 }
 
@@ -141,7 +140,7 @@ static PyObject *linear(PyObject *self, PyObject *args) {
  * exp(x) for x <= 0 in float32: Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp.
  * ------------------------------------------------------------------------------------------------------------- */
 AVX2 static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x) /* a NaN stays NaN */;
     __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
@@ -461,9 +460,11 @@ static PyObject *bind_openmp(PyObject *self, PyObject *args) {
     if (library == NULL) Py_RETURN_FALSE;
     gomp_parallel_fn parallel = (gomp_parallel_fn)dlsym(library, "GOMP_parallel");
     omp_int_fn thread_num = (omp_int_fn)dlsym(library, "omp_get_thread_num");
-    if (parallel == NULL || thread_num == NULL) Py_RETURN_FALSE;
+    omp_int_fn num_threads = (omp_int_fn)dlsym(library, "omp_get_num_threads");
+    if (parallel == NULL || thread_num == NULL || num_threads == NULL) Py_RETURN_FALSE;
     gomp_parallel = parallel;
     omp_thread_num = thread_num;
+    omp_num_threads = num_threads;
     Py_RETURN_TRUE;
 }
 

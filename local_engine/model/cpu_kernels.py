@@ -44,6 +44,14 @@ def _module():
     return _cpu_kernels
 
 
+def attends(pool_k: torch.Tensor) -> bool:
+    """Whether `decode_attention` serves a pool layer like `pool_k` (`[num_slots, kv_heads, head_dim]`): float32 on
+    the CPU, a head_dim the kernel takes (a multiple of 8, at most 256), the kernels available."""
+    head_dim = pool_k.shape[-1]
+    return (pool_k.device.type == "cpu" and pool_k.dtype == torch.float32 and head_dim % 8 == 0 and head_dim <= 256
+            and available())
+
+
 def available() -> bool:
     """Whether the kernels are built, this CPU has AVX2 and FMA, and torch's OpenMP runtime was bound."""
     return _module() is not None
@@ -58,8 +66,10 @@ def runs(weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`x @ weight.T` for float32 `x` `[rows, in_features]` (rows <= MAX_ROWS) and `weight`
     `[out_features, in_features]`, both contiguous on the CPU; returns `[rows, out_features]`. Sums in another order
-    than MKL: outputs agree within float32 rounding, not bit for bit."""
+    than MKL: outputs agree within float32 rounding, not bit for bit. Raises ValueError when the features differ."""
     rows, k = x.shape
+    if k != weight.shape[1]:
+        raise ValueError(f"x has {k} features, the weight {weight.shape[1]}")
     out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
     _module().linear(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, weight.shape[0], k,
                      torch.get_num_threads())
@@ -141,11 +151,11 @@ def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Te
                      scale: float) -> torch.Tensor:
     """One query token per row attends to its context as `plan` says.
 
-    `query`: float32 `[rows, heads, head_dim]`; `pool_k`, `pool_v`: one layer of the pool, float32 contiguous
+    `query`: `[rows, heads, head_dim]`, computed in float32; `pool_k`, `pool_v`: one layer of the pool, float32 contiguous
     `[num_slots, kv_heads, head_dim]` on the CPU. Returns float32 `[rows, heads, head_dim]`. Raises ValueError for
     a head_dim that is not a multiple of 8 or is above 256.
     """
-    query = query.contiguous()
+    query = query.to(torch.float32).contiguous()
     rows, heads, head_dim = query.shape
     out = torch.empty_like(query)
     _module().decode_attention(query.data_ptr(), pool_k.data_ptr(), pool_v.data_ptr(), plan.slots.data_ptr(),

@@ -134,7 +134,7 @@ class FusedLlamaForward:
         rounded = hidden.dtype != torch.float32  # round where transformers' forward rounds
         # The kernels' elementwise steps run on one thread: for a decode step's few rows, not a prefill chunk's.
         native = (not rounded and num_tokens <= cpu_kernels.MAX_ROWS and hidden.device.type == "cpu"
-                  and cpu_kernels.available())
+                  and cos.shape[-1] == head_dim and cpu_kernels.available())
         if native:
             norm, activate = cpu_kernels.rms_norm, (_native_swiglu if self.swiglu else _swiglu)
 

@@ -108,7 +108,7 @@ def build_paged_batch(
         return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, None, None, (),
                           kernel=kernel, page_table=build_page_table(slot_tables, num_query_tokens))
     decode_slots = decode_mask = decode_rows = cascade = None
-    if num_decode and device.type == "cpu" and pool.k.dtype == torch.float32 and cpu_kernels.available():
+    if num_decode and cpu_kernels.attends(pool.k):
         tables = slot_tables[:num_decode]
         shared = (find_shared_prefixes(tables, min_shared_prefix)
                   if num_decode > 1 and min_shared_prefix is not None else [])

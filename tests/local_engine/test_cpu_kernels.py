@@ -138,3 +138,15 @@ def test_the_elementwise_steps_equal_transformers_forms(rows):
     expected = torch.cat([rotated[:, :3], qkv[:, 3:]], dim=1)  # heads past the first 3 (v) untouched
     cpu_kernels.rotate_(qkv, cos, sin, 3)
     assert torch.allclose(qkv, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_mismatched_inputs_are_refused_or_converted_not_read_past():
+    with pytest.raises(ValueError):
+        cpu_kernels.linear(torch.randn(2, 31), torch.randn(8, 32))
+    pool = _pool(3)
+    table = torch.arange(40)
+    query = torch.randn(1, NUM_HEADS, HEAD_DIM).to(torch.bfloat16)  # computed in float32
+    out = cpu_kernels.decode_attention(query, pool.k[0], pool.v[0], cpu_kernels.plan_decode([table], []), SCALING)
+    assert out.dtype == torch.float32 and (out[0].double() - _alone(pool, query[0].float(), table)).abs().max() <= 1e-5
+    assert not cpu_kernels.attends(torch.zeros(4, 1, 12))  # a head_dim the kernel does not take: torch's path
