@@ -151,8 +151,8 @@ def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Te
                      scale: float) -> torch.Tensor:
     """One query token per row attends to its context as `plan` says.
 
-    `query`: `[rows, heads, head_dim]`, computed in float32; `pool_k`, `pool_v`: one layer of the pool, float32 contiguous
-    `[num_slots, kv_heads, head_dim]` on the CPU. Returns float32 `[rows, heads, head_dim]`. Raises ValueError for
+    `query`: `[rows, heads, head_dim]`, computed in float32; `pool_k`, `pool_v`: one layer of the pool, float32
+    contiguous `[num_slots, kv_heads, head_dim]` on the CPU. Returns float32 `[rows, heads, head_dim]`. Raises ValueError for
     a head_dim that is not a multiple of 8 or is above 256.
     """
     query = query.to(torch.float32).contiguous()

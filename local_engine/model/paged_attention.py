@@ -3,7 +3,8 @@ through its slot table. No per-request copy of the KV exists; the pool is the on
 
 Plain torch (gather the slots, then scaled-dot-product attention), so it runs on CPU and CUDA alike; on CUDA with
 flashinfer-python installed, one FlashInfer kernel per layer attends the whole step instead
-(local_engine.model.flashinfer_attention, chosen by local_engine.model.attention_backends). Decode-only
+(local_engine.model.flashinfer_attention, chosen by local_engine.model.attention_backends), and in float32 on a
+CPU with local_engine.model.cpu_kernels, its decode kernel attends every decode row (a DecodePlan per step). Decode-only
 sequences (one query token each) are attended together in one padded batch; prefill chunks are attended one by one
 with a causal mask offset by the tokens already in the pool. On CPU, for ~1.7k-token contexts of SmolLM2's shape,
 one padded SDPA call over the decode sequences took 0.27x (8 sequences) and 0.41x (32) the time of one call per
@@ -108,15 +109,13 @@ def build_paged_batch(
         return PagedBatch(pool, write_slots.to(device, non_blocking=True), num_decode, None, None, (),
                           kernel=kernel, page_table=build_page_table(slot_tables, num_query_tokens))
     decode_slots = decode_mask = decode_rows = cascade = None
+    shared = (find_shared_prefixes(slot_tables[:num_decode], min_shared_prefix)
+              if num_decode > 1 and min_shared_prefix is not None else [])
     if num_decode and cpu_kernels.attends(pool.k):
-        tables = slot_tables[:num_decode]
-        shared = (find_shared_prefixes(tables, min_shared_prefix)
-                  if num_decode > 1 and min_shared_prefix is not None else [])
         return PagedBatch(pool, write_slots, num_decode, None, None, _prefill_chunks(slot_tables, num_query_tokens,
-                          num_decode, device), decode_plan=cpu_kernels.plan_decode(tables, shared))
+                          num_decode, device), decode_plan=cpu_kernels.plan_decode(slot_tables[:num_decode], shared))
     plain = list(range(num_decode))
     if num_decode and min_shared_prefix is not None:
-        shared = find_shared_prefixes(slot_tables[:num_decode], min_shared_prefix) if num_decode > 1 else []
         groups = [(rows, length, None) for rows, length in shared]
         grouped = {row for rows, _ in shared for row in rows}
         plain = []
