@@ -85,11 +85,14 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     server_config = config_from(ServerConfig, args, admin_token=admin_token, api_key=api_key,
                                 trace_export=trace_export)
+    from local_engine.model import cpu_kernels
+
+    decode_kernels = ", float32 decode on the CPU kernels" if cpu_kernels.attends(engine.pool.k) else ""
     print(
         f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
         f"{engine.pool.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
         f"{'prefix cache ' + config.eviction if config.prefix_cache else 'no prefix cache'}{engine.tiers_summary()}, "
-        f"{engine.runner.attention_backend} attention; "
+        f"{engine.runner.attention_backend} attention{decode_kernels}; "
         f"listening on http://{args.host}:{args.port}",
         flush=True,
     )
