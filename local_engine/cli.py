@@ -87,7 +87,7 @@ def _serve(args: argparse.Namespace) -> int:
                                 trace_export=trace_export)
     from local_engine.model import cpu_kernels
 
-    decode_kernels = ", float32 decode on the CPU kernels" if cpu_kernels.attends(engine.pool.k) else ""
+    decode_kernels = ", decode on the CPU kernels" if cpu_kernels.attends(engine.pool.k) else ""
     print(
         f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
         f"{engine.pool.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "

@@ -190,8 +190,8 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
         "model": loaded.model_id,
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
-        # float32 decode on the CPU through local_engine.model.cpu_kernels (else torch's kernels)
-        "cpu_kernels": loaded.device.type == "cpu" and loaded.dtype == torch.float32 and cpu_kernels.available(),
+        # decode on the CPU through local_engine.model.cpu_kernels (else torch's kernels)
+        "cpu_kernels": loaded.device.type == "cpu" and cpu_kernels.available(),
         "workload": {
             "num_prefixes": args.num_prefixes,
             "prefix_tokens": args.prefix_tokens,

@@ -16,6 +16,10 @@ from collections import OrderedDict
 
 # How many different continuations (the tokens after a prefix, up to the next page boundary) are kept per prefix.
 CONTINUATIONS = 4
+# The shortest page the index hashes by, whatever the cache's page: a digest per token (pages of one token) took
+# 2.8 ms to remember a 1.8k-token prompt, a quarter of a bf16 decode step's time per request on a 2-core EPYC. The
+# fingerprints keep the answer token-precise either way.
+MIN_PAGE_TOKENS = 16
 
 
 def _fingerprint(key: bytes, tokens: list[int]) -> bytes:
@@ -34,11 +38,12 @@ def _shared_prefix(a: bytes, b: bytes) -> int:
 
 
 class SeenIndex:
-    """Page prefixes computed per namespace (see the module docstring); at most `capacity` prefixes are kept."""
+    """Page prefixes computed per namespace (see the module docstring); at most `capacity` prefixes are kept, of
+    pages of `page_size` tokens or MIN_PAGE_TOKENS, whichever is longer."""
 
     def __init__(self, capacity: int, page_size: int) -> None:
         self.capacity = capacity
-        self.page_size = page_size
+        self.page_size = max(page_size, MIN_PAGE_TOKENS)
         self._entries: OrderedDict[bytes, list[bytes]] = OrderedDict()
 
     def __len__(self) -> int:

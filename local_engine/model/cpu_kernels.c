@@ -1,14 +1,15 @@
 /*
- * Float32 decode kernels for x86-64 CPUs with AVX2 and FMA: the small-batch matmul (x @ W^T for a few rows of x)
- * and decode attention over the paged KV pool, both bound by memory reads.
+ * Decode kernels for x86-64 CPUs with AVX2 and FMA: the small-batch matmul (x @ W^T for a few rows of x) and decode
+ * attention over the paged KV pool, both bound by memory reads. Weights and the pool are read in float32 or in
+ * bfloat16 (half the bytes); activations and all arithmetic are float32.
  *
  * Work is split across torch's own OpenMP thread pool: the libgomp that torch loaded is found by the Python side
  * (local_engine.model.cpu_kernels) and bound here with dlopen(RTLD_NOLOAD), and GOMP_parallel, the entry point
  * `#pragma omp parallel` compiles to (GCC's libgomp ABI, also exported by Intel's libiomp5), is called directly.
  * A second OpenMP runtime would give the process a second pool of spinning threads on the same cores.
  *
- * Every entry point takes raw addresses of contiguous float32 (and int64) tensors the caller keeps alive, and
- * releases the GIL while it runs.
+ * Every entry point takes raw addresses of contiguous tensors the caller keeps alive (activations float32, weights
+ * and pool float32 or bfloat16 as its `bf16` flag says, tables int64), and releases the GIL while it runs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,6 +49,8 @@ static void run_parallel(void (*fn)(void *, int, int), void *data, int threads) 
 }
 
 #define AVX2 __attribute__((target("avx2,fma")))
+/* Specialised at each call for a constant `bf16`: one copy of a kernel per storage dtype. */
+#define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
 
 AVX2 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -56,43 +59,66 @@ AVX2 static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Eight float32 values from element i of an array stored in float32 or in bfloat16 (a float32's upper 16 bits, so
+   widening is exact: zero-extend, shift left by 16). */
+AVX2_INLINE __m256 load8(const void *base, int64_t i, const int bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float *)base + i);
+    const __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+static inline float load1(const void *base, int64_t i, const int bf16) {
+    if (!bf16) return ((const float *)base)[i];
+    const uint32_t bits = (uint32_t)((const uint16_t *)base)[i] << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* Where element i of such an array starts. */
+static inline const void *element(const void *base, int64_t i, const int bf16) {
+    return (const char *)base + i * (bf16 ? 2 : 4);
+}
+
 /* ---------------------------------------------------------------------------------------------------------------
- * y[m, n] = sum_k x[m, k] * w[n, k]: x [M, K], w [N, K], y [M, N], all row-major float32.
+ * y[m, n] = sum_k x[m, k] * w[n, k]: x [M, K], w [N, K], y [M, N], all row-major; w float32 or bfloat16.
  * The weight's rows are read one after another, so each thread streams one linear range of memory (4-row tiles
  * read as 4 streams gave 24 GB/s where this gives 29 on a 2-core EPYC whose torch sum reads 33). Each weight row
  * meets up to 4 input rows at a time, 2 accumulators each; a row of more than 4 inputs is read again from L1.
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    const float *x, *w;
+    const float *x;
+    const void *w;
     float *y;
     int64_t rows, n, k;
+    int bf16; /* w in bfloat16 */
 } linear_args;
 
-AVX2 static void linear_one_row(const linear_args *a, int64_t n0, int64_t n1) {
+AVX2_INLINE void linear_one_row(const linear_args *a, int64_t n0, int64_t n1, const int bf16) {
     const int64_t k = a->k, k32 = k & ~(int64_t)31, k8 = k & ~(int64_t)7;
     const float *x = a->x;
     for (int64_t n = n0; n < n1; n++) {
-        const float *w = a->w + n * k;
+        const void *w = element(a->w, n * k, bf16);
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
                acc3 = _mm256_setzero_ps();
         int64_t i = 0;
         for (; i < k32; i += 32) {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
-            acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), acc2);
-            acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), acc3);
+            acc0 = _mm256_fmadd_ps(load8(w, i, bf16), _mm256_loadu_ps(x + i), acc0);
+            acc1 = _mm256_fmadd_ps(load8(w, i + 8, bf16), _mm256_loadu_ps(x + i + 8), acc1);
+            acc2 = _mm256_fmadd_ps(load8(w, i + 16, bf16), _mm256_loadu_ps(x + i + 16), acc2);
+            acc3 = _mm256_fmadd_ps(load8(w, i + 24, bf16), _mm256_loadu_ps(x + i + 24), acc3);
         }
-        for (; i < k8; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
+        for (; i < k8; i += 8) acc0 = _mm256_fmadd_ps(load8(w, i, bf16), _mm256_loadu_ps(x + i), acc0);
         float sum = sum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-        for (; i < k; i++) sum += x[i] * w[i];
+        for (; i < k; i++) sum += x[i] * load1(w, i, bf16);
         a->y[n] = sum;
     }
 }
 
-AVX2 static void linear_rows(const linear_args *a, int64_t n0, int64_t n1) {
+AVX2_INLINE void linear_rows(const linear_args *a, int64_t n0, int64_t n1, const int bf16) {
     const int64_t k = a->k, k16 = k & ~(int64_t)15;
     for (int64_t n = n0; n < n1; n++) {
-        const float *w = a->w + n * k;
+        const void *w = element(a->w, n * k, bf16);
         for (int64_t m0 = 0; m0 < a->rows; m0 += 4) {
             const int64_t count = a->rows - m0 < 4 ? a->rows - m0 : 4;
             const float *x[4];
@@ -101,7 +127,7 @@ AVX2 static void linear_rows(const linear_args *a, int64_t n0, int64_t n1) {
             for (int m = 0; m < 4; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
             int64_t i = 0;
             for (; i < k16; i += 16) {
-                const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+                const __m256 w0 = load8(w, i, bf16), w1 = load8(w, i + 8, bf16);
                 for (int m = 0; m < 4; m++) {
                     acc[m][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[m] + i), acc[m][0]);
                     acc[m][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[m] + i + 8), acc[m][1]);
@@ -109,27 +135,33 @@ AVX2 static void linear_rows(const linear_args *a, int64_t n0, int64_t n1) {
             }
             for (int m = 0; m < count; m++) {
                 float sum = sum8(_mm256_add_ps(acc[m][0], acc[m][1]));
-                for (int64_t j = i; j < k; j++) sum += x[m][j] * w[j];
+                for (int64_t j = i; j < k; j++) sum += x[m][j] * load1(w, j, bf16);
                 a->y[(m0 + m) * a->n + n] = sum;
             }
         }
     }
 }
 
-static void linear_part(void *data, int thread, int threads) {
+AVX2 static void linear_part(void *data, int thread, int threads) {
     const linear_args *a = (const linear_args *)data;
     /* One contiguous range of the weight's rows per thread. */
     const int64_t n0 = a->n * thread / threads, n1 = a->n * (thread + 1) / threads;
-    if (a->rows == 1) linear_one_row(a, n0, n1);
-    else linear_rows(a, n0, n1);
+    if (a->rows == 1) {
+        if (a->bf16) linear_one_row(a, n0, n1, 1);
+        else linear_one_row(a, n0, n1, 0);
+    } else if (a->bf16) {
+        linear_rows(a, n0, n1, 1);
+    } else {
+        linear_rows(a, n0, n1, 0);
+    }
 }
 
 static PyObject *linear(PyObject *self, PyObject *args) {
     (void)self;
     Py_ssize_t x, w, y, rows, n, k;
-    int threads;
-    if (!PyArg_ParseTuple(args, "nnnnnni", &x, &w, &y, &rows, &n, &k, &threads)) return NULL;
-    linear_args a = {(const float *)x, (const float *)w, (float *)y, rows, n, k};
+    int bf16, threads;
+    if (!PyArg_ParseTuple(args, "nnnnnnpi", &x, &w, &y, &rows, &n, &k, &bf16, &threads)) return NULL;
+    linear_args a = {(const float *)x, (const void *)w, (float *)y, rows, n, k, bf16};
     Py_BEGIN_ALLOW_THREADS
     run_parallel(linear_part, &a, threads);
     Py_END_ALLOW_THREADS
@@ -158,7 +190,7 @@ AVX2 static inline __m256 exp8(__m256 x) {
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Decode attention over the paged pool, one query token per row. q [rows, heads, head_dim]; pool_k, pool_v
- * [num_slots, kv_heads, head_dim]; slots [rows, stride] (int64); out [rows, heads, head_dim].
+ * [num_slots, kv_heads, head_dim] (float32 or bfloat16); slots [rows, stride] (int64); out [rows, heads, head_dim].
  *
  * The work is a list of segments: segment s reads positions [t0, t1) of the slot table of row `table_row` and is
  * attended by the queries of `count` rows (seg_rows[first .. first + count)). A row alone has its context cut into
@@ -189,13 +221,23 @@ AVX2 static inline __m256 dot8(const float *query, const float *const *key, int6
 enum { TABLE_ROW, FIRST_POSITION, END_POSITION, FIRST_ROW, ROW_COUNT, SEGMENT_FIELDS };
 
 typedef struct {
-    const float *q, *k, *v;
+    const float *q;
+    const void *k, *v; /* float32 or, with bf16, bfloat16 */
     const int64_t *slots, *segments, *seg_rows, *partial_offset;
     float *partial; /* per segment: [count, heads, head_dim + 2] (output, maximum, sum) */
     int64_t stride, num_segments, heads, kv_heads, head_dim;
     float scale;
+    int bf16;
     int64_t next; /* the next segment to take */
 } attention_args;
+
+/* The n vectors of d values at `from[t]` (bfloat16), widened into rows of `to` d floats apart; returns `to`'s rows. */
+AVX2 static void widen_rows(const void *const *from, float *to, const float **rows, int64_t n, int64_t d) {
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t i = 0; i < d; i += 8) _mm256_store_ps(to + t * d + i, load8(from[t], i, 1));
+        rows[t] = to + t * d;
+    }
+}
 
 AVX2 static void attend_segment(const attention_args *a, int64_t segment) {
     const int64_t *seg = a->segments + segment * SEGMENT_FIELDS;
@@ -205,6 +247,9 @@ AVX2 static void attend_segment(const attention_args *a, int64_t segment) {
     const int64_t *rows = a->seg_rows + seg[FIRST_ROW];
     float *partial = a->partial + a->partial_offset[segment];
     float scores[MAX_QUERIES][BLOCK] __attribute__((aligned(32)));
+    /* A bf16 pool's block, widened once for all the queries that read it. */
+    float widened_k[BLOCK * MAX_HEAD_DIM] __attribute__((aligned(32))), widened_v[BLOCK * MAX_HEAD_DIM]
+        __attribute__((aligned(32)));
     const float *query[MAX_QUERIES];
     float *acc[MAX_QUERIES];
     /* Up to MAX_QUERIES queries at a time: one KV head's queries of all the segment's rows, or a part of them. */
@@ -222,9 +267,15 @@ AVX2 static void attend_segment(const attention_args *a, int64_t segment) {
         for (int64_t b0 = t0; b0 < t1; b0 += BLOCK) {
             const int64_t n = t1 - b0 < BLOCK ? t1 - b0 : BLOCK;
             const float *key[BLOCK], *value[BLOCK];
+            const void *stored_k[BLOCK], *stored_v[BLOCK];
             for (int64_t t = 0; t < n; t++) {
-                key[t] = a->k + (slots[b0 + t] * a->kv_heads + h) * d;
-                value[t] = a->v + (slots[b0 + t] * a->kv_heads + h) * d;
+                stored_k[t] = element(a->k, (slots[b0 + t] * a->kv_heads + h) * d, a->bf16);
+                stored_v[t] = element(a->v, (slots[b0 + t] * a->kv_heads + h) * d, a->bf16);
+                key[t] = (const float *)stored_k[t], value[t] = (const float *)stored_v[t];
+            }
+            if (a->bf16) {
+                widen_rows(stored_k, widened_k, key, n, d);
+                widen_rows(stored_v, widened_v, value, n, d);
             }
             for (int64_t j = 0; j < queries; j++) {
                 int64_t t = 0;
@@ -275,7 +326,7 @@ AVX2 static void attend_segment(const attention_args *a, int64_t segment) {
     }
 }
 
-static void attention_part(void *data, int thread, int threads) {
+AVX2 static void attention_part(void *data, int thread, int threads) {
     (void)thread, (void)threads;
     attention_args *a = (attention_args *)data;
     for (;;) {
@@ -316,9 +367,9 @@ static PyObject *decode_attention(PyObject *self, PyObject *args) {
     (void)self;
     Py_ssize_t q, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, kv_heads, head_dim;
     float scale;
-    int threads;
-    if (!PyArg_ParseTuple(args, "nnnnnnnnnnnnnfi", &q, &k, &v, &slots, &segments, &seg_rows, &out, &rows, &stride,
-                          &num_segments, &heads, &kv_heads, &head_dim, &scale, &threads))
+    int bf16, threads;
+    if (!PyArg_ParseTuple(args, "nnnnnnnnnnnnnfpi", &q, &k, &v, &slots, &segments, &seg_rows, &out, &rows, &stride,
+                          &num_segments, &heads, &kv_heads, &head_dim, &scale, &bf16, &threads))
         return NULL;
     if (head_dim % 8 || head_dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads) {
         PyErr_SetString(PyExc_ValueError, "unsupported attention shape");
@@ -335,9 +386,9 @@ static PyObject *decode_attention(PyObject *self, PyObject *args) {
         free(offset);
         return PyErr_NoMemory();
     }
-    attention_args a = {(const float *)q, (const float *)k, (const float *)v, (const int64_t *)slots, seg,
+    attention_args a = {(const float *)q, (const void *)k, (const void *)v, (const int64_t *)slots, seg,
                         (const int64_t *)seg_rows, offset, partial, stride, num_segments, heads, kv_heads, head_dim,
-                        scale, 0};
+                        scale, bf16, 0};
     float *row_max = partial + offset[num_segments], *row_sum = row_max + rows * heads;
     Py_BEGIN_ALLOW_THREADS
     run_parallel(attention_part, &a, threads < num_segments ? threads : (int)num_segments);
@@ -355,7 +406,8 @@ static PyObject *decode_attention(PyObject *self, PyObject *args) {
  * (Su et al., "RoFormer", 2021, in the rotate_half form: x * cos + rotate_half(x) * sin) and SwiGLU's
  * silu(gate) * up (Shazeer, "GLU Variants Improve Transformer", 2020).
  * ------------------------------------------------------------------------------------------------------------- */
-AVX2 static void rms_norm_rows(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
+AVX2_INLINE void rms_norm_rows(const float *x, const void *w, float *y, int64_t rows, int64_t n, float eps,
+                               const int bf16) {
     const int64_t n8 = n & ~(int64_t)7;
     for (int64_t r = 0; r < rows; r++) {
         const float *in = x + r * n;
@@ -372,17 +424,19 @@ AVX2 static void rms_norm_rows(const float *x, const float *w, float *y, int64_t
         const __m256 scale = _mm256_set1_ps(inverse);
         for (i = 0; i < n8; i += 8)
             _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(in + i), scale),
-                                                    _mm256_loadu_ps(w + i)));
-        for (; i < n; i++) out[i] = in[i] * inverse * w[i];
+                                                    load8(w, i, bf16)));
+        for (; i < n; i++) out[i] = in[i] * inverse * load1(w, i, bf16);
     }
 }
 
-static PyObject *rms_norm(PyObject *self, PyObject *args) {
+AVX2 static PyObject *rms_norm(PyObject *self, PyObject *args) {
     (void)self;
     Py_ssize_t x, w, y, rows, n;
     float eps;
-    if (!PyArg_ParseTuple(args, "nnnnnf", &x, &w, &y, &rows, &n, &eps)) return NULL;
-    rms_norm_rows((const float *)x, (const float *)w, (float *)y, rows, n, eps);
+    int bf16;
+    if (!PyArg_ParseTuple(args, "nnnnnfp", &x, &w, &y, &rows, &n, &eps, &bf16)) return NULL;
+    if (bf16) rms_norm_rows((const float *)x, (const void *)w, (float *)y, rows, n, eps, 1);
+    else rms_norm_rows((const float *)x, (const void *)w, (float *)y, rows, n, eps, 0);
     Py_RETURN_NONE;
 }
 
@@ -471,13 +525,13 @@ static PyObject *bind_openmp(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"supported", supported, METH_NOARGS, "Whether this CPU has AVX2 and FMA."},
     {"bind_openmp", bind_openmp, METH_VARARGS, "bind_openmp(path) -> bool: use the loaded OpenMP runtime at path."},
-    {"linear", linear, METH_VARARGS, "linear(x, w, y, rows, n, k, threads): y = x @ w.T in float32."},
-    {"rms_norm", rms_norm, METH_VARARGS, "rms_norm(x, w, y, rows, n, eps): y = RMSNorm(x) * w."},
+    {"linear", linear, METH_VARARGS, "linear(x, w, y, rows, n, k, bf16, threads): y = x @ w.T in float32."},
+    {"rms_norm", rms_norm, METH_VARARGS, "rms_norm(x, w, y, rows, n, eps, bf16): y = RMSNorm(x) * w."},
     {"rotate", rotate, METH_VARARGS, "rotate(x, cos, sin, rows, stride, heads, head_dim): rotary, in place."},
     {"silu_mul", silu_mul, METH_VARARGS, "silu_mul(gate_up, out, rows, n): out = silu(gate) * up."},
     {"decode_attention", decode_attention, METH_VARARGS,
      "decode_attention(q, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, kv_heads, "
-     "head_dim, scale, threads)."},
+     "head_dim, scale, bf16, threads)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,7 +1,9 @@
-"""Float32 decode kernels for x86-64 CPUs with AVX2 and FMA (local_engine/model/cpu_kernels.c, built by setup.py when
-a C compiler is there): the matmul of a few rows against a weight, decode attention read straight from the paged
-pool's slots, and a decoder layer's elementwise steps (RMSNorm, rotary embedding, SwiGLU), each one call where
-torch dispatches several operations.
+"""Decode kernels for x86-64 CPUs with AVX2 and FMA (local_engine/model/cpu_kernels.c, built by setup.py when a C
+compiler is there): the matmul of a few rows against a weight, decode attention read straight from the paged pool's
+slots, and a decoder layer's elementwise steps (RMSNorm, rotary embedding, SwiGLU), each one call where torch
+dispatches several operations. Weights and the pool may be float32 or bfloat16, read as stored and widened in
+registers; activations and arithmetic are float32, so a bfloat16 model's decode step reads half the bytes and
+rounds only its stored K/V.
 
 A decode step at small batch sizes reads every weight once and each sequence's context once, so its time is set by
 memory reads. On a 2-core AMD EPYC (AVX2, no AVX-512) whose read bandwidth a torch sum measures at 22.5 GB/s, MKL's
@@ -11,7 +13,7 @@ another, one linear stream per thread on torch's own OpenMP threads, each row ag
 29-32 GB/s for one row (where the torch sum read 33 in the same run) and 17 GB/s for 8.
 
 `available()` says whether they run here (built, CPU supports them, torch's OpenMP runtime found); callers keep
-torch's kernels otherwise, and for anything but float32 on the CPU.
+torch's kernels otherwise, and for any other dtype or device.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from dataclasses import dataclass
 import torch
 
 MAX_ROWS = 16  # rows up to which `linear` beats torch's GEMM (on the EPYC above: 54 against 76 ms at 16, even at 32)
+# On bfloat16 weights, widened in registers, one row reads at memory speed but more rows are bound by the widening
+# and the FMAs: on a 2-core EPYC with AVX512-BF16, SmolLM2's 270 MB took 6.0-7.4 ms at one row against 7.8-10.8
+# for oneDNN's packed bf16 GEMM (with the casts of input and output), 11.3 against 11.0 at two rows, 32 against 11 at 8.
+MAX_BF16_ROWS = 1
 _SPLIT_TOKENS = 512  # contexts are attended in parts of at most about this many tokens, one part per thread at least
 
 
@@ -44,11 +50,14 @@ def _module():
     return _cpu_kernels
 
 
+_DTYPES = (torch.float32, torch.bfloat16)  # how weights and the pool may be stored
+
+
 def attends(pool_k: torch.Tensor) -> bool:
-    """Whether `decode_attention` serves a pool layer like `pool_k` (`[num_slots, kv_heads, head_dim]`): float32 on
-    the CPU, a head_dim the kernel takes (a multiple of 8, at most 256), the kernels available."""
+    """Whether `decode_attention` serves a pool layer like `pool_k` (`[num_slots, kv_heads, head_dim]`): float32 or
+    bfloat16 on the CPU, a head_dim the kernel takes (a multiple of 8, at most 256), the kernels available."""
     head_dim = pool_k.shape[-1]
-    return (pool_k.device.type == "cpu" and pool_k.dtype == torch.float32 and head_dim % 8 == 0 and head_dim <= 256
+    return (pool_k.device.type == "cpu" and pool_k.dtype in _DTYPES and head_dim % 8 == 0 and head_dim <= 256
             and available())
 
 
@@ -58,30 +67,37 @@ def available() -> bool:
 
 
 def runs(weight: torch.Tensor) -> bool:
-    """Whether `linear` serves this weight: float32, contiguous, on the CPU, with the kernels available."""
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous()
-            and available())
+    """Whether `linear` serves this weight: float32 or bfloat16, contiguous, on the CPU, the kernels available."""
+    return weight.device.type == "cpu" and weight.dtype in _DTYPES and weight.is_contiguous() and available()
+
+
+def max_rows(weight: torch.Tensor) -> int:
+    """How many input rows `linear` takes on `weight` before torch's GEMM is faster (0 where it does not run)."""
+    if not runs(weight):
+        return 0
+    return MAX_BF16_ROWS if weight.dtype == torch.bfloat16 else MAX_ROWS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`x @ weight.T` for float32 `x` `[rows, in_features]` (rows <= MAX_ROWS) and `weight`
-    `[out_features, in_features]`, both contiguous on the CPU; returns `[rows, out_features]`. Sums in another order
-    than MKL: outputs agree within float32 rounding, not bit for bit. Raises ValueError when the features differ."""
+    """`x @ weight.T` for float32 `x` `[rows, in_features]` (rows <= `max_rows(weight)`) and float32 or bfloat16 `weight`
+    `[out_features, in_features]`, both contiguous on the CPU; returns float32 `[rows, out_features]`, summed in
+    float32 in another order than MKL or oneDNN: within float32 rounding of the exact products' sum, not bit for bit.
+    Raises ValueError when the features differ."""
     rows, k = x.shape
     if k != weight.shape[1]:
         raise ValueError(f"x has {k} features, the weight {weight.shape[1]}")
     out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
     _module().linear(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, weight.shape[0], k,
-                     torch.get_num_threads())
+                     weight.dtype == torch.bfloat16, torch.get_num_threads())
     return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm of float32 `x` `[rows, n]` with `weight` `[n]`, both contiguous on the CPU:
-    `x * rsqrt(mean(x**2) + eps) * weight`, a new `[rows, n]` tensor."""
+    """transformers' LlamaRMSNorm of float32 `x` `[rows, n]` with float32 or bfloat16 `weight` `[n]`, both
+    contiguous on the CPU, computed in float32: `x * rsqrt(mean(x**2) + eps) * weight`, a new `[rows, n]` tensor."""
     rows, n = x.shape
     out = torch.empty_like(x)
-    _module().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, n, eps)
+    _module().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, n, eps, weight.dtype == torch.bfloat16)
     return out
 
 
@@ -151,9 +167,9 @@ def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Te
                      scale: float) -> torch.Tensor:
     """One query token per row attends to its context as `plan` says.
 
-    `query`: `[rows, heads, head_dim]`, computed in float32; `pool_k`, `pool_v`: one layer of the pool, float32
-    contiguous `[num_slots, kv_heads, head_dim]` on the CPU. Returns float32 `[rows, heads, head_dim]`. Raises ValueError for
-    a head_dim that is not a multiple of 8 or is above 256.
+    `query`: `[rows, heads, head_dim]`, computed in float32; `pool_k`, `pool_v`: one layer of the pool, float32 or
+    bfloat16, contiguous `[num_slots, kv_heads, head_dim]` on the CPU. Returns float32 `[rows, heads, head_dim]`.
+    Raises ValueError for a head_dim that is not a multiple of 8 or is above 256.
     """
     query = query.to(torch.float32).contiguous()
     rows, heads, head_dim = query.shape
@@ -161,5 +177,5 @@ def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Te
     _module().decode_attention(query.data_ptr(), pool_k.data_ptr(), pool_v.data_ptr(), plan.slots.data_ptr(),
                                plan.segments.data_ptr(), plan.segment_rows.data_ptr(), out.data_ptr(), rows,
                                plan.slots.shape[1], len(plan.segments), heads, pool_k.shape[1], head_dim, scale,
-                               torch.get_num_threads())
+                               pool_k.dtype == torch.bfloat16, torch.get_num_threads())
     return out

@@ -11,11 +11,13 @@ paged attention, the same function transformers calls through the registered att
 
 In float32, RMSNorm is one fused operation (`torch.nn.functional.rms_norm`) and the rotary embedding accumulates its
 second product in place: about 15 operations per layer against about 45, within 1e-4 of transformers' logits. On a
-CPU with local_engine.model.cpu_kernels, a float32 step of up to its MAX_ROWS tokens (a decode step) calls them for
-the matmuls, RMSNorm, the rotary embedding (in place in the qkv output) and silu(gate) * up instead. In
-bfloat16 on the CPU every elementwise step rounds where transformers' forward rounds (RMSNorm in float32, rounded to
-bf16 before the weight; rotary as `q * cos + rotate_half(q) * sin`, each product rounded), a fused matmul gives each
-output the value the separate projections give, and the matmuls run on weights oneDNN has packed once at start
+CPU with local_engine.model.cpu_kernels, a step of up to its MAX_ROWS tokens (a decode step) calls them for the
+matmuls, RMSNorm, the rotary embedding (in place in the qkv output) and silu(gate) * up instead, in float32 whether the
+weights are float32 or bf16: a bf16 model's decode step then rounds only the K/V it stores (within 0.02 of the float32
+forward on the same weights where transformers' bf16 forward is further off: tests/local_engine/test_fused_llama.py).
+Otherwise, in bfloat16 on the CPU every elementwise step rounds where transformers' forward rounds (RMSNorm in
+float32, rounded to bf16 before the weight; rotary as `q * cos + rotate_half(q) * sin`, each product rounded), a fused
+matmul gives each output the value the separate projections give, and the matmuls run on weights oneDNN has packed once at start
 (local_engine.model.packed_linear), which give the same values without a reorder of every weight in every step: the
 logits are transformers' bit for bit (tests/local_engine/test_fused_llama.py; on a CPU with AMX, for steps of up to
 32 tokens, beyond which a packed matmul may round one bf16 step apart: local_engine.model.packed_linear), and on
@@ -89,6 +91,12 @@ class FusedLlamaForward:
         self.hidden = config.hidden_size
         self.swiglu = getattr(config, "hidden_act", None) == "silu"  # silu(gate) * up, the CPU kernels' MLP
         self.layers = [_Layer(layer) for layer in inner.layers[: config.num_hidden_layers]]
+        # Decode-sized steps run on the CPU kernels, in float32 whatever the weights' dtype, where they serve every
+        # matmul and the rotary embedding covers the whole head.
+        linears = [self.lm_head] + [linear for layer in self.layers
+                                    for linear in (layer.qkv, layer.gate_up, layer.o, layer.down)]
+        rotary_dim = 2 * self.rotary.inv_freq.shape[-1] if hasattr(self.rotary, "inv_freq") else None
+        self.native = all(linear.native for linear in linears) and rotary_dim == self.head_dim
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> FusedLlamaForward:
@@ -125,16 +133,17 @@ class FusedLlamaForward:
         """`input_ids`, `position_ids`: int64 `[num_tokens]`; `keep`: int64 `[num_kept]`, the rows whose logits are
         wanted; `attention(layer, q, k, v, scaling)` with q `[1, num_heads, num_tokens, head_dim]` and k, v
         `[1, num_kv_heads, num_tokens, head_dim]` returns `[1, num_tokens, num_heads, head_dim]`.
-        Returns logits `[num_kept, vocab]` in the model's dtype."""
+        Returns logits `[num_kept, vocab]` in the model's dtype, or float32 from a step on the CPU kernels."""
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         num_tokens = input_ids.shape[0]
         hidden = self.embed(input_ids)  # [T, hidden], a new tensor: residual adds go in place
+        # The kernels' elementwise steps run on one thread: for a decode step's few rows, not a prefill chunk's.
+        native = self.native and num_tokens <= cpu_kernels.MAX_ROWS
+        if native:
+            hidden = hidden.float()  # a bf16 model's decode step too: only the stored K/V are rounded to bf16
         cos, sin = self.rotary(hidden, position_ids.unsqueeze(0))  # [1, T, head_dim]
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, head_dim]
         rounded = hidden.dtype != torch.float32  # round where transformers' forward rounds
-        # The kernels' elementwise steps run on one thread: for a decode step's few rows, not a prefill chunk's.
-        native = (not rounded and num_tokens <= cpu_kernels.MAX_ROWS and hidden.device.type == "cpu"
-                  and cos.shape[-1] == head_dim and cpu_kernels.available())
         if native:
             norm, activate = cpu_kernels.rms_norm, (_native_swiglu if self.swiglu else _swiglu)
 

@@ -3,8 +3,9 @@ through its slot table. No per-request copy of the KV exists; the pool is the on
 
 Plain torch (gather the slots, then scaled-dot-product attention), so it runs on CPU and CUDA alike; on CUDA with
 flashinfer-python installed, one FlashInfer kernel per layer attends the whole step instead
-(local_engine.model.flashinfer_attention, chosen by local_engine.model.attention_backends), and in float32 on a
-CPU with local_engine.model.cpu_kernels, its decode kernel attends every decode row (a DecodePlan per step). Decode-only
+(local_engine.model.flashinfer_attention, chosen by local_engine.model.attention_backends), and on a CPU with
+local_engine.model.cpu_kernels (a float32 or bf16 pool), its decode kernel attends every decode row (a DecodePlan per
+step). Decode-only
 sequences (one query token each) are attended together in one padded batch; prefill chunks are attended one by one
 with a causal mask offset by the tokens already in the pool. On CPU, for ~1.7k-token contexts of SmolLM2's shape,
 one padded SDPA call over the decode sequences took 0.27x (8 sequences) and 0.41x (32) the time of one call per
@@ -87,7 +88,7 @@ class PagedBatch:
     # With a FlashInfer kernel every row is attended by it through `page_table` instead of the torch paths above.
     kernel: FlashInferAttention | None = None
     page_table: PageTable | None = None
-    # float32 on a CPU with local_engine.model.cpu_kernels: every decode row is attended by its kernel instead.
+    # On a CPU with local_engine.model.cpu_kernels: every decode row is attended by its kernel instead.
     decode_plan: cpu_kernels.DecodePlan | None = None
 
 

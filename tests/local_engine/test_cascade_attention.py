@@ -24,7 +24,7 @@ SCALING = HEAD_DIM**-0.5
 
 @pytest.fixture(autouse=True)
 def torch_attention(monkeypatch):
-    """These tests are of the torch paths, which float32 decode rows take where the CPU kernels do not run
+    """These tests are of the torch paths, which decode rows take where the CPU kernels do not run
     (tests/local_engine/test_cpu_kernels.py compares the kernel with them)."""
     monkeypatch.setattr(cpu_kernels, "available", lambda: False)
 

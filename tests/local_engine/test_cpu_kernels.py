@@ -1,5 +1,6 @@
-"""The float32 CPU decode kernels compute what torch computes: the few-row matmul, and decode attention from the
-paged pool for rows alone, rows sharing a prefix and rows of scattered slots, beside prefill chunks."""
+"""The CPU decode kernels compute what torch computes, on float32 or bfloat16 weights and pools: the few-row matmul,
+and decode attention from the paged pool for rows alone, rows sharing a prefix and rows of scattered slots, beside
+prefill chunks."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _cpu_has(*flags: str) -> bool:
 
 
 def test_the_kernels_run_in_ci_on_a_cpu_that_has_them():
-    """`make install` builds them; a build that silently failed would leave every float32 decode on torch."""
+    """`make install` builds them; a build that silently failed would leave every decode step on torch."""
     if os.environ.get("CI") != "true" or not _cpu_has("avx2", "fma"):
         pytest.skip("only checked in CI on an AVX2 CPU")
     assert cpu_kernels.available()
@@ -38,22 +39,23 @@ needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU 
 
 
 @needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, cpu_kernels.MAX_ROWS])
 @pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (577, 1536), (7, 13), (49, 40)])
-def test_linear_equals_a_float64_matmul_within_float32_rounding(rows, out_features, in_features):
+def test_linear_equals_a_float64_matmul_within_float32_rounding(rows, out_features, in_features, dtype):
     generator = torch.Generator().manual_seed(rows * 1000 + in_features)
-    weight = torch.randn(out_features, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator).to(dtype)  # bf16: its values, exactly
     x = torch.randn(rows, in_features, generator=generator)
     exact = x.double() @ weight.double().T
     got = cpu_kernels.linear(x, weight)
     assert got.shape == (rows, out_features) and got.dtype == torch.float32
-    torch_error = (F.linear(x, weight).double() - exact).abs().max().item()
+    torch_error = (F.linear(x, weight.float()).double() - exact).abs().max().item()
     assert (got.double() - exact).abs().max().item() <= 4 * torch_error + 1e-6
 
 
-def _pool(seed: int, slots: int = 1000) -> KVPool:
+def _pool(seed: int, slots: int = 1000, dtype: torch.dtype = torch.float32) -> KVPool:
     torch.manual_seed(seed)
-    pool = KVPool(KVPoolConfig(1, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu")), slots)
+    pool = KVPool(KVPoolConfig(1, NUM_KV_HEADS, HEAD_DIM, dtype, torch.device("cpu")), slots)
     pool.k.normal_()
     pool.v.normal_()
     return pool
@@ -68,9 +70,10 @@ def _alone(pool: KVPool, query: torch.Tensor, table: torch.Tensor) -> torch.Tens
 
 
 @needs_kernels
-def test_decode_rows_of_every_kind_attend_as_each_alone_and_prefill_chunks_are_unchanged(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_rows_of_every_kind_attend_as_each_alone_and_prefill_chunks_are_unchanged(monkeypatch, dtype):
     tables, counts = mixed_tables()  # two groups, a row alone, a short shared opening, scattered slots, a prefill
-    pool = _pool(0)
+    pool = _pool(0, dtype=dtype)  # bf16: read as stored, the arithmetic in float32
     total = sum(counts)
     query = torch.randn(1, NUM_HEADS, total, HEAD_DIM)
     key, value = torch.randn(2, 1, NUM_KV_HEADS, total, HEAD_DIM)
@@ -109,9 +112,9 @@ def test_a_group_reads_its_shared_prefix_once_in_parts_and_each_row_its_suffix()
 
 
 @needs_kernels
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_a_row_alone_is_split_for_the_threads_and_merged_exactly(threads):
-    pool = _pool(2, 4000)
+@pytest.mark.parametrize(("threads", "dtype"), [(1, torch.float32), (2, torch.float32), (3, torch.bfloat16)])
+def test_a_row_alone_is_split_for_the_threads_and_merged_exactly(threads, dtype):
+    pool = _pool(2, 4000, dtype)
     table = torch.randperm(4000)[:3001]
     query = torch.randn(1, NUM_HEADS, HEAD_DIM) * 4  # sharp scores: a wrong merge of the parts' maxima shows
     plan = cpu_kernels.plan_decode([table], [], threads=threads)
@@ -127,6 +130,9 @@ def test_the_elementwise_steps_equal_transformers_forms(rows):
     x, weight = torch.randn(rows, 581, generator=generator) * 3, torch.randn(581, generator=generator)
     expected = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
     assert torch.allclose(cpu_kernels.rms_norm(x, weight, 1e-5), expected, rtol=1e-5, atol=1e-5)
+    rounded = weight.to(torch.bfloat16)  # a bf16 model's norm weight: read as stored
+    assert torch.allclose(cpu_kernels.rms_norm(x, rounded, 1e-5), expected / weight * rounded.float(), rtol=1e-5,
+                          atol=1e-5)
     gate_up = torch.randn(rows, 2 * 99, generator=generator) * 8  # large gates: exp's range ends
     gate, up = gate_up.chunk(2, dim=-1)
     assert torch.allclose(cpu_kernels.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)

@@ -1,11 +1,13 @@
-"""The fused Llama forward computes what transformers' forward computes (in bf16 on the CPU bit for bit), holds no
-second plain copy of the weights, and leaves models outside its scope to transformers."""
+"""The fused Llama forward computes what transformers' forward computes (in bf16 on the CPU bit for bit, or in float32
+on the CPU kernels), holds no second plain copy of the weights, and leaves models outside its scope to transformers."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from local_engine.cache import KVPool, SlotAllocator
+from local_engine.model import cpu_kernels
 from local_engine.model.fused_llama import FusedLlamaForward
 from local_engine.model.runner import ModelRunner, ScheduledChunk
 
@@ -63,7 +65,9 @@ def test_models_with_projection_biases_keep_the_transformers_forward():
     assert _runner(model, True)._fused is None
 
 
-def test_in_bfloat16_on_the_cpu_the_logits_and_greedy_tokens_are_transformers_bit_for_bit():
+def test_in_bfloat16_on_the_cpu_the_logits_and_greedy_tokens_are_transformers_bit_for_bit(monkeypatch):
+    """Off the CPU kernels (their bf16 decode steps compute in float32: the next test)."""
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     model = build_tiny_llama(vocab_size=300, seed=5).to(torch.bfloat16)
     config = ModelRunner.pool_config_for(model, torch.device("cpu"), torch.bfloat16)
     fused, plain = (ModelRunner(model, KVPool(config, 1024), fused=flag) for flag in (True, False))
@@ -88,6 +92,35 @@ def test_in_bfloat16_on_the_cpu_the_logits_and_greedy_tokens_are_transformers_bi
                 tokens[id(runner)][r] = [int(row.argmax())]
         assert torch.equal(logits[0], logits[1])
     assert tokens[id(fused)] == tokens[id(plain)]
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or do not run here")
+def test_on_the_cpu_kernels_a_bfloat16_decode_step_computes_in_float32_on_the_bf16_weights_and_kv():
+    """Decode-sized steps of a bf16 model round nothing but the K/V they store: their logits are the float32 forward's
+    on the same (bf16) weights within the K/V's rounding, closer to it than transformers' bf16 forward."""
+    model = build_tiny_llama(vocab_size=300, seed=6).to(torch.bfloat16)
+    reference = build_tiny_llama(vocab_size=300, seed=6).to(torch.bfloat16).float()  # the same weights, in fp32
+    runners = {}
+    for name, net, dtype, fused in (("kernels", model, torch.bfloat16, True), ("transformers", model, torch.bfloat16,
+                                    False), ("float32", reference, torch.float32, True)):
+        config = ModelRunner.pool_config_for(net, torch.device("cpu"), dtype)
+        runners[name] = ModelRunner(net, KVPool(config, 512), fused=fused)
+    assert runners["kernels"]._fused.native
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(5, 300, (n,), generator=generator).tolist() for n in (12, 40)]  # native, then oneDNN
+    tables = [torch.arange(0, 60), torch.arange(100, 160)]
+    for prompt, table in zip(prompts, tables):
+        for runner in runners.values():
+            runner.forward([ScheduledChunk(prompt, table[: len(prompt)], True)])
+    tokens = [[7], [9]]
+    for step in range(4):
+        chunks = [ScheduledChunk(tokens[i], tables[i][: len(prompts[i]) + step + 1], True) for i in range(2)]
+        logits = {name: runner.forward(chunks[:1] if step < 2 else chunks) for name, runner in runners.items()}
+        assert logits["kernels"].dtype == torch.float32
+        error = (logits["kernels"] - logits["float32"]).abs().max().item()
+        assert error <= 0.02 and error < (logits["transformers"].float() - logits["float32"]).abs().max().item()
+        assert torch.equal(logits["kernels"].argmax(-1), logits["float32"].argmax(-1))
+        tokens = [[int(row.argmax())] for row in logits["float32"]] + tokens[len(logits["float32"]):]
 
 
 def test_bfloat16_models_off_the_cpu_keep_the_transformers_forward():

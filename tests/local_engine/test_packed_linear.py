@@ -45,3 +45,22 @@ def test_float32_weights_are_not_packed():
     assert torch.equal(linear(many), F.linear(many, weight))
     few = torch.randn(3, 32)
     assert torch.allclose(linear(few), F.linear(few, weight), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or do not run here")
+def test_float32_rows_on_a_bf16_weight_come_back_in_float32_from_the_kernel_or_onednn():
+    """A bf16 model's decode step on the CPU kernels: one row through the kernel, more through oneDNN's bf16 GEMM on
+    rows rounded to bf16; float32 out either way, and bf16 rows keep the bf16 path bit for bit."""
+    generator = torch.Generator().manual_seed(7)
+    weight = (torch.randn(96, 64, generator=generator) * 0.1).to(torch.bfloat16)
+    linear = PackedLinear(weight)
+    assert linear.native_rows == cpu_kernels.MAX_BF16_ROWS
+    for rows in (1, cpu_kernels.MAX_BF16_ROWS + 1, 5):
+        x = torch.randn(rows, 64, generator=generator)
+        out = linear(x)
+        exact = x.double() @ weight.double().T
+        assert out.dtype == torch.float32 and out.shape == (rows, 96)
+        tolerance = 1e-5 if rows <= cpu_kernels.MAX_BF16_ROWS else 2 * _BF16_STEP * exact.abs().max().item()
+        assert (out.double() - exact).abs().max().item() <= tolerance
+    rounded = torch.randn(3, 64, generator=generator).to(torch.bfloat16)
+    assert torch.equal(linear(rounded), F.linear(rounded, weight))

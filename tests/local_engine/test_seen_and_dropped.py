@@ -59,11 +59,12 @@ def test_remembered_answers_count_as_seen_without_being_cached():
 
 
 def test_the_seen_index_is_bounded():
-    index = SeenIndex(capacity=8, page_size=2)
-    for start in range(0, 100, 10):
-        index.remember("a", list(range(start, start + 10)))
+    index = SeenIndex(capacity=8, page_size=2)  # hashed by pages of MIN_PAGE_TOKENS
+    for start in range(0, 400, 40):
+        index.remember("a", list(range(start, start + 40)))
     assert len(index) <= 8
-    assert index.seen_tokens("a", list(range(90, 100))) == 10
+    assert index.seen_tokens("a", list(range(360, 400))) == 40
+    assert index.seen_tokens("a", list(range(0, 40))) == 0  # forgotten: least recently used first
 
 
 def test_segment_starts_give_each_part_first_token():
@@ -88,7 +89,8 @@ def test_seen_tokens_are_the_longest_prefix_shared_with_a_remembered_sequence(pa
     truth = max(_shared(tokens, prompt) for tokens in remembered)
     seen = index.seen_tokens("a", prompt)
     # Per-token fingerprints are 16 bits: a collision can only lengthen the match inside the page where it ends.
-    assert truth <= seen < truth - truth % page_size + page_size
+    stride = index.page_size  # page_size or MIN_PAGE_TOKENS, whichever is longer
+    assert truth <= seen < truth - truth % stride + stride
 
 
 def _shared(a: list[int], b: list[int]) -> int:
