@@ -205,12 +205,12 @@ AVX2 static inline __m256 exp8(__m256 x) {
 #define BLOCK 64
 
 /* scale * (query . key[u]) for 8 keys, as one vector: 8 accumulators, then a tree of horizontal adds. */
-AVX2 static inline __m256 dot8(const float *query, const float *const *key, int64_t d, float scale) {
+AVX2_INLINE __m256 dot8(const float *query, const void *const *key, int64_t d, float scale, const int bf16) {
     __m256 acc[8];
     for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 8) {
         const __m256 q = _mm256_loadu_ps(query + i);
-        for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(_mm256_loadu_ps(key[u] + i), q, acc[u]);
+        for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(load8(key[u], i, bf16), q, acc[u]);
     }
     const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
     const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
@@ -221,25 +221,17 @@ AVX2 static inline __m256 dot8(const float *query, const float *const *key, int6
 enum { TABLE_ROW, FIRST_POSITION, END_POSITION, FIRST_ROW, ROW_COUNT, SEGMENT_FIELDS };
 
 typedef struct {
-    const float *q;
+    const float *q; /* a row's heads head_dim floats apart, rows q_stride floats apart */
     const void *k, *v; /* float32 or, with bf16, bfloat16 */
     const int64_t *slots, *segments, *seg_rows, *partial_offset;
     float *partial; /* per segment: [count, heads, head_dim + 2] (output, maximum, sum) */
-    int64_t stride, num_segments, heads, kv_heads, head_dim;
+    int64_t q_stride, stride, num_segments, heads, kv_heads, head_dim;
     float scale;
     int bf16;
     int64_t next; /* the next segment to take */
 } attention_args;
 
-/* The n vectors of d values at `from[t]` (bfloat16), widened into rows of `to` d floats apart; returns `to`'s rows. */
-AVX2 static void widen_rows(const void *const *from, float *to, const float **rows, int64_t n, int64_t d) {
-    for (int64_t t = 0; t < n; t++) {
-        for (int64_t i = 0; i < d; i += 8) _mm256_store_ps(to + t * d + i, load8(from[t], i, 1));
-        rows[t] = to + t * d;
-    }
-}
-
-AVX2 static void attend_segment(const attention_args *a, int64_t segment) {
+AVX2_INLINE void attend_segment(const attention_args *a, int64_t segment, const int bf16) {
     const int64_t *seg = a->segments + segment * SEGMENT_FIELDS;
     const int64_t d = a->head_dim, group = a->heads / a->kv_heads, record = d + 2;
     const int64_t count = seg[ROW_COUNT], t0 = seg[FIRST_POSITION], t1 = seg[END_POSITION];
@@ -247,9 +239,6 @@ AVX2 static void attend_segment(const attention_args *a, int64_t segment) {
     const int64_t *rows = a->seg_rows + seg[FIRST_ROW];
     float *partial = a->partial + a->partial_offset[segment];
     float scores[MAX_QUERIES][BLOCK] __attribute__((aligned(32)));
-    /* A bf16 pool's block, widened once for all the queries that read it. */
-    float widened_k[BLOCK * MAX_HEAD_DIM] __attribute__((aligned(32))), widened_v[BLOCK * MAX_HEAD_DIM]
-        __attribute__((aligned(32)));
     const float *query[MAX_QUERIES];
     float *acc[MAX_QUERIES];
     /* Up to MAX_QUERIES queries at a time: one KV head's queries of all the segment's rows, or a part of them. */
@@ -258,7 +247,7 @@ AVX2 static void attend_segment(const attention_args *a, int64_t segment) {
         const int64_t queries = count * group - j0 < MAX_QUERIES ? count * group - j0 : MAX_QUERIES;
         for (int64_t j = 0; j < queries; j++) {
             const int64_t row = rows[(j0 + j) / group], head = h * group + (j0 + j) % group;
-            query[j] = a->q + (row * a->heads + head) * d;
+            query[j] = a->q + row * a->q_stride + head * d;
             acc[j] = partial + (((j0 + j) / group) * a->heads + head) * record;
             memset(acc[j], 0, sizeof(float) * d);
             acc[j][d] = -INFINITY;
@@ -266,24 +255,18 @@ AVX2 static void attend_segment(const attention_args *a, int64_t segment) {
         }
         for (int64_t b0 = t0; b0 < t1; b0 += BLOCK) {
             const int64_t n = t1 - b0 < BLOCK ? t1 - b0 : BLOCK;
-            const float *key[BLOCK], *value[BLOCK];
-            const void *stored_k[BLOCK], *stored_v[BLOCK];
+            const void *key[BLOCK], *value[BLOCK];
             for (int64_t t = 0; t < n; t++) {
-                stored_k[t] = element(a->k, (slots[b0 + t] * a->kv_heads + h) * d, a->bf16);
-                stored_v[t] = element(a->v, (slots[b0 + t] * a->kv_heads + h) * d, a->bf16);
-                key[t] = (const float *)stored_k[t], value[t] = (const float *)stored_v[t];
-            }
-            if (a->bf16) {
-                widen_rows(stored_k, widened_k, key, n, d);
-                widen_rows(stored_v, widened_v, value, n, d);
+                key[t] = element(a->k, (slots[b0 + t] * a->kv_heads + h) * d, bf16);
+                value[t] = element(a->v, (slots[b0 + t] * a->kv_heads + h) * d, bf16);
             }
             for (int64_t j = 0; j < queries; j++) {
                 int64_t t = 0;
-                for (; t + 8 <= n; t += 8) _mm256_store_ps(scores[j] + t, dot8(query[j], key + t, d, a->scale));
+                for (; t + 8 <= n; t += 8) _mm256_store_ps(scores[j] + t, dot8(query[j], key + t, d, a->scale, bf16));
                 for (; t < n; t++) {
                     __m256 dot = _mm256_setzero_ps();
                     for (int64_t i = 0; i < d; i += 8)
-                        dot = _mm256_fmadd_ps(_mm256_loadu_ps(key[t] + i), _mm256_loadu_ps(query[j] + i), dot);
+                        dot = _mm256_fmadd_ps(load8(key[t], i, bf16), _mm256_loadu_ps(query[j] + i), dot);
                     scores[j][t] = sum8(dot) * a->scale;
                 }
             }
@@ -317,7 +300,7 @@ AVX2 static void attend_segment(const attention_args *a, int64_t segment) {
                     for (int64_t u = 0; u < n; u++) {
                         const __m256 p = _mm256_set1_ps(scores[j][u]);
                         for (int k = 0; k < width; k++)
-                            reg[k] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value[u] + i0 + 8 * k), reg[k]);
+                            reg[k] = _mm256_fmadd_ps(p, load8(value[u], i0 + 8 * k, bf16), reg[k]);
                     }
                     for (int k = 0; k < width; k++) _mm256_storeu_ps(out + i0 + 8 * k, reg[k]);
                 }
@@ -332,7 +315,8 @@ AVX2 static void attention_part(void *data, int thread, int threads) {
     for (;;) {
         const int64_t segment = __atomic_fetch_add(&a->next, 1, __ATOMIC_RELAXED);
         if (segment >= a->num_segments) return;
-        attend_segment(a, segment);
+        if (a->bf16) attend_segment(a, segment, 1);
+        else attend_segment(a, segment, 0);
     }
 }
 
@@ -365,11 +349,11 @@ static void merge_segments(const attention_args *a, float *out, float *row_max, 
 
 static PyObject *decode_attention(PyObject *self, PyObject *args) {
     (void)self;
-    Py_ssize_t q, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, kv_heads, head_dim;
+    Py_ssize_t q, q_stride, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, kv_heads, head_dim;
     float scale;
     int bf16, threads;
-    if (!PyArg_ParseTuple(args, "nnnnnnnnnnnnnfpi", &q, &k, &v, &slots, &segments, &seg_rows, &out, &rows, &stride,
-                          &num_segments, &heads, &kv_heads, &head_dim, &scale, &bf16, &threads))
+    if (!PyArg_ParseTuple(args, "nnnnnnnnnnnnnnfpi", &q, &q_stride, &k, &v, &slots, &segments, &seg_rows, &out, &rows,
+                          &stride, &num_segments, &heads, &kv_heads, &head_dim, &scale, &bf16, &threads))
         return NULL;
     if (head_dim % 8 || head_dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads) {
         PyErr_SetString(PyExc_ValueError, "unsupported attention shape");
@@ -387,8 +371,8 @@ static PyObject *decode_attention(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     }
     attention_args a = {(const float *)q, (const void *)k, (const void *)v, (const int64_t *)slots, seg,
-                        (const int64_t *)seg_rows, offset, partial, stride, num_segments, heads, kv_heads, head_dim,
-                        scale, bf16, 0};
+                        (const int64_t *)seg_rows, offset, partial, q_stride, stride, num_segments, heads, kv_heads,
+                        head_dim, scale, bf16, 0};
     float *row_max = partial + offset[num_segments], *row_sum = row_max + rows * heads;
     Py_BEGIN_ALLOW_THREADS
     run_parallel(attention_part, &a, threads < num_segments ? threads : (int)num_segments);
@@ -396,6 +380,36 @@ static PyObject *decode_attention(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     free(partial);
     free(offset);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * A step's new K (or V) into the pool: row r of src (`width` floats, rows `src_stride` floats apart) into slot
+ * slots[r] of a pool of `width`-element slots, float32 or bfloat16. bfloat16 is rounded to nearest even, a NaN
+ * becoming 0x7FC0: c10::BFloat16's conversion, so the pool holds what torch's `.to(torch.bfloat16)` would write.
+ * ------------------------------------------------------------------------------------------------------------- */
+static inline uint16_t to_bf16(float value) {
+    if (value != value) return 0x7FC0;
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+static PyObject *store_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_ssize_t pool, src, src_stride, slots, rows, width;
+    int bf16;
+    if (!PyArg_ParseTuple(args, "nnnnnnp", &pool, &src, &src_stride, &slots, &rows, &width, &bf16)) return NULL;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const float *from = (const float *)src + r * src_stride;
+        const int64_t slot = ((const int64_t *)slots)[r];
+        if (bf16) {
+            uint16_t *to = (uint16_t *)pool + slot * width;
+            for (Py_ssize_t i = 0; i < width; i++) to[i] = to_bf16(from[i]);
+        } else {
+            memcpy((float *)pool + slot * width, from, sizeof(float) * (size_t)width);
+        }
+    }
     Py_RETURN_NONE;
 }
 
@@ -530,8 +544,9 @@ static PyMethodDef methods[] = {
     {"rotate", rotate, METH_VARARGS, "rotate(x, cos, sin, rows, stride, heads, head_dim): rotary, in place."},
     {"silu_mul", silu_mul, METH_VARARGS, "silu_mul(gate_up, out, rows, n): out = silu(gate) * up."},
     {"decode_attention", decode_attention, METH_VARARGS,
-     "decode_attention(q, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, kv_heads, "
-     "head_dim, scale, bf16, threads)."},
+     "decode_attention(q, q_stride, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, "
+     "kv_heads, head_dim, scale, bf16, threads)."},
+    {"store_rows", store_rows, METH_VARARGS, "store_rows(pool, src, src_stride, slots, rows, width, bf16)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -79,10 +79,10 @@ def max_rows(weight: torch.Tensor) -> int:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`x @ weight.T` for float32 `x` `[rows, in_features]` (rows <= `max_rows(weight)`) and float32 or bfloat16 `weight`
-    `[out_features, in_features]`, both contiguous on the CPU; returns float32 `[rows, out_features]`, summed in
-    float32 in another order than MKL or oneDNN: within float32 rounding of the exact products' sum, not bit for bit.
-    Raises ValueError when the features differ."""
+    """`x @ weight.T` for float32 `x` `[rows, in_features]` (rows <= `max_rows(weight)`) and float32 or bfloat16
+    `weight` `[out_features, in_features]`, both contiguous on the CPU; returns float32 `[rows, out_features]`,
+    summed in float32 in another order than MKL or oneDNN: within float32 rounding of the exact products' sum, not
+    bit for bit. Raises ValueError when the features differ."""
     rows, k = x.shape
     if k != weight.shape[1]:
         raise ValueError(f"x has {k} features, the weight {weight.shape[1]}")
@@ -163,19 +163,38 @@ def plan_decode(tables: list[torch.Tensor], groups: list[tuple[list[int], int]],
                       torch.tensor(segment_rows, dtype=torch.int64))
 
 
+def _rows_of_heads(x: torch.Tensor) -> torch.Tensor:
+    """`x` `[rows, heads, head_dim]` as float32 whose heads lie head_dim apart in each row (rows may lie further
+    apart, as in a view of a step's qkv output): `x` itself when it is so, else a contiguous float32 copy."""
+    if x.dtype == torch.float32 and x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x
+    return x.to(torch.float32).contiguous()
+
+
 def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, plan: DecodePlan,
-                     scale: float) -> torch.Tensor:
+                     scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per row attends to its context as `plan` says.
 
-    `query`: `[rows, heads, head_dim]`, computed in float32; `pool_k`, `pool_v`: one layer of the pool, float32 or
-    bfloat16, contiguous `[num_slots, kv_heads, head_dim]` on the CPU. Returns float32 `[rows, heads, head_dim]`.
+    `query`: `[rows, heads, head_dim]`, computed in float32 (a view with rows further apart is read in place);
+    `pool_k`, `pool_v`: one layer of the pool, float32 or bfloat16, contiguous `[num_slots, kv_heads, head_dim]` on
+    the CPU. Writes into `out` (contiguous float32 `[rows, heads, head_dim]`; a new tensor when None) and returns it.
     Raises ValueError for a head_dim that is not a multiple of 8 or is above 256.
     """
-    query = query.to(torch.float32).contiguous()
+    query = _rows_of_heads(query)
     rows, heads, head_dim = query.shape
-    out = torch.empty_like(query)
-    _module().decode_attention(query.data_ptr(), pool_k.data_ptr(), pool_v.data_ptr(), plan.slots.data_ptr(),
-                               plan.segments.data_ptr(), plan.segment_rows.data_ptr(), out.data_ptr(), rows,
-                               plan.slots.shape[1], len(plan.segments), heads, pool_k.shape[1], head_dim, scale,
-                               pool_k.dtype == torch.bfloat16, torch.get_num_threads())
+    if out is None:
+        out = torch.empty(rows, heads, head_dim, dtype=torch.float32)
+    _module().decode_attention(query.data_ptr(), query.stride(0), pool_k.data_ptr(), pool_v.data_ptr(),
+                               plan.slots.data_ptr(), plan.segments.data_ptr(), plan.segment_rows.data_ptr(),
+                               out.data_ptr(), rows, plan.slots.shape[1], len(plan.segments), heads, pool_k.shape[1],
+                               head_dim, scale, pool_k.dtype == torch.bfloat16, torch.get_num_threads())
     return out
+
+
+def store(pool_layer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """`pool_layer[slots] = rows` for float32 `rows` `[n, kv_heads, head_dim]` (a view with tokens further apart is
+    read in place) into a float32 or bfloat16 pool layer `[num_slots, kv_heads, head_dim]` on the CPU, rounding to
+    bfloat16 as torch's `.to(torch.bfloat16)` does; `slots`: int64 `[n]`, contiguous."""
+    rows = _rows_of_heads(rows)
+    _module().store_rows(pool_layer.data_ptr(), rows.data_ptr(), rows.stride(0), slots.data_ptr(), rows.shape[0],
+                         rows.shape[1] * rows.shape[2], pool_layer.dtype == torch.bfloat16)

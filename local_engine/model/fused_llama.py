@@ -17,11 +17,12 @@ weights are float32 or bf16: a bf16 model's decode step then rounds only the K/V
 forward on the same weights where transformers' bf16 forward is further off: tests/local_engine/test_fused_llama.py).
 Otherwise, in bfloat16 on the CPU every elementwise step rounds where transformers' forward rounds (RMSNorm in
 float32, rounded to bf16 before the weight; rotary as `q * cos + rotate_half(q) * sin`, each product rounded), a fused
-matmul gives each output the value the separate projections give, and the matmuls run on weights oneDNN has packed once at start
-(local_engine.model.packed_linear), which give the same values without a reorder of every weight in every step: the
-logits are transformers' bit for bit (tests/local_engine/test_fused_llama.py; on a CPU with AMX, for steps of up to
-32 tokens, beyond which a packed matmul may round one bf16 step apart: local_engine.model.packed_linear), and on
-SmolLM2 with a 1.8k-token context a one-token step took 56 ms of CPU time against 77 (one thread, machine load 6).
+matmul gives each output the value the separate projections give, and the matmuls run on weights oneDNN has packed
+once at start (local_engine.model.packed_linear), which give the same values without a reorder of every weight in
+every step: the logits are transformers' bit for bit (tests/local_engine/test_fused_llama.py; on a CPU with AMX, for
+steps of up to 32 tokens, beyond which a packed matmul may round one bf16 step apart:
+local_engine.model.packed_linear), and on SmolLM2 with a 1.8k-token context a one-token step took 56 ms of CPU time
+against 77 (one thread, machine load 6).
 bf16 on CUDA keeps transformers' forward, whose cuBLAS kernels may round a fused matmul differently.
 
 Models outside its scope (biases on the projections, q/k norms, sliding windows, other block layouts) keep the

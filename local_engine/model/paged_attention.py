@@ -175,13 +175,18 @@ def paged_attention(
     head_dim]` (the layout transformers' attention functions return).
     """
     pool_k, pool_v = batch.pool.k[layer], batch.pool.v[layer]  # [num_slots, num_kv_heads, head_dim]
-    pool_k.index_copy_(0, batch.write_slots, key[0].transpose(0, 1).to(pool_k.dtype))
-    pool_v.index_copy_(0, batch.write_slots, value[0].transpose(0, 1).to(pool_v.dtype))
+    new_k, new_v = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [num_tokens, num_kv_heads, head_dim]
+    if batch.decode_plan is not None and new_k.dtype == torch.float32:
+        cpu_kernels.store(pool_k, batch.write_slots, new_k)  # no cast, no gather of the step's rows
+        cpu_kernels.store(pool_v, batch.write_slots, new_v)
+    else:
+        pool_k.index_copy_(0, batch.write_slots, new_k.to(pool_k.dtype))
+        pool_v.index_copy_(0, batch.write_slots, new_v.to(pool_v.dtype))
     queries = query[0].transpose(0, 1)  # [num_tokens, num_heads, head_dim]
     if batch.kernel is not None:
         batch.kernel.ensure_planned(batch.page_table, scaling)
         return batch.kernel.run(queries, pool_k, pool_v).to(queries.dtype).unsqueeze(0)
-    out = torch.empty_like(queries)
+    out = torch.empty(queries.shape, dtype=queries.dtype, device=queries.device)  # contiguous: kernels write rows
     num_kv_heads, head_dim = pool_k.shape[1], pool_k.shape[2]
     if batch.cascade is not None:
         rows = batch.cascade.rows
@@ -190,7 +195,10 @@ def paged_attention(
         out.index_copy_(0, rows, attended.to(out.dtype))
     if batch.decode_plan is not None:
         rows = batch.decode_plan.rows
-        out[:rows] = cpu_kernels.decode_attention(queries[:rows], pool_k, pool_v, batch.decode_plan, scaling)
+        if out.dtype == torch.float32:
+            cpu_kernels.decode_attention(queries[:rows], pool_k, pool_v, batch.decode_plan, scaling, out[:rows])
+        else:
+            out[:rows] = cpu_kernels.decode_attention(queries[:rows], pool_k, pool_v, batch.decode_plan, scaling)
     if batch.decode_slots is not None:
         rows, longest = batch.decode_slots.shape
         flat = batch.decode_slots.view(-1)

@@ -156,3 +156,24 @@ def test_mismatched_inputs_are_refused_or_converted_not_read_past():
     out = cpu_kernels.decode_attention(query, pool.k[0], pool.v[0], cpu_kernels.plan_decode([table], []), SCALING)
     assert out.dtype == torch.float32 and (out[0].double() - _alone(pool, query[0].float(), table)).abs().max() <= 1e-5
     assert not cpu_kernels.attends(torch.zeros(4, 1, 12))  # a head_dim the kernel does not take: torch's path
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_steps_new_rows_are_stored_as_torch_would_store_them(dtype):
+    """Rows of a step's qkv output (a strided view) into scattered slots: float32 as is, bf16 rounded to nearest even
+    as `.to(torch.bfloat16)` rounds, ties and the extremes included."""
+    qkv = torch.randn(5, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM) * 100
+    qkv[0, NUM_HEADS, :4] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, 3.4e38, -0.0])  # ties either way, overflow
+    rows = qkv[:, NUM_HEADS : NUM_HEADS + NUM_KV_HEADS]  # [5, kv_heads, head_dim], rows further apart
+    slots = torch.tensor([7, 3, 900, 41, 0])
+    pool, expected = (torch.zeros(1000, NUM_KV_HEADS, HEAD_DIM, dtype=dtype) for _ in range(2))
+    cpu_kernels.store(pool, slots, rows)
+    expected.index_copy_(0, slots, rows.to(dtype))
+    assert torch.equal(pool.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    queries = (qkv / 100)[:, :NUM_HEADS]  # read in place: the same attention as from a contiguous copy
+    plan, context = cpu_kernels.plan_decode([torch.arange(40 + row) for row in range(5)], []), _pool(4, dtype=dtype)
+    in_place = cpu_kernels.decode_attention(queries, context.k[0], context.v[0], plan, SCALING)
+    copied = cpu_kernels.decode_attention(queries.contiguous(), context.k[0], context.v[0], plan, SCALING)
+    assert queries.stride(0) > NUM_HEADS * HEAD_DIM and torch.equal(in_place, copied)
