@@ -66,6 +66,12 @@ def available() -> bool:
     return _module() is not None
 
 
+def use_avx512(enabled: bool) -> bool:
+    """Whether decode attention takes its 512-bit path (for a KV head read by 8 or more queries) on a CPU with
+    AVX-512F, as it does by default; returns whether it now does. The AVX2 path computes the same values."""
+    return _module().use_avx512(enabled)
+
+
 def runs(weight: torch.Tensor) -> bool:
     """Whether `linear` serves this weight: float32 or bfloat16, contiguous, on the CPU, the kernels available."""
     return weight.device.type == "cpu" and weight.dtype in _DTYPES and weight.is_contiguous() and available()

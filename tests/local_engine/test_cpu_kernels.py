@@ -53,6 +53,17 @@ def test_linear_equals_a_float64_matmul_within_float32_rounding(rows, out_featur
     assert (got.double() - exact).abs().max().item() <= 4 * torch_error + 1e-6
 
 
+@pytest.fixture(params=["avx512", "avx2"])
+def vectors(request):
+    """Decode attention's 512-bit path (a KV head read by 8 or more queries, on a CPU with AVX-512F), then its AVX2
+    path for the same inputs."""
+    if request.param == "avx512" and not cpu_kernels.use_avx512(True):
+        pytest.skip("this CPU has no AVX-512F")
+    cpu_kernels.use_avx512(request.param == "avx512")
+    yield request.param
+    cpu_kernels.use_avx512(True)
+
+
 def _pool(seed: int, slots: int = 1000, dtype: torch.dtype = torch.float32) -> KVPool:
     torch.manual_seed(seed)
     pool = KVPool(KVPoolConfig(1, NUM_KV_HEADS, HEAD_DIM, dtype, torch.device("cpu")), slots)
@@ -71,7 +82,8 @@ def _alone(pool: KVPool, query: torch.Tensor, table: torch.Tensor) -> torch.Tens
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_rows_of_every_kind_attend_as_each_alone_and_prefill_chunks_are_unchanged(monkeypatch, dtype):
+def test_decode_rows_of_every_kind_attend_as_each_alone_and_prefill_chunks_are_unchanged(monkeypatch, dtype,
+                                                                                         vectors):
     tables, counts = mixed_tables()  # two groups, a row alone, a short shared opening, scattered slots, a prefill
     pool = _pool(0, dtype=dtype)  # bf16: read as stored, the arithmetic in float32
     total = sum(counts)
@@ -88,7 +100,7 @@ def test_decode_rows_of_every_kind_attend_as_each_alone_and_prefill_chunks_are_u
 
 
 @needs_kernels
-def test_a_group_reads_its_shared_prefix_once_in_parts_and_each_row_its_suffix():
+def test_a_group_reads_its_shared_prefix_once_in_parts_and_each_row_its_suffix(vectors):
     prefix = torch.arange(1700)
     tables = [torch.cat([prefix, torch.arange(2000 + 50 * i, 2000 + 50 * i + 1 + i)]) for i in range(6)]
     tables.append(torch.arange(2400, 2400 + 1000))  # a row alone
@@ -106,6 +118,20 @@ def test_a_group_reads_its_shared_prefix_once_in_parts_and_each_row_its_suffix()
     assert sizes == sorted(sizes, reverse=True)  # largest first, for the threads' shared counter
     pool = _pool(1, 3500)
     query = torch.randn(len(tables), NUM_HEADS, HEAD_DIM)
+    out = cpu_kernels.decode_attention(query, pool.k[0], pool.v[0], plan, SCALING)
+    for row, table in enumerate(tables):
+        assert (out[row].double() - _alone(pool, query[row], table)).abs().max() <= 1e-5
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_more_queries_on_one_kv_head_than_one_pass_takes(dtype, vectors):
+    """13 rows on one prefix: 39 queries per KV head, more than the 512-bit path's 32 at a time."""
+    tables = [torch.cat([torch.arange(300), torch.arange(400 + 10 * row, 400 + 10 * row + 1 + row % 4)])
+              for row in range(13)]
+    plan = cpu_kernels.plan_decode(tables, find_shared_prefixes(tables, 64), threads=2)
+    pool = _pool(5, 600, dtype)
+    query = torch.randn(len(tables), NUM_HEADS, HEAD_DIM) * 2
     out = cpu_kernels.decode_attention(query, pool.k[0], pool.v[0], plan, SCALING)
     for row, table in enumerate(tables):
         assert (out[row].double() - _alone(pool, query[row], table)).abs().max() <= 1e-5
