@@ -125,8 +125,6 @@ def _api_sections(args: argparse.Namespace, config, loaded, long_prompt: list[in
 
 
 def run_engine_benchmark(args: argparse.Namespace) -> int:
-    import torch
-
     from local_engine.bench.concurrent import concurrency_verdicts, run_concurrent_workload
     from local_engine.bench.decode_floor import floor_section, floor_verdicts, read_bandwidth_gb_s
     from local_engine.bench.dtype_agreement import run_dtype_agreement
@@ -191,7 +189,7 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
         # decode on the CPU through local_engine.model.cpu_kernels (else torch's kernels)
-        "cpu_kernels": loaded.device.type == "cpu" and cpu_kernels.available(),
+        "cpu_kernels": cpu_kernels.runs(loaded.model.get_input_embeddings().weight),
         "workload": {
             "num_prefixes": args.num_prefixes,
             "prefix_tokens": args.prefix_tokens,

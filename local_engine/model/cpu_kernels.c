@@ -553,8 +553,9 @@ static PyObject *decode_attention(PyObject *self, PyObject *args) {
 
 /* ---------------------------------------------------------------------------------------------------------------
  * A step's new K (or V) into the pool: row r of src (`width` floats, rows `src_stride` floats apart) into slot
- * slots[r] of a pool of `width`-element slots, float32 or bfloat16. bfloat16 is rounded to nearest even, a NaN
- * becoming 0x7FC0: c10::BFloat16's conversion, so the pool holds what torch's `.to(torch.bfloat16)` would write.
+ * slots[r] (each checked against num_slots) of a pool of `width`-element slots, float32 or bfloat16. bfloat16 is
+ * rounded to nearest even as c10::BFloat16's conversion rounds, so the pool holds what torch's `.to(torch.bfloat16)`
+ * would write (a NaN stays a NaN, of another bit pattern).
  * ------------------------------------------------------------------------------------------------------------- */
 static inline uint16_t to_bf16(float value) {
     if (value != value) return 0x7FC0;
@@ -565,9 +566,15 @@ static inline uint16_t to_bf16(float value) {
 
 static PyObject *store_rows(PyObject *self, PyObject *args) {
     (void)self;
-    Py_ssize_t pool, src, src_stride, slots, rows, width;
+    Py_ssize_t pool, num_slots, src, src_stride, slots, rows, width;
     int bf16;
-    if (!PyArg_ParseTuple(args, "nnnnnnp", &pool, &src, &src_stride, &slots, &rows, &width, &bf16)) return NULL;
+    if (!PyArg_ParseTuple(args, "nnnnnnnp", &pool, &num_slots, &src, &src_stride, &slots, &rows, &width, &bf16))
+        return NULL;
+    for (Py_ssize_t r = 0; r < rows; r++)
+        if (((const int64_t *)slots)[r] < 0 || ((const int64_t *)slots)[r] >= num_slots) {
+            PyErr_SetString(PyExc_IndexError, "slot out of the pool");
+            return NULL;
+        }
     for (Py_ssize_t r = 0; r < rows; r++) {
         const float *from = (const float *)src + r * src_stride;
         const int64_t slot = ((const int64_t *)slots)[r];
@@ -725,7 +732,7 @@ static PyMethodDef methods[] = {
     {"decode_attention", decode_attention, METH_VARARGS,
      "decode_attention(q, q_stride, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, "
      "kv_heads, head_dim, scale, bf16, threads)."},
-    {"store_rows", store_rows, METH_VARARGS, "store_rows(pool, src, src_stride, slots, rows, width, bf16)."},
+    {"store_rows", store_rows, METH_VARARGS, "store_rows(pool, num_slots, src, src_stride, slots, rows, width, bf16)."},
     {NULL, NULL, 0, NULL},
 };
 

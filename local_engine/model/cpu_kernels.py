@@ -2,8 +2,8 @@
 compiler is there): the matmul of a few rows against a weight, decode attention read straight from the paged pool's
 slots, and a decoder layer's elementwise steps (RMSNorm, rotary embedding, SwiGLU), each one call where torch
 dispatches several operations. Weights and the pool may be float32 or bfloat16, read as stored and widened in
-registers; activations and arithmetic are float32, so a bfloat16 model's decode step reads half the bytes and
-rounds only its stored K/V.
+registers; activations and arithmetic are float32, so a bfloat16 model's decode step reads half the bytes and, up
+to MAX_BF16_ROWS rows, rounds only its stored K/V.
 
 A decode step at small batch sizes reads every weight once and each sequence's context once, so its time is set by
 memory reads. On a 2-core AMD EPYC (AVX2, no AVX-512) whose read bandwidth a torch sum measures at 22.5 GB/s, MKL's
@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import torch
 
 MAX_ROWS = 16  # rows up to which `linear` beats torch's GEMM (on the EPYC above: 54 against 76 ms at 16, even at 32)
-# On bfloat16 weights, widened in registers, one row reads at memory speed but more rows are bound by the widening
-# and the FMAs: on a 2-core EPYC with AVX512-BF16, SmolLM2's 270 MB took 6.0-7.4 ms at one row against 7.8-10.8
-# for oneDNN's packed bf16 GEMM (with the casts of input and output), 11.3 against 11.0 at two rows, 32 against 11 at 8.
-MAX_BF16_ROWS = 1
+# On bfloat16 weights, widened in registers, up to 4 rows (one pass over the weight) read near memory speed, more are
+# bound by the widening and the FMAs: on a 2-core EPYC with AVX512-BF16, SmolLM2's 270 MB took 7.6-9.0 ms for 1-4 rows
+# against 9.9-10.7 for oneDNN's packed bf16 GEMM (with the casts of input and output), 18.9-23.9 against 9.6-11.6 for
+# 5-8 rows.
+MAX_BF16_ROWS = 4
 _SPLIT_TOKENS = 512  # contexts are attended in parts of at most about this many tokens, one part per thread at least
 
 
@@ -100,7 +101,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm of float32 `x` `[rows, n]` with float32 or bfloat16 `weight` `[n]`, both
-    contiguous on the CPU, computed in float32: `x * rsqrt(mean(x**2) + eps) * weight`, a new `[rows, n]` tensor."""
+    contiguous on the CPU, computed in float32: `x * rsqrt(mean(x**2) + eps) * weight`, a new `[rows, n]` tensor.
+    Raises ValueError for a weight of another dtype."""
+    if weight.dtype not in _DTYPES:
+        raise ValueError(f"a {weight.dtype} norm weight")
     rows, n = x.shape
     out = torch.empty_like(x)
     _module().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, n, eps, weight.dtype == torch.bfloat16)
@@ -199,8 +203,15 @@ def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Te
 
 def store(pool_layer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
     """`pool_layer[slots] = rows` for float32 `rows` `[n, kv_heads, head_dim]` (a view with tokens further apart is
-    read in place) into a float32 or bfloat16 pool layer `[num_slots, kv_heads, head_dim]` on the CPU, rounding to
-    bfloat16 as torch's `.to(torch.bfloat16)` does; `slots`: int64 `[n]`, contiguous."""
+    read in place) into a contiguous float32 or bfloat16 pool layer `[num_slots, kv_heads, head_dim]` on the CPU,
+    rounding to bfloat16 as torch's `.to(torch.bfloat16)` does; `slots`: int64 `[n]`. Raises IndexError for a slot
+    outside the pool and ValueError for mismatched tensors, writing nothing."""
     rows = _rows_of_heads(rows)
-    _module().store_rows(pool_layer.data_ptr(), rows.data_ptr(), rows.stride(0), slots.data_ptr(), rows.shape[0],
-                         rows.shape[1] * rows.shape[2], pool_layer.dtype == torch.bfloat16)
+    if (pool_layer.dtype not in _DTYPES or not pool_layer.is_contiguous() or pool_layer.shape[1:] != rows.shape[1:]
+            or slots.dtype != torch.int64 or slots.shape != rows.shape[:1]):
+        raise ValueError(f"cannot store rows {tuple(rows.shape)} at slots {tuple(slots.shape)} ({slots.dtype}) "
+                         f"into a pool layer {tuple(pool_layer.shape)} ({pool_layer.dtype})")
+    slots = slots.contiguous()
+    _module().store_rows(pool_layer.data_ptr(), pool_layer.shape[0], rows.data_ptr(), rows.stride(0),
+                         slots.data_ptr(), rows.shape[0], rows.shape[1] * rows.shape[2],
+                         pool_layer.dtype == torch.bfloat16)

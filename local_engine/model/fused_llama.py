@@ -13,8 +13,10 @@ In float32, RMSNorm is one fused operation (`torch.nn.functional.rms_norm`) and 
 second product in place: about 15 operations per layer against about 45, within 1e-4 of transformers' logits. On a
 CPU with local_engine.model.cpu_kernels, a step of up to its MAX_ROWS tokens (a decode step) calls them for the
 matmuls, RMSNorm, the rotary embedding (in place in the qkv output) and silu(gate) * up instead, in float32 whether the
-weights are float32 or bf16: a bf16 model's decode step then rounds only the K/V it stores (within 0.02 of the float32
-forward on the same weights where transformers' bf16 forward is further off: tests/local_engine/test_fused_llama.py).
+weights are float32 or bf16. A bf16 model's step of up to 4 rows then rounds only the K/V it stores (within 0.002 of
+the float32 forward on the same weights, a third of transformers' bf16 forward's distance:
+tests/local_engine/test_fused_llama.py); with more rows its matmuls take oneDNN's bf16 GEMM on rows rounded to bf16
+(local_engine.model.packed_linear), so a row's last bits depend on how many rows share its step.
 Otherwise, in bfloat16 on the CPU every elementwise step rounds where transformers' forward rounds (RMSNorm in
 float32, rounded to bf16 before the weight; rotary as `q * cos + rotate_half(q) * sin`, each product rounded), a fused
 matmul gives each output the value the separate projections give, and the matmuls run on weights oneDNN has packed

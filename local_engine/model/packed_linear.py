@@ -12,8 +12,8 @@ step (at most 0.0156 on outputs up to about 4, rows 33-512), while the packed we
 weights of 3072x576: 12.7 against 15.8 ms at 33 rows, 39.4 against 45.8 at 512). float32 goes through the CPU kernels
 of local_engine.model.cpu_kernels for up to their MAX_ROWS rows where they run, else `F.linear` (MKL's SGEMM, no
 reorder per call), as does every other device. A bf16 decode step on those kernels (local_engine.model.fused_llama)
-brings float32 rows: one row goes through their bf16 matmul, more through the packed weight, rounded to bf16 and
-widened back.
+brings float32 rows: up to their MAX_BF16_ROWS go through their bf16 matmul, more through the packed weight,
+rounded to bf16 and widened back.
 
 The packed copy is held beside the plain weight, which the model's own modules keep using: the weights' memory is
 held twice on the CPU in reduced precision.
@@ -63,7 +63,7 @@ class PackedLinear:
         return self.native_rows > 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= self.native_rows and x.dtype == torch.float32:
+        if self.native_rows and x.dim() == 2 and x.shape[0] <= self.native_rows and x.dtype == torch.float32:
             return cpu_kernels.linear(x.contiguous(), self.weight)
         if x.dtype != self.weight.dtype and self.native:
             # float32 rows of a decode step on a bf16 weight, more than the kernel takes: oneDNN's bf16 GEMM on

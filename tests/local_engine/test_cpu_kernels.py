@@ -198,6 +198,11 @@ def test_a_steps_new_rows_are_stored_as_torch_would_store_them(dtype):
     expected.index_copy_(0, slots, rows.to(dtype))
     assert torch.equal(pool.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
                        expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    with pytest.raises(IndexError):  # checked before anything is written
+        cpu_kernels.store(pool, torch.tensor([1, 2, 3, 4, 1000]), rows)
+    with pytest.raises(ValueError):
+        cpu_kernels.store(pool, slots.to(torch.int32), rows)
+    assert torch.equal(pool[1:5], expected[1:5])
     queries = (qkv / 100)[:, :NUM_HEADS]  # read in place: the same attention as from a contiguous copy
     plan, context = cpu_kernels.plan_decode([torch.arange(40 + row) for row in range(5)], []), _pool(4, dtype=dtype)
     in_place = cpu_kernels.decode_attention(queries, context.k[0], context.v[0], plan, SCALING)

@@ -96,8 +96,9 @@ def test_in_bfloat16_on_the_cpu_the_logits_and_greedy_tokens_are_transformers_bi
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or do not run here")
 def test_on_the_cpu_kernels_a_bfloat16_decode_step_computes_in_float32_on_the_bf16_weights_and_kv():
-    """Decode-sized steps of a bf16 model round nothing but the K/V they store: their logits are the float32 forward's
-    on the same (bf16) weights within the K/V's rounding, closer to it than transformers' bf16 forward."""
+    """Decode-sized steps of a bf16 model (short prompts' prefill too) round nothing but the K/V they store: their
+    logits are the float32 forward's on the same (bf16) weights within that rounding, at least twice as close to them
+    as transformers' bf16 forward, and give the same greedy token wherever the float32 top two are not within it."""
     model = build_tiny_llama(vocab_size=300, seed=6).to(torch.bfloat16)
     reference = build_tiny_llama(vocab_size=300, seed=6).to(torch.bfloat16).float()  # the same weights, in fp32
     runners = {}
@@ -107,20 +108,22 @@ def test_on_the_cpu_kernels_a_bfloat16_decode_step_computes_in_float32_on_the_bf
         runners[name] = ModelRunner(net, KVPool(config, 512), fused=fused)
     assert runners["kernels"]._fused.native
     generator = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(5, 300, (n,), generator=generator).tolist() for n in (12, 40)]  # native, then oneDNN
+    prompts = [torch.randint(5, 300, (n,), generator=generator).tolist() for n in (12, 15)]
     tables = [torch.arange(0, 60), torch.arange(100, 160)]
     for prompt, table in zip(prompts, tables):
         for runner in runners.values():
             runner.forward([ScheduledChunk(prompt, table[: len(prompt)], True)])
-    tokens = [[7], [9]]
-    for step in range(4):
+    tokens, tolerance = [[7], [9]], 0.002  # measured: at most 0.0009, against 0.0019-0.0028 for transformers'
+    for step in range(6):
         chunks = [ScheduledChunk(tokens[i], tables[i][: len(prompts[i]) + step + 1], True) for i in range(2)]
-        logits = {name: runner.forward(chunks[:1] if step < 2 else chunks) for name, runner in runners.items()}
+        logits = {name: runner.forward(chunks) for name, runner in runners.items()}
         assert logits["kernels"].dtype == torch.float32
         error = (logits["kernels"] - logits["float32"]).abs().max().item()
-        assert error <= 0.02 and error < (logits["transformers"].float() - logits["float32"]).abs().max().item()
-        assert torch.equal(logits["kernels"].argmax(-1), logits["float32"].argmax(-1))
-        tokens = [[int(row.argmax())] for row in logits["float32"]] + tokens[len(logits["float32"]):]
+        assert error <= tolerance and 2 * error <= (logits["transformers"].float() - logits["float32"]).abs().max()
+        top = logits["float32"].topk(2, dim=-1).values
+        clear = top[:, 0] - top[:, 1] > 2 * tolerance
+        assert torch.equal(logits["kernels"].argmax(-1)[clear], logits["float32"].argmax(-1)[clear])
+        tokens = [[int(row.argmax())] for row in logits["float32"]]
 
 
 def test_bfloat16_models_off_the_cpu_keep_the_transformers_forward():

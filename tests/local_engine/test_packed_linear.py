@@ -47,15 +47,28 @@ def test_float32_weights_are_not_packed():
     assert torch.allclose(linear(few), F.linear(few, weight), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_without_the_cpu_kernels_any_rows_take_torch(monkeypatch, dtype):
+    """No kernels built (or no AVX2): nothing calls them, not even for a step that wants no logits (0 rows)."""
+    monkeypatch.setattr(cpu_kernels, "_module", lambda: None)
+    weight = torch.randn(16, 8).to(dtype)
+    linear = PackedLinear(weight)
+    assert not linear.native
+    for rows in (0, 1, 3):
+        x = torch.randn(rows, 8).to(dtype)
+        out = linear(x)
+        assert out.shape == (rows, 16) and torch.equal(out, F.linear(x, weight))
+
+
 @pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or do not run here")
 def test_float32_rows_on_a_bf16_weight_come_back_in_float32_from_the_kernel_or_onednn():
-    """A bf16 model's decode step on the CPU kernels: one row through the kernel, more through oneDNN's bf16 GEMM on
+    """A bf16 model's decode step on the CPU kernels: a few rows through the kernel, more through oneDNN's bf16 GEMM on
     rows rounded to bf16; float32 out either way, and bf16 rows keep the bf16 path bit for bit."""
     generator = torch.Generator().manual_seed(7)
     weight = (torch.randn(96, 64, generator=generator) * 0.1).to(torch.bfloat16)
     linear = PackedLinear(weight)
     assert linear.native_rows == cpu_kernels.MAX_BF16_ROWS
-    for rows in (1, cpu_kernels.MAX_BF16_ROWS + 1, 5):
+    for rows in (1, cpu_kernels.MAX_BF16_ROWS, cpu_kernels.MAX_BF16_ROWS + 1, 9):
         x = torch.randn(rows, 64, generator=generator)
         out = linear(x)
         exact = x.double() @ weight.double().T
