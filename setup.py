@@ -1,13 +1,18 @@
-"""Builds the optional float32 CPU decode kernels (local_engine/model/cpu_kernels.c); everything else is declared in
-pyproject.toml. Without a C compiler the build skips them and the engine runs on torch's kernels alone."""
+"""Builds the optional CPU decode kernels (local_engine/model/csrc); everything else is declared in pyproject.toml.
+Without a C compiler the build skips them and the engine runs on torch's kernels alone."""
+
+from pathlib import Path
 
 from setuptools import Extension, setup
+
+SOURCES = sorted(str(path) for path in Path("local_engine/model/csrc").glob("*.c"))
 
 setup(
     ext_modules=[
         Extension(
             "local_engine.model._cpu_kernels",
-            ["local_engine/model/cpu_kernels.c"],
+            SOURCES,
+            depends=sorted(str(path) for path in Path("local_engine/model/csrc").glob("*.h")),
             extra_compile_args=["-O3", "-std=c11"],
             libraries=["dl", "m"],
             optional=True,

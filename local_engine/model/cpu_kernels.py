@@ -1,4 +1,4 @@
-"""Decode kernels for x86-64 CPUs with AVX2 and FMA (local_engine/model/cpu_kernels.c, built by setup.py when a C
+"""Decode kernels for x86-64 CPUs with AVX2 and FMA (local_engine/model/csrc, built by setup.py when a C
 compiler is there): the matmul of a few rows against a weight, decode attention read straight from the paged pool's
 slots, and a decoder layer's elementwise steps (RMSNorm, rotary embedding, SwiGLU), each one call where torch
 dispatches several operations. Weights and the pool may be float32 or bfloat16, read as stored and widened in

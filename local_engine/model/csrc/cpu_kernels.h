@@ -1,0 +1,114 @@
+/*
+ * What the CPU decode kernels' sources share: the vector-ISA attributes, loads that widen bfloat16 to float32, exp,
+ * the OpenMP runner and the 512-bit switch (module.c), and the Python entry points each source defines.
+ *
+ * Every entry point takes raw addresses of contiguous tensors the caller keeps alive (activations float32, weights
+ * and pool float32 or bfloat16 as its `bf16` flag says, tables int64), and releases the GIL while it runs.
+ */
+#ifndef PREFIXSCOPE_CPU_KERNELS_H
+#define PREFIXSCOPE_CPU_KERNELS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Runs fn(data, thread, num_threads) on `threads` threads of torch's OpenMP pool, or inline on one (module.c). */
+void run_parallel(void (*fn)(void *, int, int), void *data, int threads);
+
+/* Whether the 512-bit paths run: set where the CPU has AVX-512F, or cleared by `use_avx512` (module.c). */
+extern int avx512_enabled;
+
+#define AVX2 __attribute__((target("avx2,fma")))
+/* Specialised at each call for a constant `bf16`: one copy of a kernel per storage dtype. */
+#define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define AVX512_INLINE __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline
+
+AVX2 static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Eight float32 values from element i of an array stored in float32 or in bfloat16 (a float32's upper 16 bits, so
+   widening is exact: zero-extend, shift left by 16). */
+AVX2_INLINE __m256 load8(const void *base, int64_t i, const int bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float *)base + i);
+    const __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+static inline float load1(const void *base, int64_t i, const int bf16) {
+    if (!bf16) return ((const float *)base)[i];
+    const uint32_t bits = (uint32_t)((const uint16_t *)base)[i] << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* Where element i of such an array starts. */
+static inline const void *element(const void *base, int64_t i, const int bf16) {
+    return (const char *)base + i * (bf16 ? 2 : 4);
+}
+
+
+/* Sixteen, for the 512-bit paths. */
+AVX512_INLINE __m512 load16(const void *base, int64_t i, const int bf16) {
+    if (!bf16) return _mm512_loadu_ps((const float *)base + i);
+    const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * exp(x) for x <= 0 in float32: Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp.
+ * ------------------------------------------------------------------------------------------------------------- */
+AVX2 static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x) /* a NaN stays NaN */;
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
+}
+
+/* exp8 on 16 lanes. */
+AVX512_INLINE __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
+    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    const __m512i pow2 = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(pow2));
+}
+
+PyObject *py_linear(PyObject *self, PyObject *args);           /* linear.c */
+PyObject *py_decode_attention(PyObject *self, PyObject *args); /* attention.c */
+PyObject *py_store_rows(PyObject *self, PyObject *args);       /* elementwise.c */
+PyObject *py_rms_norm(PyObject *self, PyObject *args);
+PyObject *py_rotate(PyObject *self, PyObject *args);
+PyObject *py_silu_mul(PyObject *self, PyObject *args);
+
+#endif

@@ -1,0 +1,92 @@
+/*
+ * The `_cpu_kernels` extension module: decode kernels for x86-64 CPUs with AVX2 and FMA (the small-batch matmul in
+ * linear.c, decode attention over the paged KV pool in attention.c and attention_wide.c, the K/V store and a decoder
+ * layer's elementwise steps in elementwise.c), and how they run.
+ *
+ * Work is split across torch's own OpenMP thread pool: the libgomp that torch loaded is found by the Python side
+ * (local_engine.model.cpu_kernels) and bound here with dlopen(RTLD_NOLOAD), and GOMP_parallel, the entry point
+ * `#pragma omp parallel` compiles to (GCC's libgomp ABI, also exported by Intel's libiomp5), is called directly.
+ * A second OpenMP runtime would give the process a second pool of spinning threads on the same cores.
+ */
+#include "cpu_kernels.h"
+
+#include <dlfcn.h>
+
+int avx512_enabled = 0;
+
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+typedef int (*omp_int_fn)(void);
+
+static gomp_parallel_fn gomp_parallel = NULL;
+static omp_int_fn omp_thread_num = NULL, omp_num_threads = NULL;
+
+/* Runs fn(data, thread, num_threads) on `threads` threads of the bound pool, or inline on one. */
+typedef struct {
+    void (*fn)(void *, int, int);
+    void *data;
+} parallel_call;
+
+static void parallel_trampoline(void *arg) {
+    parallel_call *call = (parallel_call *)arg;
+    call->fn(call->data, omp_thread_num(), omp_num_threads()); /* the team may be smaller than asked for */
+}
+
+void run_parallel(void (*fn)(void *, int, int), void *data, int threads) {
+    if (threads <= 1 || gomp_parallel == NULL) {
+        fn(data, 0, 1);
+        return;
+    }
+    parallel_call call = {fn, data};
+    gomp_parallel(parallel_trampoline, &call, (unsigned)threads, 0);
+}
+
+static PyObject *supported(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    __builtin_cpu_init();
+    avx512_enabled = __builtin_cpu_supports("avx512f");
+    return PyBool_FromLong(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+}
+
+static PyObject *use_avx512(PyObject *self, PyObject *args) {
+    (void)self;
+    int enabled;
+    if (!PyArg_ParseTuple(args, "p", &enabled)) return NULL;
+    __builtin_cpu_init();
+    avx512_enabled = enabled && __builtin_cpu_supports("avx512f");
+    return PyBool_FromLong(avx512_enabled);
+}
+
+static PyObject *bind_openmp(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path)) return NULL;
+    void *library = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (library == NULL) Py_RETURN_FALSE;
+    gomp_parallel_fn parallel = (gomp_parallel_fn)dlsym(library, "GOMP_parallel");
+    omp_int_fn thread_num = (omp_int_fn)dlsym(library, "omp_get_thread_num");
+    omp_int_fn num_threads = (omp_int_fn)dlsym(library, "omp_get_num_threads");
+    if (parallel == NULL || thread_num == NULL || num_threads == NULL) Py_RETURN_FALSE;
+    gomp_parallel = parallel;
+    omp_thread_num = thread_num;
+    omp_num_threads = num_threads;
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef methods[] = {
+    {"supported", supported, METH_NOARGS, "Whether this CPU has AVX2 and FMA."},
+    {"use_avx512", use_avx512, METH_VARARGS, "use_avx512(enabled) -> bool: take the 512-bit paths where the CPU can."},
+    {"bind_openmp", bind_openmp, METH_VARARGS, "bind_openmp(path) -> bool: use the loaded OpenMP runtime at path."},
+    {"linear", py_linear, METH_VARARGS, "linear(x, w, y, rows, n, k, bf16, threads): y = x @ w.T in float32."},
+    {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, w, y, rows, n, eps, bf16): y = RMSNorm(x) * w."},
+    {"rotate", py_rotate, METH_VARARGS, "rotate(x, cos, sin, rows, stride, heads, head_dim): rotary, in place."},
+    {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, out, rows, n): out = silu(gate) * up."},
+    {"decode_attention", py_decode_attention, METH_VARARGS,
+     "decode_attention(q, q_stride, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, "
+     "kv_heads, head_dim, scale, bf16, threads)."},
+    {"store_rows", py_store_rows, METH_VARARGS, "store_rows(pool, num_slots, src, src_stride, slots, rows, width, bf16)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }
