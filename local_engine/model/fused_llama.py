@@ -14,7 +14,7 @@ second product in place: about 15 operations per layer against about 45, within 
 CPU with local_engine.model.cpu_kernels, a step of up to its MAX_ROWS tokens (a decode step) calls them for the
 matmuls, RMSNorm, the rotary embedding (in place in the qkv output) and silu(gate) * up instead, in float32 whether the
 weights are float32 or bf16. A bf16 model's step of up to 4 rows then rounds only the K/V it stores (within 0.002 of
-the float32 forward on the same weights, a third of transformers' bf16 forward's distance:
+the float32 forward on the same weights, a fifth to a third of transformers' bf16 forward's distance:
 tests/local_engine/test_fused_llama.py); with more rows its matmuls take oneDNN's bf16 GEMM on rows rounded to bf16
 (local_engine.model.packed_linear), so a row's last bits depend on how many rows share its step.
 Otherwise, in bfloat16 on the CPU every elementwise step rounds where transformers' forward rounds (RMSNorm in

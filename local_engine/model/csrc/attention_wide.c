@@ -1,8 +1,8 @@
 /*
- * Decode attention's segments with 512-bit vectors, for a KV head read by many queries (rows sharing a prefix, or a wide GQA
- * group) on a CPU with AVX-512F (every CPU with native bf16 has it): the head's queries are transposed once per
- * segment, with the scale folded in, so that each key element, broadcast, meets 16 queries per FMA. Scores come out
- * as [key][query] vectors with no horizontal sums, the online softmax runs across 16 queries per instruction, and
+ * Decode attention's segments with 512-bit vectors, for a KV head read by many queries (rows sharing a prefix, or a
+ * wide GQA group) on a CPU with AVX-512F (every CPU with native bf16 has it): the head's queries are transposed once
+ * per segment, with the scale folded in, so that each key element, broadcast, meets 16 queries per FMA. Scores come
+ * out as [key][query] vectors with no horizontal sums, the online softmax runs across 16 queries per instruction, and
  * values are accumulated for 4 queries at a time, each value vector loaded once for them.
  */
 #include "attention.h"
@@ -29,15 +29,13 @@ AVX512_INLINE void attend_group(const attention_args *a, int64_t segment, const 
         const int vectors = queries > 16 ? 2 : 1;
         for (int64_t j = 0; j < GROUP_QUERIES; j++) {
             const float *q = NULL;
+            out[j] = spare[j % 4]; /* a missing query of a tile of 4: its zero scores go nowhere */
             if (j < queries) {
                 const int64_t row = rows[(j0 + j) / group], head = h * group + (j0 + j) % group;
                 q = a->q + row * a->q_stride + head * d;
                 out[j] = partial + (((j0 + j) / group) * a->heads + head) * record;
-                memset(out[j], 0, sizeof(float) * d);
-            } else {
-                out[j] = spare[j % 4]; /* a missing query of a tile of 4: its zero scores go nowhere */
-                memset(out[j], 0, sizeof(float) * d);
             }
+            memset(out[j], 0, sizeof(float) * d);
             for (int64_t i = 0; i < d; i++) queries_t[i][j] = q != NULL ? q[i] * a->scale : 0.0f;
             row_max[j] = -INFINITY;
             row_sum[j] = 0.0f;

@@ -83,7 +83,8 @@ static PyMethodDef methods[] = {
     {"decode_attention", py_decode_attention, METH_VARARGS,
      "decode_attention(q, q_stride, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, "
      "kv_heads, head_dim, scale, bf16, threads)."},
-    {"store_rows", py_store_rows, METH_VARARGS, "store_rows(pool, num_slots, src, src_stride, slots, rows, width, bf16)."},
+    {"store_rows", py_store_rows, METH_VARARGS,
+     "store_rows(pool, num_slots, src, src_stride, slots, rows, width, bf16): the step's new K or V into the pool."},
     {NULL, NULL, 0, NULL},
 };
 
