@@ -116,7 +116,7 @@ def load_model(model_spec: str, device: torch.device, dtype: str = "auto") -> Lo
     # Never reach a model hub: everything comes from local files.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
@@ -124,7 +124,11 @@ def load_model(model_spec: str, device: torch.device, dtype: str = "auto") -> Lo
     extra = {"gguf_file": gguf_file} if gguf_file else {}
     torch_dtype = dtype_for(device, dtype)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, **extra)
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch_dtype, **extra)
+    # A GGUF file's weights are unpacked into plain tensors of `torch_dtype` at load: the fused forward and the CPU
+    # kernels multiply dense weights (and transformers then has no packed-weight kernels to warn about).
+    quantization = {"quantization_config": GgufConfig(gguf_file=gguf_file, dequantize=True)} if gguf_file else {}
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch_dtype, **extra,
+                                                 **quantization)
     return wrap_model(model.to(device).eval(), tokenizer, model_id, aliases)
 
 
