@@ -17,12 +17,8 @@ AVX2_INLINE __m256 dot8(const float *query, const void *const *key, int64_t d, f
 }
 
 AVX2_INLINE void attend_segment(const attention_args *a, int64_t segment, const int bf16) {
-    const int64_t *seg = a->segments + segment * SEGMENT_FIELDS;
-    const int64_t d = a->head_dim, group = a->heads / a->kv_heads, record = d + 2;
-    const int64_t count = seg[ROW_COUNT], t0 = seg[FIRST_POSITION], t1 = seg[END_POSITION];
-    const int64_t *slots = a->slots + seg[TABLE_ROW] * a->stride;
-    const int64_t *rows = a->seg_rows + seg[FIRST_ROW];
-    float *partial = a->partial + a->partial_offset[segment];
+    const segment_view s = view_segment(a, segment);
+    const int64_t d = a->head_dim, group = a->heads / a->kv_heads, count = s.count, t0 = s.t0, t1 = s.t1;
     float scores[MAX_QUERIES][BLOCK] __attribute__((aligned(32)));
     const float *query[MAX_QUERIES];
     float *acc[MAX_QUERIES];
@@ -31,9 +27,8 @@ AVX2_INLINE void attend_segment(const attention_args *a, int64_t segment, const 
     for (int64_t j0 = 0; j0 < count * group; j0 += MAX_QUERIES) {
         const int64_t queries = count * group - j0 < MAX_QUERIES ? count * group - j0 : MAX_QUERIES;
         for (int64_t j = 0; j < queries; j++) {
-            const int64_t row = rows[(j0 + j) / group], head = h * group + (j0 + j) % group;
-            query[j] = a->q + row * a->q_stride + head * d;
-            acc[j] = partial + (((j0 + j) / group) * a->heads + head) * record;
+            query[j] = segment_query(a, &s, h, j0 + j);
+            acc[j] = segment_record(a, &s, h, j0 + j);
             memset(acc[j], 0, sizeof(float) * d);
             acc[j][d] = -INFINITY;
             acc[j][d + 1] = 0.0f;
@@ -42,8 +37,8 @@ AVX2_INLINE void attend_segment(const attention_args *a, int64_t segment, const 
             const int64_t n = t1 - b0 < BLOCK ? t1 - b0 : BLOCK;
             const void *key[BLOCK], *value[BLOCK];
             for (int64_t t = 0; t < n; t++) {
-                key[t] = element(a->k, (slots[b0 + t] * a->kv_heads + h) * d, bf16);
-                value[t] = element(a->v, (slots[b0 + t] * a->kv_heads + h) * d, bf16);
+                key[t] = pool_at(a, a->k, s.slots[b0 + t], h, bf16);
+                value[t] = pool_at(a, a->v, s.slots[b0 + t], h, bf16);
             }
             for (int64_t j = 0; j < queries; j++) {
                 int64_t t = 0;
@@ -116,14 +111,13 @@ static void merge_segments(const attention_args *a, float *out, float *row_max, 
     const int64_t d = a->head_dim, record = d + 2;
     memset(out, 0, sizeof(float) * (size_t)(rows * a->heads * d));
     for (int64_t i = 0; i < rows * a->heads; i++) row_max[i] = -INFINITY, row_sum[i] = 0.0f;
-    for (int64_t s = 0; s < a->num_segments; s++) {
-        const int64_t *seg = a->segments + s * SEGMENT_FIELDS;
-        const float *partial = a->partial + a->partial_offset[s];
-        for (int64_t j = 0; j < seg[ROW_COUNT]; j++)
+    for (int64_t segment = 0; segment < a->num_segments; segment++) {
+        const segment_view s = view_segment(a, segment);
+        for (int64_t j = 0; j < s.count; j++)
             for (int64_t head = 0; head < a->heads; head++) {
-                const float *part = partial + (j * a->heads + head) * record;
+                const float *part = s.partial + (j * a->heads + head) * record;
                 if (part[d] == -INFINITY) continue; /* an empty segment */
-                const int64_t at = a->seg_rows[seg[FIRST_ROW] + j] * a->heads + head;
+                const int64_t at = s.rows[j] * a->heads + head;
                 float *o = out + at * d;
                 const float top = part[d] > row_max[at] ? part[d] : row_max[at];
                 const float keep = expf(row_max[at] - top), add = expf(part[d] - top);

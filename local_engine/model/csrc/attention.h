@@ -33,6 +33,39 @@ typedef struct {
     int64_t next; /* the next segment to take */
 } attention_args;
 
+/* A segment's fields, unpacked: positions [t0, t1) of the slot table `slots`, attended by the queries of `count` rows
+   (`rows`), whose partial records start at `partial`. */
+typedef struct {
+    const int64_t *slots, *rows;
+    float *partial;
+    int64_t count, t0, t1;
+} segment_view;
+
+static inline segment_view view_segment(const attention_args *a, int64_t segment) {
+    const int64_t *seg = a->segments + segment * SEGMENT_FIELDS;
+    const segment_view view = {a->slots + seg[TABLE_ROW] * a->stride, a->seg_rows + seg[FIRST_ROW],
+                               a->partial + a->partial_offset[segment], seg[ROW_COUNT], seg[FIRST_POSITION],
+                               seg[END_POSITION]};
+    return view;
+}
+
+/* Query j of KV head h in the segment (j over its rows' queries of that head: rows x heads / kv_heads). */
+static inline const float *segment_query(const attention_args *a, const segment_view *s, int64_t h, int64_t j) {
+    const int64_t group = a->heads / a->kv_heads;
+    return a->q + s->rows[j / group] * a->q_stride + (h * group + j % group) * a->head_dim;
+}
+
+/* The partial record (output, maximum, sum) that query j of KV head h accumulates into. */
+static inline float *segment_record(const attention_args *a, const segment_view *s, int64_t h, int64_t j) {
+    const int64_t group = a->heads / a->kv_heads;
+    return s->partial + ((j / group) * a->heads + h * group + j % group) * (a->head_dim + 2);
+}
+
+/* Where KV head h of the token in `slot` lies in a pool layer. */
+static inline const void *pool_at(const attention_args *a, const void *pool, int64_t slot, int64_t h, const int bf16) {
+    return element(pool, (slot * a->kv_heads + h) * a->head_dim, bf16);
+}
+
 #define MIN_GROUP_QUERIES 8 /* a KV head read by fewer queries takes the AVX2 path, whose vectors run along head_dim */
 
 /* Attends segment `segment` with 512-bit vectors (attention_wide.c); on a CPU with AVX-512F only. */

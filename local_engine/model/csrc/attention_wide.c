@@ -10,12 +10,8 @@
 #define GROUP_QUERIES 32 /* a KV head's queries attended together: two vectors */
 
 AVX512_INLINE void attend_group(const attention_args *a, int64_t segment, const int bf16) {
-    const int64_t *seg = a->segments + segment * SEGMENT_FIELDS;
-    const int64_t d = a->head_dim, group = a->heads / a->kv_heads, record = d + 2;
-    const int64_t count = seg[ROW_COUNT], t0 = seg[FIRST_POSITION], t1 = seg[END_POSITION];
-    const int64_t *slots = a->slots + seg[TABLE_ROW] * a->stride;
-    const int64_t *rows = a->seg_rows + seg[FIRST_ROW];
-    float *partial = a->partial + a->partial_offset[segment];
+    const segment_view s = view_segment(a, segment);
+    const int64_t d = a->head_dim, group = a->heads / a->kv_heads, count = s.count, t0 = s.t0, t1 = s.t1;
     float queries_t[MAX_HEAD_DIM][GROUP_QUERIES] __attribute__((aligned(64))); /* [dimension][query], scaled */
     float scores[BLOCK][GROUP_QUERIES] __attribute__((aligned(64)));            /* [key][query] */
     float widened[BLOCK * MAX_HEAD_DIM] __attribute__((aligned(64)));           /* a bf16 block's values */
@@ -31,9 +27,8 @@ AVX512_INLINE void attend_group(const attention_args *a, int64_t segment, const 
             const float *q = NULL;
             out[j] = spare[j % 4]; /* a missing query of a tile of 4: its zero scores go nowhere */
             if (j < queries) {
-                const int64_t row = rows[(j0 + j) / group], head = h * group + (j0 + j) % group;
-                q = a->q + row * a->q_stride + head * d;
-                out[j] = partial + (((j0 + j) / group) * a->heads + head) * record;
+                q = segment_query(a, &s, h, j0 + j);
+                out[j] = segment_record(a, &s, h, j0 + j);
             }
             memset(out[j], 0, sizeof(float) * d);
             for (int64_t i = 0; i < d; i++) queries_t[i][j] = q != NULL ? q[i] * a->scale : 0.0f;
@@ -45,8 +40,8 @@ AVX512_INLINE void attend_group(const attention_args *a, int64_t segment, const 
             const void *key[BLOCK + 3];
             const float *value[BLOCK];
             for (int64_t t = 0; t < n; t++) {
-                key[t] = element(a->k, (slots[b0 + t] * a->kv_heads + h) * d, bf16);
-                const void *stored = element(a->v, (slots[b0 + t] * a->kv_heads + h) * d, bf16);
+                key[t] = pool_at(a, a->k, s.slots[b0 + t], h, bf16);
+                const void *stored = pool_at(a, a->v, s.slots[b0 + t], h, bf16);
                 if (bf16) {
                     for (int64_t i = 0; i < d; i += 16) _mm512_store_ps(widened + t * d + i, load16(stored, i, 1));
                     value[t] = widened + t * d;

@@ -67,42 +67,29 @@ AVX512_INLINE __m512 load16(const void *base, int64_t i, const int bf16) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * exp(x) for x <= 0 in float32: Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp.
+ * exp(x) for x <= 0 in float32: Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp. One body
+ * for both widths: W is 256 or 512, ROUND the width's rounding intrinsic.
  * ------------------------------------------------------------------------------------------------------------- */
-AVX2 static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x) /* a NaN stays NaN */;
-    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
-}
+#define EXP_BODY(W, ROUND, x)                                                                                         \
+    x = _mm##W##_max_ps(_mm##W##_set1_ps(-87.3f), x) /* a NaN stays NaN */;                                          \
+    __m##W fx = ROUND(_mm##W##_mul_ps(x, _mm##W##_set1_ps(1.44269504088896341f)),                                  \
+                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                                                 \
+    x = _mm##W##_fnmadd_ps(fx, _mm##W##_set1_ps(0.693359375f), x);                                                    \
+    x = _mm##W##_fnmadd_ps(fx, _mm##W##_set1_ps(-2.12194440e-4f), x);                                                 \
+    __m##W y = _mm##W##_set1_ps(1.9875691500e-4f);                                                                    \
+    y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(1.3981999507e-3f));                                                  \
+    y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(8.3334519073e-3f));                                                  \
+    y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(4.1665795894e-2f));                                                  \
+    y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(1.6666665459e-1f));                                                  \
+    y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(5.0000001201e-1f));                                                  \
+    y = _mm##W##_fmadd_ps(y, _mm##W##_mul_ps(x, x), _mm##W##_add_ps(x, _mm##W##_set1_ps(1.0f)));                      \
+    const __m##W##i pow2 =                                                                                            \
+        _mm##W##_slli_epi32(_mm##W##_add_epi32(_mm##W##_cvtps_epi32(fx), _mm##W##_set1_epi32(127)), 23);            \
+    return _mm##W##_mul_ps(y, _mm##W##_castsi##W##_ps(pow2))
 
-/* exp8 on 16 lanes. */
-AVX512_INLINE __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
-    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    const __m512i pow2 = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(pow2));
-}
+AVX2 static inline __m256 exp8(__m256 x) { EXP_BODY(256, _mm256_round_ps, x); }
+
+AVX512_INLINE __m512 exp16(__m512 x) { EXP_BODY(512, _mm512_roundscale_ps, x); }
 
 PyObject *py_linear(PyObject *self, PyObject *args);           /* linear.c */
 PyObject *py_decode_attention(PyObject *self, PyObject *args); /* attention.c */
