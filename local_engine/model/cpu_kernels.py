@@ -1,7 +1,7 @@
 """Decode kernels for x86-64 CPUs with AVX2 and FMA (local_engine/model/csrc, built by setup.py when a C
 compiler is there): the matmul of a few rows against a weight, decode attention read straight from the paged pool's
 slots, and a decoder layer's elementwise steps (RMSNorm, rotary embedding, SwiGLU), each one call where torch
-dispatches several operations. Weights and the pool may be float32 or bfloat16, read as stored and widened in
+dispatches several operations, and all of a decode step's decoder layers in one call (`decode_layers`). Weights and the pool may be float32 or bfloat16, read as stored and widened in
 registers; activations and arithmetic are float32, so a bfloat16 model's decode step reads half the bytes and, up
 to MAX_BF16_ROWS rows, rounds only its stored K/V.
 
@@ -68,8 +68,9 @@ def available() -> bool:
 
 
 def use_avx512(enabled: bool) -> bool:
-    """Whether decode attention takes its 512-bit path (for a KV head read by 8 or more queries) on a CPU with
-    AVX-512F, as it does by default; returns whether it now does. The AVX2 path computes the same values."""
+    """Whether decode attention takes its 512-bit paths (one for a KV head read by 8 or more queries, one for fewer,
+    on a head_dim that is a multiple of 32) on a CPU with AVX-512F and BW, as it does by default; returns whether it
+    now does. The AVX2 path computes the same values within float32 rounding."""
     return _module().use_avx512(enabled)
 
 
@@ -215,3 +216,79 @@ def store(pool_layer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> 
     _module().store_rows(pool_layer.data_ptr(), pool_layer.shape[0], rows.data_ptr(), rows.stride(0),
                          slots.data_ptr(), rows.shape[0], rows.shape[1] * rows.shape[2],
                          pool_layer.dtype == torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class DecoderLayers:
+    """A Llama-architecture model's decoder layers as `decode_layers` reads them, built once per model.
+
+    `table`: int64 `[num_layers, 6]`, each layer's tensor addresses (input RMSNorm weight, post-attention RMSNorm
+    weight, fused qkv `[(heads + 2 * kv_heads) * head_dim, hidden]`, o `[hidden, heads * head_dim]`, fused gate_up
+    `[2 * intermediate, hidden]`, down `[hidden, intermediate]`), all contiguous in `dtype`; `tensors` keeps them
+    alive."""
+
+    table: torch.Tensor
+    tensors: tuple[torch.Tensor, ...]
+    dtype: torch.dtype
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    scale: float
+
+    @classmethod
+    def of(cls, layers: list[tuple[torch.Tensor, ...]], heads: int, kv_heads: int, head_dim: int, eps: float,
+           scale: float) -> DecoderLayers | None:
+        """From each layer's (input_norm, post_norm, qkv, o, gate_up, down) weights; None where the kernels cannot
+        run them (not all contiguous on the CPU in one float32 or bfloat16 dtype, or an attention shape
+        `decode_attention` does not take)."""
+        tensors = tuple(tensor for layer in layers for tensor in layer)
+        dtype = tensors[0].dtype
+        if not all(runs(tensor) and tensor.dtype == dtype for tensor in tensors):
+            return None
+        if head_dim % 8 or head_dim > 256 or heads % kv_heads:
+            return None
+        table = torch.tensor([[tensor.data_ptr() for tensor in layer] for layer in layers], dtype=torch.int64)
+        hidden, intermediate = layers[0][5].shape
+        return cls(table, tensors, dtype, hidden, heads, kv_heads, head_dim, intermediate, eps, scale)
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """A step whose every row is one decode token attended by `decode_attention`: its `plan`, the pool slot of each
+    row's new K/V (`write_slots`, int64 `[rows]`) and the whole pool (`pool_k`, `pool_v`: contiguous
+    `[num_layers, num_slots, kv_heads, head_dim]`)."""
+
+    plan: DecodePlan
+    write_slots: torch.Tensor
+    pool_k: torch.Tensor
+    pool_v: torch.Tensor
+
+
+def decode_layers(hidden: torch.Tensor, layers: DecoderLayers, step: DecodeStep, cos: torch.Tensor,
+                  sin: torch.Tensor) -> None:
+    """Runs a decode step through every decoder layer, in place on the residual stream `hidden` (contiguous float32
+    `[rows, hidden]`), as local_engine.model.fused_llama's layers compute it on these kernels: per layer RMSNorm,
+    the qkv matmul, the rotary embedding by `cos`, `sin` (contiguous float32 `[rows, head_dim]`), the new K/V
+    stored at `step.write_slots`, decode attention, o_proj added to the residual, RMSNorm, gate_up, silu(gate) * up,
+    down_proj added to the residual. Raises IndexError for a write slot outside the pool (writing nothing) and
+    ValueError for a pool that does not match the layers."""
+    pool_k, pool_v, plan = step.pool_k, step.pool_v, step.plan
+    num_layers, num_slots = pool_k.shape[0], pool_k.shape[1]
+    if (pool_k.shape != pool_v.shape or pool_k.shape[2:] != (layers.kv_heads, layers.head_dim)
+            or num_layers < len(layers.table) or pool_k.dtype not in _DTYPES or pool_v.dtype != pool_k.dtype
+            or not (pool_k.is_contiguous() and pool_v.is_contiguous())):
+        raise ValueError(f"a pool {tuple(pool_k.shape)} ({pool_k.dtype}) does not match the decoder layers")
+    rows = hidden.shape[0]
+    if hidden.shape[1] != layers.hidden or len(step.write_slots) != rows or plan.rows != rows:
+        raise ValueError(f"{rows} rows of {hidden.shape[1]} features, {len(step.write_slots)} write slots and a plan "
+                         f"of {plan.rows} rows for layers of {layers.hidden} features")
+    write_slots = step.write_slots.contiguous()
+    _module().decode_layers(
+        hidden.data_ptr(), layers.table.data_ptr(), len(layers.table), pool_k.data_ptr(), pool_v.data_ptr(),
+        pool_k[0].numel(), num_slots, cos.data_ptr(), sin.data_ptr(), write_slots.data_ptr(), plan.slots.data_ptr(),
+        plan.segments.data_ptr(), plan.segment_rows.data_ptr(), plan.slots.shape[1], len(plan.segments), rows,
+        layers.hidden, layers.heads, layers.kv_heads, layers.head_dim, layers.intermediate, layers.eps, layers.scale,
+        layers.dtype == torch.bfloat16, pool_k.dtype == torch.bfloat16, torch.get_num_threads())

@@ -19,6 +19,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from local_engine.model import cpu_kernels
 from local_engine.model.attention_backends import resolve_attention_backend
 from local_engine.cache import KVPool, KVPoolConfig
 from local_engine.model.flashinfer_attention import FlashInferAttention
@@ -138,8 +139,11 @@ class ModelRunner:
         position_ids = torch.tensor(positions, dtype=torch.int64).to(self.device, non_blocking=True)
         keep_index = torch.tensor(keep, dtype=torch.int64).to(self.device, non_blocking=True)
         if self._fused is not None:
+            # Every row a decode row on the CPU kernels: the fused forward may run all its layers in one call.
+            decode = (cpu_kernels.DecodeStep(batch.decode_plan, batch.write_slots, self.pool.k, self.pool.v)
+                      if batch.decode_plan is not None and not batch.chunks else None)
             logits = self._fused(input_ids, position_ids, keep_index,
-                                 lambda layer, q, k, v, scale: paged_attention(batch, layer, q, k, v, scale))
+                                 lambda layer, q, k, v, scale: paged_attention(batch, layer, q, k, v, scale), decode)
         else:
             logits = self.model(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0),
                                 use_cache=False, logits_to_keep=keep_index, paged_batch=batch).logits[0]

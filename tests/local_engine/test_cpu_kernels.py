@@ -138,6 +138,34 @@ def test_more_queries_on_one_kv_head_than_one_pass_takes(dtype, vectors):
 
 
 @needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("head_dim", "heads", "kv_heads", "rows"), [(64, 9, 3, 1), (32, 4, 4, 1), (96, 6, 2, 2),
+                                                                     (128, 7, 1, 1), (64, 8, 4, 3)])
+def test_a_few_queries_per_kv_head_attend_exactly_at_any_head_width_and_context_length(dtype, head_dim, heads,
+                                                                                      kv_heads, rows, vectors):
+    """1 to 7 queries per KV head (one row's GQA group, or a few rows sharing a prefix): contexts that end inside a
+    block of keys, a block's first key alone, head widths of 32 x an odd number."""
+    generator = torch.Generator().manual_seed(head_dim + rows)
+    config = KVPoolConfig(1, kv_heads, head_dim, dtype, torch.device("cpu"))
+    pool = KVPool(config, 1200)
+    pool.k.copy_(torch.randn(pool.k.shape, generator=generator))
+    pool.v.copy_(torch.randn(pool.v.shape, generator=generator))
+    for length in (1, 15, 16, 65, 130, 700):
+        prefix = torch.randperm(1000, generator=generator)[:length]
+        tables = [torch.cat([prefix, torch.tensor([1000 + row])]) for row in range(rows)]
+        groups = find_shared_prefixes(tables, 1) if rows > 1 else []
+        plan = cpu_kernels.plan_decode(tables, groups, threads=2)
+        query = torch.randn(rows, heads, head_dim, generator=generator) * 3
+        out = cpu_kernels.decode_attention(query, pool.k[0], pool.v[0], plan, head_dim ** -0.5)
+        for row, table in enumerate(tables):
+            keys = pool.k[0][table].double().transpose(0, 1).unsqueeze(0)
+            values = pool.v[0][table].double().transpose(0, 1).unsqueeze(0)
+            expected = F.scaled_dot_product_attention(query[row].double().unsqueeze(0).unsqueeze(2), keys, values,
+                                                      scale=head_dim ** -0.5, enable_gqa=True)[0, :, 0]
+            assert (out[row].double() - expected).abs().max() <= 1e-5, (length, row)
+
+
+@needs_kernels
 @pytest.mark.parametrize(("threads", "dtype"), [(1, torch.float32), (2, torch.float32), (3, torch.bfloat16)])
 def test_a_row_alone_is_split_for_the_threads_and_merged_exactly(threads, dtype):
     pool = _pool(2, 4000, dtype)

@@ -136,3 +136,67 @@ def test_bfloat16_models_off_the_cpu_keep_the_transformers_forward():
     assert FusedLlamaForward.supports(model.to(torch.bfloat16))
     assert not FusedLlamaForward.supports(model.to("meta"))  # any device but the CPU
     assert not FusedLlamaForward.supports(model.to(torch.float16))
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or do not run here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_a_decode_step_in_one_kernel_call_equals_the_step_operation_by_operation(monkeypatch, dtype, head_dim):
+    """Every layer of a decode step in one `decode_layers` call (up to the weights' `max_rows` rows) computes, bit for
+    bit, the logits and stored K/V of the same kernels called one operation at a time; steps beside a prefill chunk,
+    or of more rows, go operation by operation."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(head_dim)
+    config = LlamaConfig(vocab_size=200, hidden_size=4 * head_dim, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    model = LlamaForCausalLM(config).eval().to(dtype)
+    calls = []
+    decode_layers = cpu_kernels.decode_layers
+    monkeypatch.setattr(cpu_kernels, "decode_layers",
+                        lambda *args: calls.append(args[0].shape[0]) or decode_layers(*args))
+    pool_config = ModelRunner.pool_config_for(model, torch.device("cpu"), dtype)
+    runners = {in_one_call: ModelRunner(model, KVPool(pool_config, 4096)) for in_one_call in (True, False)}
+    layers = runners[True]._fused.decoder_layers  # both runners share the model's one FusedLlamaForward
+    assert layers is not None
+    max_rows = cpu_kernels.max_rows(layers.tensors[2])
+    generator = torch.Generator().manual_seed(1)
+    lengths = [60 + 37 * row % 190 for row in range(max_rows + 2)]
+    tables = [torch.randperm(4000, generator=generator)[: length + 10] for length in lengths]
+    prompts = [torch.randint(3, 200, (length,), generator=generator).tolist() for length in lengths]
+    for runner in runners.values():
+        for prompt, table in zip(prompts, tables):
+            runner.forward([ScheduledChunk(prompt, table[: len(prompt)], True)])
+    for step, rows in enumerate((1, max_rows, max_rows + 1, 3)):
+        chunks = [ScheduledChunk([5 + row], tables[row][: lengths[row] + step + 1], True) for row in range(rows)]
+        if step == 3:  # beside a prefill chunk
+            chunks.append(ScheduledChunk([9, 10], tables[-1][: lengths[-1] + 2], True))
+        logits = {}
+        for in_one_call, runner in runners.items():
+            runner._fused.decoder_layers = layers if in_one_call else None
+            calls.clear()
+            logits[in_one_call] = runner.forward(chunks)
+            assert calls == ([rows] if in_one_call and rows <= max_rows and step != 3 else [])
+        runners[True]._fused.decoder_layers = layers
+        assert torch.equal(logits[True], logits[False])
+        assert torch.equal(runners[True].pool.k, runners[False].pool.k)
+        assert torch.equal(runners[True].pool.v, runners[False].pool.v)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or do not run here")
+def test_a_decode_step_in_one_kernel_call_refuses_a_slot_outside_the_pool_and_writes_nothing():
+    model = build_tiny_llama(vocab_size=100, seed=4)
+    runner = _runner(model, True)
+    runner.forward([ScheduledChunk([5, 6, 7], torch.arange(3), True)])
+    before_k, before_v = runner.pool.k.clone(), runner.pool.v.clone()
+    hidden_before = torch.randn(1, 64)
+    hidden = hidden_before.clone()
+    plan = cpu_kernels.plan_decode([torch.arange(4)], [])
+    step = cpu_kernels.DecodeStep(plan, torch.tensor([1024]), runner.pool.k, runner.pool.v)  # the pool has 1024
+    cos, sin = torch.ones(1, 16), torch.zeros(1, 16)
+    with pytest.raises(IndexError):
+        cpu_kernels.decode_layers(hidden, runner._fused.decoder_layers, step, cos, sin)
+    assert torch.equal(runner.pool.k, before_k) and torch.equal(runner.pool.v, before_v)
+    assert torch.equal(hidden, hidden_before)
+    with pytest.raises(ValueError):
+        cpu_kernels.decode_layers(torch.randn(2, 64), runner._fused.decoder_layers, step, cos, sin)

@@ -98,6 +98,8 @@ AVX2 static void attention_part(void *data, int thread, int threads) {
         const int64_t queries = a->segments[segment * SEGMENT_FIELDS + ROW_COUNT] * (a->heads / a->kv_heads);
         if (avx512_enabled && a->head_dim % 16 == 0 && queries >= MIN_GROUP_QUERIES) {
             attend_group_avx512(a, segment);
+        } else if (avx512_enabled && a->head_dim % 32 == 0) {
+            attend_few_avx512(a, segment);
         } else if (a->bf16) {
             attend_segment(a, segment, 1);
         } else {
@@ -132,6 +134,33 @@ static void merge_segments(const attention_args *a, float *out, float *row_max, 
     }
 }
 
+int attend_decode(attention_args *a, float *out, int64_t rows, int threads) {
+    const int64_t record = a->head_dim + 2;
+    int64_t *offset = malloc(sizeof(int64_t) * (size_t)(a->num_segments + 1));
+    if (offset == NULL) return -1;
+    offset[0] = 0;
+    for (int64_t s = 0; s < a->num_segments; s++)
+        offset[s + 1] = offset[s] + a->segments[s * SEGMENT_FIELDS + ROW_COUNT] * a->heads * record;
+    float *partial = malloc(sizeof(float) * (size_t)(offset[a->num_segments] + 2 * rows * a->heads));
+    if (partial == NULL) {
+        free(offset);
+        return -1;
+    }
+    a->partial_offset = offset;
+    a->partial = partial;
+    a->next = 0;
+    float *row_max = partial + offset[a->num_segments], *row_sum = row_max + rows * a->heads;
+    run_parallel(attention_part, a, threads < a->num_segments ? threads : (int)a->num_segments);
+    merge_segments(a, out, row_max, row_sum, rows);
+    free(partial);
+    free(offset);
+    return 0;
+}
+
+int attention_shape_supported(int64_t heads, int64_t kv_heads, int64_t head_dim) {
+    return head_dim % 8 == 0 && head_dim <= MAX_HEAD_DIM && kv_heads > 0 && heads % kv_heads == 0;
+}
+
 PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     (void)self;
     Py_ssize_t q, q_stride, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, kv_heads, head_dim;
@@ -140,31 +169,17 @@ PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "nnnnnnnnnnnnnnfpi", &q, &q_stride, &k, &v, &slots, &segments, &seg_rows, &out, &rows,
                           &stride, &num_segments, &heads, &kv_heads, &head_dim, &scale, &bf16, &threads))
         return NULL;
-    if (head_dim % 8 || head_dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads) {
+    if (!attention_shape_supported(heads, kv_heads, head_dim)) {
         PyErr_SetString(PyExc_ValueError, "unsupported attention shape");
         return NULL;
     }
-    const int64_t *seg = (const int64_t *)segments, record = head_dim + 2;
-    int64_t *offset = malloc(sizeof(int64_t) * (size_t)(num_segments + 1));
-    if (offset == NULL) return PyErr_NoMemory();
-    offset[0] = 0;
-    for (Py_ssize_t s = 0; s < num_segments; s++)
-        offset[s + 1] = offset[s] + seg[s * SEGMENT_FIELDS + ROW_COUNT] * heads * record;
-    float *partial = malloc(sizeof(float) * (size_t)(offset[num_segments] + 2 * rows * heads));
-    if (partial == NULL) {
-        free(offset);
-        return PyErr_NoMemory();
-    }
-    attention_args a = {(const float *)q, (const void *)k, (const void *)v, (const int64_t *)slots, seg,
-                        (const int64_t *)seg_rows, offset, partial, q_stride, stride, num_segments, heads, kv_heads,
-                        head_dim, scale, bf16, 0};
-    float *row_max = partial + offset[num_segments], *row_sum = row_max + rows * heads;
+    attention_args a = {(const float *)q, (const void *)k, (const void *)v, (const int64_t *)slots,
+                        (const int64_t *)segments, (const int64_t *)seg_rows, NULL, NULL, q_stride, stride,
+                        num_segments, heads, kv_heads, head_dim, scale, bf16, 0};
+    int status;
     Py_BEGIN_ALLOW_THREADS
-    run_parallel(attention_part, &a, threads < num_segments ? threads : (int)num_segments);
-    merge_segments(&a, (float *)out, row_max, row_sum, rows);
+    status = attend_decode(&a, (float *)out, rows, threads);
     Py_END_ALLOW_THREADS
-    free(partial);
-    free(offset);
+    if (status != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
-

@@ -21,14 +21,14 @@
 /* Runs fn(data, thread, num_threads) on `threads` threads of torch's OpenMP pool, or inline on one (module.c). */
 void run_parallel(void (*fn)(void *, int, int), void *data, int threads);
 
-/* Whether the 512-bit paths run: set where the CPU has AVX-512F, or cleared by `use_avx512` (module.c). */
+/* Whether the 512-bit paths run: set where the CPU has AVX-512F and BW, or cleared by `use_avx512` (module.c). */
 extern int avx512_enabled;
 
 #define AVX2 __attribute__((target("avx2,fma")))
 /* Specialised at each call for a constant `bf16`: one copy of a kernel per storage dtype. */
 #define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
-#define AVX512 __attribute__((target("avx512f,avx2,fma")))
-#define AVX512_INLINE __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma")))
+#define AVX512_INLINE __attribute__((target("avx512f,avx512bw,avx2,fma"), always_inline)) static inline
 
 AVX2 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -91,11 +91,25 @@ AVX2 static inline __m256 exp8(__m256 x) { EXP_BODY(256, _mm256_round_ps, x); }
 
 AVX512_INLINE __m512 exp16(__m512 x) { EXP_BODY(512, _mm512_roundscale_ps, x); }
 
+/* The kernels, for the Python entries below and the decoder stack (decoder.c); shapes as their entries say. */
+/* linear.c: y = x @ w.T, or y += x @ w.T with `accumulate`, on `threads` threads. */
+void linear_run(const float *x, const void *w, float *y, int64_t rows, int64_t n, int64_t k, int bf16, int accumulate,
+                int threads);
+/* elementwise.c, each on the calling thread. */
+int slots_in_pool(const int64_t *slots, int64_t rows, int64_t num_slots);
+void store_rows(void *pool, const float *src, int64_t src_stride, const int64_t *slots, int64_t rows,
+                int64_t width, int bf16);
+void rms_norm(const float *x, const void *w, float *y, int64_t rows, int64_t n, float eps, int bf16);
+void rotate_rows(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride, int64_t heads,
+                 int64_t head_dim);
+void silu_mul_rows(const float *gate_up, float *out, int64_t rows, int64_t n);
+
 PyObject *py_linear(PyObject *self, PyObject *args);           /* linear.c */
 PyObject *py_decode_attention(PyObject *self, PyObject *args); /* attention.c */
 PyObject *py_store_rows(PyObject *self, PyObject *args);       /* elementwise.c */
 PyObject *py_rms_norm(PyObject *self, PyObject *args);
 PyObject *py_rotate(PyObject *self, PyObject *args);
 PyObject *py_silu_mul(PyObject *self, PyObject *args);
+PyObject *py_decode_layers(PyObject *self, PyObject *args);    /* decoder.c */
 
 #endif

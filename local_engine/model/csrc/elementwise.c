@@ -14,27 +14,36 @@ static inline uint16_t to_bf16(float value) {
     return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
+int slots_in_pool(const int64_t *slots, int64_t rows, int64_t num_slots) {
+    for (int64_t r = 0; r < rows; r++)
+        if (slots[r] < 0 || slots[r] >= num_slots) return 0;
+    return 1;
+}
+
+void store_rows(void *pool, const float *src, int64_t src_stride, const int64_t *slots, int64_t rows,
+                int64_t width, int bf16) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *from = src + r * src_stride;
+        if (bf16) {
+            uint16_t *to = (uint16_t *)pool + slots[r] * width;
+            for (int64_t i = 0; i < width; i++) to[i] = to_bf16(from[i]);
+        } else {
+            memcpy((float *)pool + slots[r] * width, from, sizeof(float) * (size_t)width);
+        }
+    }
+}
+
 PyObject *py_store_rows(PyObject *self, PyObject *args) {
     (void)self;
     Py_ssize_t pool, num_slots, src, src_stride, slots, rows, width;
     int bf16;
     if (!PyArg_ParseTuple(args, "nnnnnnnp", &pool, &num_slots, &src, &src_stride, &slots, &rows, &width, &bf16))
         return NULL;
-    for (Py_ssize_t r = 0; r < rows; r++)
-        if (((const int64_t *)slots)[r] < 0 || ((const int64_t *)slots)[r] >= num_slots) {
-            PyErr_SetString(PyExc_IndexError, "slot out of the pool");
-            return NULL;
-        }
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        const float *from = (const float *)src + r * src_stride;
-        const int64_t slot = ((const int64_t *)slots)[r];
-        if (bf16) {
-            uint16_t *to = (uint16_t *)pool + slot * width;
-            for (Py_ssize_t i = 0; i < width; i++) to[i] = to_bf16(from[i]);
-        } else {
-            memcpy((float *)pool + slot * width, from, sizeof(float) * (size_t)width);
-        }
+    if (!slots_in_pool((const int64_t *)slots, rows, num_slots)) {
+        PyErr_SetString(PyExc_IndexError, "slot out of the pool");
+        return NULL;
     }
+    store_rows((void *)pool, (const float *)src, src_stride, (const int64_t *)slots, rows, width, bf16);
     Py_RETURN_NONE;
 }
 
@@ -68,20 +77,24 @@ AVX2_INLINE void rms_norm_rows(const float *x, const void *w, float *y, int64_t 
     }
 }
 
-AVX2 PyObject *py_rms_norm(PyObject *self, PyObject *args) {
+AVX2 void rms_norm(const float *x, const void *w, float *y, int64_t rows, int64_t n, float eps, int bf16) {
+    if (bf16) rms_norm_rows(x, w, y, rows, n, eps, 1);
+    else rms_norm_rows(x, w, y, rows, n, eps, 0);
+}
+
+PyObject *py_rms_norm(PyObject *self, PyObject *args) {
     (void)self;
     Py_ssize_t x, w, y, rows, n;
     float eps;
     int bf16;
     if (!PyArg_ParseTuple(args, "nnnnnfp", &x, &w, &y, &rows, &n, &eps, &bf16)) return NULL;
-    if (bf16) rms_norm_rows((const float *)x, (const void *)w, (float *)y, rows, n, eps, 1);
-    else rms_norm_rows((const float *)x, (const void *)w, (float *)y, rows, n, eps, 0);
+    rms_norm((const float *)x, (const void *)w, (float *)y, rows, n, eps, bf16);
     Py_RETURN_NONE;
 }
 
 /* In place on heads [0, heads) of each row of x (rows `stride` floats apart, heads head_dim apart); cos and sin
    [rows, head_dim]. */
-AVX2 static void rotate_rows(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride,
+AVX2 void rotate_rows(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride,
                              int64_t heads, int64_t head_dim) {
     const int64_t half = head_dim / 2;
     for (int64_t r = 0; r < rows; r++) {
@@ -114,7 +127,7 @@ PyObject *py_rotate(PyObject *self, PyObject *args) {
 }
 
 /* out [rows, n] = silu(gate_up[:, :n]) * gate_up[:, n:], gate_up [rows, 2n]. */
-AVX2 static void silu_mul_rows(const float *gate_up, float *out, int64_t rows, int64_t n) {
+AVX2 void silu_mul_rows(const float *gate_up, float *out, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; r++) {
         const float *gate = gate_up + r * 2 * n, *up = gate + n;
         float *o = out + r * n;

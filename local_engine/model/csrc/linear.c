@@ -12,7 +12,8 @@ typedef struct {
     const void *w;
     float *y;
     int64_t rows, n, k;
-    int bf16; /* w in bfloat16 */
+    int bf16;       /* w in bfloat16 */
+    int accumulate; /* y += x @ w.T (a residual add) instead of y = */
 } linear_args;
 
 AVX2_INLINE void linear_one_row(const linear_args *a, int64_t n0, int64_t n1, const int bf16) {
@@ -32,7 +33,7 @@ AVX2_INLINE void linear_one_row(const linear_args *a, int64_t n0, int64_t n1, co
         for (; i < k8; i += 8) acc0 = _mm256_fmadd_ps(load8(w, i, bf16), _mm256_loadu_ps(x + i), acc0);
         float sum = sum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
         for (; i < k; i++) sum += x[i] * load1(w, i, bf16);
-        a->y[n] = sum;
+        a->y[n] = a->accumulate ? a->y[n] + sum : sum;
     }
 }
 
@@ -57,7 +58,8 @@ AVX2_INLINE void linear_rows(const linear_args *a, int64_t n0, int64_t n1, const
             for (int m = 0; m < count; m++) {
                 float sum = sum8(_mm256_add_ps(acc[m][0], acc[m][1]));
                 for (int64_t j = i; j < k; j++) sum += x[m][j] * load1(w, j, bf16);
-                a->y[(m0 + m) * a->n + n] = sum;
+                float *to = a->y + (m0 + m) * a->n + n;
+                *to = a->accumulate ? *to + sum : sum;
             }
         }
     }
@@ -77,14 +79,19 @@ AVX2 static void linear_part(void *data, int thread, int threads) {
     }
 }
 
+void linear_run(const float *x, const void *w, float *y, int64_t rows, int64_t n, int64_t k, int bf16, int accumulate,
+                int threads) {
+    linear_args a = {x, w, y, rows, n, k, bf16, accumulate};
+    run_parallel(linear_part, &a, threads);
+}
+
 PyObject *py_linear(PyObject *self, PyObject *args) {
     (void)self;
     Py_ssize_t x, w, y, rows, n, k;
     int bf16, threads;
     if (!PyArg_ParseTuple(args, "nnnnnnpi", &x, &w, &y, &rows, &n, &k, &bf16, &threads)) return NULL;
-    linear_args a = {(const float *)x, (const void *)w, (float *)y, rows, n, k, bf16};
     Py_BEGIN_ALLOW_THREADS
-    run_parallel(linear_part, &a, threads);
+    linear_run((const float *)x, (const void *)w, (float *)y, rows, n, k, bf16, 0, threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

@@ -1,7 +1,8 @@
 /*
  * The `_cpu_kernels` extension module: decode kernels for x86-64 CPUs with AVX2 and FMA (the small-batch matmul in
  * linear.c, decode attention over the paged KV pool in attention.c and attention_wide.c, the K/V store and a decoder
- * layer's elementwise steps in elementwise.c), and how they run.
+ * layer's elementwise steps in elementwise.c, all of a decode step's decoder layers in one call in decoder.c), and how
+ * they run.
  *
  * Work is split across torch's own OpenMP thread pool: the libgomp that torch loaded is found by the Python side
  * (local_engine.model.cpu_kernels) and bound here with dlopen(RTLD_NOLOAD), and GOMP_parallel, the entry point
@@ -43,7 +44,7 @@ void run_parallel(void (*fn)(void *, int, int), void *data, int threads) {
 static PyObject *supported(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     __builtin_cpu_init();
-    avx512_enabled = __builtin_cpu_supports("avx512f");
+    avx512_enabled = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     return PyBool_FromLong(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
 }
 
@@ -52,7 +53,7 @@ static PyObject *use_avx512(PyObject *self, PyObject *args) {
     int enabled;
     if (!PyArg_ParseTuple(args, "p", &enabled)) return NULL;
     __builtin_cpu_init();
-    avx512_enabled = enabled && __builtin_cpu_supports("avx512f");
+    avx512_enabled = enabled && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     return PyBool_FromLong(avx512_enabled);
 }
 
@@ -83,6 +84,10 @@ static PyMethodDef methods[] = {
     {"decode_attention", py_decode_attention, METH_VARARGS,
      "decode_attention(q, q_stride, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, "
      "kv_heads, head_dim, scale, bf16, threads)."},
+    {"decode_layers", py_decode_layers, METH_VARARGS,
+     "decode_layers(hidden, layers, num_layers, pool_k, pool_v, layer_stride, num_slots, cos, sin, write_slots, slots, "
+     "segments, seg_rows, stride, num_segments, rows, hidden_size, heads, kv_heads, head_dim, intermediate, eps, "
+     "scale, weights_bf16, pool_bf16, threads): a decode step through every decoder layer."},
     {"store_rows", py_store_rows, METH_VARARGS,
      "store_rows(pool, num_slots, src, src_stride, slots, rows, width, bf16): the step's new K or V into the pool."},
     {NULL, NULL, 0, NULL},
