@@ -90,7 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
     decode_kernels = ", decode on the CPU kernels" if cpu_kernels.attends(engine.pool.k) else ""
     print(
         f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
-        f"{engine.pool.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
+        f"{engine.allocator.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
         f"{'prefix cache ' + config.eviction if config.prefix_cache else 'no prefix cache'}{engine.tiers_summary()}, "
         f"{engine.runner.attention_backend} attention{decode_kernels}; "
         f"listening on http://{args.host}:{args.port}",

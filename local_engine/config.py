@@ -48,6 +48,11 @@ class EngineConfig:
         help="paged attention over the KV pool: FlashInfer's kernels (CUDA, flashinfer-python installed) or the "
         "torch path; auto picks FlashInfer when it can run",
     )  # local_engine.model.attention_backends
+    enforce_eager: bool = option(
+        False, "--enforce-eager",
+        help="run every step eagerly: no decode steps replayed from CUDA graphs (used only on CUDA with the "
+        "flashinfer attention backend)",
+    )  # local_engine.model.graph_step
     # Lower KV tiers (off by default): L2 host pool in tokens or GiB (0 = off), L3 disk directory with its capacity
     # (10 GiB when a directory is given), and when copies go down (write_back: on eviction; write_through: at insert).
     host_cache_tokens: int | None = option(

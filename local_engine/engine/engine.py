@@ -18,18 +18,19 @@ import threading
 import time
 from collections import deque
 
-from local_engine.cache import KVPool, NoPrefixCache, RadixCache, RadixCacheConfig, SlotAllocator
+from local_engine.cache import NoPrefixCache, RadixCache, RadixCacheConfig
 from local_engine.cache.block_events import BlockEvents
 from local_engine.cache.protocol import PrefixCache
 from local_engine.cache.tiers.cleaner import CLEAN_CHUNK_TOKENS
 from local_engine.cache.tiers import RETENTION_CLASSES, TierTokens
-from local_engine.config import DEFAULT_KV_CACHE_TOKENS, EngineConfig
+from local_engine.config import EngineConfig
 from local_engine.engine.compute_threads import claim_worker_threads
 from local_engine.engine.counters import EngineCounters
 from local_engine.engine.types import Finished, GenerationRequest, MatchReport, RequestHandle, TokenDelta
-from local_engine.engine.kv_tiers import build_tier_store, tiers_summary
+from local_engine.engine.kv_tiers import build_device_pool, build_tier_store, tiers_summary
 from local_engine.kv_events.publisher import KvEventPublisher
 from local_engine.errors import CapacityExceeded, EngineError, EngineStopped, InvalidRequest
+from local_engine.model.decode_graphs import DecodeGraphSettings
 from local_engine.model.loader import LoadedModel
 from local_engine.model.runner import ModelRunner, ScheduledChunk
 from local_engine.engine.batch_sampling import SampledToken, sample_rows
@@ -47,12 +48,7 @@ class Engine:
         self.config = config
         self.loaded = loaded
         pool_config = ModelRunner.pool_config_for(loaded.model, loaded.device, loaded.dtype)
-        if config.kv_cache_gib is not None:
-            num_slots = pool_config.num_slots_for_gib(config.kv_cache_gib)
-        else:
-            num_slots = config.kv_cache_tokens or DEFAULT_KV_CACHE_TOKENS
-        self.pool = KVPool(pool_config, num_slots)
-        self.allocator = SlotAllocator(num_slots)
+        self.pool, self.allocator = build_device_pool(config, pool_config)  # the pool's last slot: a scratch slot
         self.tiers = None
         self.kv_events: KvEventPublisher | None = None  # None without a prefix cache: nothing to publish
         if config.prefix_cache:
@@ -66,7 +62,11 @@ class Engine:
                 self.cache.tiers.rebuild()  # headers only: the KV stays on disk until a request needs it
         else:
             self.cache = NoPrefixCache(self.allocator)
-        self.runner = ModelRunner(loaded.model, self.pool, config.attention_backend)
+        num_slots = self.allocator.num_slots
+        graphs = DecodeGraphSettings(max_batch=config.max_num_seqs,
+                                     max_context=min(loaded.context_window_tokens, num_slots), scratch_slot=num_slots)
+        self.runner = ModelRunner(loaded.model, self.pool, config.attention_backend, decode_graphs=graphs,
+                                  enforce_eager=config.enforce_eager)
         self.counters = EngineCounters()
         self.tree_lock = threading.Lock()
         self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock, self.pool)

@@ -1,4 +1,5 @@
-"""Builds the engine's lower KV tiers from EngineConfig: the L2 host pool and the L3 disk directory.
+"""Builds the engine's KV tiers from EngineConfig: the device pool with its allocator, the L2 host pool and the L3
+disk directory.
 
 The disk tier only serves files written by the same model (the fingerprint), dtype, page size and KV shape; the
 fingerprint hashes the model id, its config and a sample of its weights, so two random models of the same shape
@@ -17,7 +18,7 @@ from local_engine.cache.tiers.disk_store import KVLayout
 from local_engine.cache.kv_pool import KVPool, KVPoolConfig
 from local_engine.cache.slot_allocator import SlotAllocator
 from local_engine.cache.tiers.store import TierStore
-from local_engine.config import EngineConfig
+from local_engine.config import DEFAULT_KV_CACHE_TOKENS, EngineConfig
 
 
 class TierUnavailable(RuntimeError):
@@ -38,6 +39,17 @@ def model_fingerprint(model: torch.nn.Module, model_id: str) -> str:
             sample = parameter.detach().reshape(-1)[:4096].to("cpu", torch.float32)
             digest.update(sample.numpy().tobytes())
     return digest.hexdigest()
+
+
+def build_device_pool(config: EngineConfig, pool_config: KVPoolConfig) -> tuple[KVPool, SlotAllocator]:
+    """The device pool and its allocator, sized by `--kv-cache-tokens` or `--kv-cache-gib`. The pool holds one slot
+    more than the allocator hands out, its last: the scratch slot of captured decode steps (their padding rows write
+    it; local_engine.model.decode_graphs)."""
+    if config.kv_cache_gib is not None:
+        num_slots = pool_config.num_slots_for_gib(config.kv_cache_gib)
+    else:
+        num_slots = config.kv_cache_tokens or DEFAULT_KV_CACHE_TOKENS
+    return KVPool(pool_config, num_slots + 1), SlotAllocator(num_slots)
 
 
 def build_tier_store(

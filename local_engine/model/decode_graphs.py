@@ -1,17 +1,22 @@
 """Decode steps replayed from captured graphs, one per padded batch size (CUDA graphs, as vLLM and SGLang do).
 
 A decode-only step of `n` rows is padded up to the smallest capture size `S >= n` (`capture_sizes`: 1, 2, 4, 8, then
-every multiple of 8 up to the largest batch); steps with more rows, or with prefill chunks, run eagerly. Each size
-owns static buffers, the only tensors its graph reads: the token ids, positions and write slots `[S]`, and the page
-table of FlashInfer's decode kernel (`kv_indptr` `[S + 1]`, `kv_indices` `[S * max_context]`, `last_page_len`
-`[S]`). A step copies its inputs into the first `n` rows; the padding rows read and write one scratch slot of the
-pool, which no sequence owns, so their results are discarded without a check on the device. Everything a step
-copies is prepared on the host first and sent with `non_blocking` copies: a step never waits for the device
-between its start and the read of its sampled tokens.
+every multiple of 8 up to the largest batch); steps with more rows, a longer context than `max_context`, or prefill
+chunks run eagerly. Each size owns static buffers, the only tensors its graph reads: the token ids, positions and
+write slots `[S]`, and the page table of FlashInfer's decode kernel (`kv_indptr` `[S + 1]`, `kv_indices`
+`[S * max_context]`, `last_page_len` `[S]`). A step copies its inputs into the first `n` rows; the padding rows read
+and write one scratch slot of the pool, which no sequence owns (the engine's pool has one slot more than its
+allocator hands out: `DecodeGraphSettings.scratch_slot`), so their results are discarded without a check on the
+device. Everything a step copies is prepared on the host first, in a page-locked staging copy of the buffers when the
+device is CUDA, and sent with `non_blocking` copies: a step never waits for the device between its start and the
+read of its sampled tokens (the staging copy of a size is refilled only after the previous step's outputs were read
+on the host, which the engine's loop does every step).
 
 The graph of a size is captured on its first use (`capture(size, buffers)` returns what replays it; on CUDA,
-`cuda_graph_capture`), then reused for every later step of that size; the kernel plan (FlashInfer's `plan` over the
-static page table) is made on the host before each replay.
+`cuda_graph_capture`), after that step's inputs are in the buffers, then reused for every later step of that size;
+`prepare(buffers, inputs)` runs on the host before every replay and before the capture (FlashInfer's `plan` over
+the step's page table: local_engine.model.flashinfer_decode). local_engine.model.graph_step builds the captured
+step (the model's forward over the buffers) and decides which steps take this path.
 """
 
 from __future__ import annotations
@@ -22,6 +27,17 @@ from dataclasses import dataclass
 import torch
 
 Replay = Callable[[], torch.Tensor]  # runs the captured step; returns the static logits `[S, vocab]`
+
+
+@dataclass(frozen=True)
+class DecodeGraphSettings:
+    """What captured decode steps need from the engine. `max_batch`: the most rows of a captured step (the scheduler's
+    `max_num_seqs`); `max_context`: the most slots a row's slot table may hold (longer contexts run eagerly);
+    `scratch_slot`: a pool slot no sequence owns, read and written by the padding rows."""
+
+    max_batch: int
+    max_context: int
+    scratch_slot: int
 
 
 def capture_sizes(max_batch: int) -> tuple[int, ...]:
@@ -77,9 +93,12 @@ class DecodeGraphs:
     """Captured decode steps by padded batch size, with the bookkeeping that pads a step and reuses its graph."""
 
     def __init__(self, max_batch: int, max_context: int, scratch_slot: int, device: torch.device,
-                 capture: Callable[[int, DecodeBuffers], Replay]) -> None:
+                 capture: Callable[[int, DecodeBuffers], Replay],
+                 prepare: Callable[[DecodeBuffers, dict[str, torch.Tensor]], None] | None = None) -> None:
         """`scratch_slot`: a pool slot no sequence owns (padding rows read and write it). `capture(size, buffers)`:
-        captures the step over `buffers` and returns its replay. Raises ValueError when `max_context < 1`."""
+        captures the step over `buffers` and returns its replay. `prepare(buffers, inputs)`: host-side work before
+        each replay (and before the capture), given the step's padded inputs on the host (see `host_inputs`).
+        Raises ValueError when `max_batch < 1` or `max_context < 1`."""
         if max_context < 1:
             raise ValueError("max_context must be at least 1")
         self.sizes = capture_sizes(max_batch)
@@ -87,12 +106,14 @@ class DecodeGraphs:
         self.scratch_slot = scratch_slot
         self.device = device
         self._capture = capture
-        self._graphs: dict[int, tuple[DecodeBuffers, Replay]] = {}
+        self._prepare = prepare
+        self._buffers: dict[int, tuple[DecodeBuffers, dict[str, torch.Tensor]]] = {}  # size -> buffers, staging
+        self._replays: dict[int, Replay] = {}
         self.num_replays = 0
 
     @property
     def captured_sizes(self) -> tuple[int, ...]:
-        return tuple(sorted(self._graphs))
+        return tuple(sorted(self._replays))
 
     def fits(self, num_rows: int, longest_context: int) -> bool:
         """Whether a decode step of `num_rows` rows whose longest slot table has `longest_context` slots can replay a
@@ -101,7 +122,8 @@ class DecodeGraphs:
 
     def host_inputs(self, step: DecodeInputs, size: int) -> dict[str, torch.Tensor]:
         """The step's inputs padded to `size` rows, built on the host (padding rows: token 0 at position 0 on the
-        scratch slot, a context of that one slot)."""
+        scratch slot, a context of that one slot). Keys: the names of DecodeBuffers' tensors; `kv_indices` holds
+        only the slots in use (`kv_indptr[-1]` of them)."""
         n = len(step.slot_tables)
         pad = size - n
         scratch = torch.tensor([self.scratch_slot], dtype=torch.int64)
@@ -127,22 +149,37 @@ class DecodeGraphs:
         if not self.fits(n, max(len(table) for table in step.slot_tables)):
             raise ValueError(f"a decode step of {n} rows does not fit the captured sizes {self.sizes}")
         size = padded_size(n, self.sizes)
-        buffers, replay = self._graphs.get(size) or self._capture_size(size)
+        buffers, staging = self._buffers.get(size) or self._allocate(size)
+        staged = {}
         for name, value in self.host_inputs(step, size).items():
-            getattr(buffers, name)[: len(value)].copy_(value, non_blocking=True)
+            staged[name] = staging[name][: len(value)].copy_(value)
+            getattr(buffers, name)[: len(value)].copy_(staged[name], non_blocking=True)
+        if self._prepare is not None:
+            self._prepare(buffers, staged)
+        replay = self._replays.get(size)
+        if replay is None:
+            replay = self._replays[size] = self._capture(size, buffers)
         self.num_replays += 1
         return replay()[:n]
 
-    def _capture_size(self, size: int) -> tuple[DecodeBuffers, Replay]:
+    def _allocate(self, size: int) -> tuple[DecodeBuffers, dict[str, torch.Tensor]]:
         buffers = DecodeBuffers.allocate(size, self.max_context, self.device)
-        self._graphs[size] = (buffers, self._capture(size, buffers))
-        return self._graphs[size]
+        pin = self.device.type == "cuda"  # page-locked, so the copies to the device are asynchronous
+        staging = {name: torch.empty(getattr(buffers, name).shape, dtype=getattr(buffers, name).dtype,
+                                     pin_memory=pin) for name in _INPUTS}
+        self._buffers[size] = (buffers, staging)
+        return self._buffers[size]
+
+
+_INPUTS = ("input_ids", "positions", "write_slots", "kv_indptr", "kv_indices", "last_page_len")
 
 
 def cuda_graph_capture(step: Callable[[DecodeBuffers], torch.Tensor], warmup: int = 2
                        ) -> Callable[[int, DecodeBuffers], Replay]:
     """A `capture` for DecodeGraphs on CUDA: runs `step(buffers)` a few times on a side stream (so lazy
-    initialisation is not captured), captures it in a `torch.cuda.CUDAGraph`, and replays that graph."""
+    initialisation is not captured), captures it in a `torch.cuda.CUDAGraph`, and replays that graph. The step runs
+    over the buffers of the step being served, so the warm-up runs compute (and write) what its replay will.
+    Capture errors are thread-local: other engine threads may use CUDA while the worker captures."""
 
     def capture(size: int, buffers: DecodeBuffers) -> Replay:
         stream = torch.cuda.Stream()
@@ -152,7 +189,7 @@ def cuda_graph_capture(step: Callable[[DecodeBuffers], torch.Tensor], warmup: in
                 step(buffers)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             output = step(buffers)
 
         def replay() -> torch.Tensor:

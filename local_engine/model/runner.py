@@ -7,8 +7,14 @@ registered in transformers' `AttentionInterface` and selected as the model's att
 and writes K/V in the engine's KV pool through each sequence's slot table. Llama-architecture models (float32, or bfloat16 on the
 CPU) run through `FusedLlamaForward` instead (fewer, larger operations per layer, on packed weights in bf16;
 local_engine.model.fused_llama), which calls the same attention function. Since that name has no entry in `AttentionMaskInterface`, transformers builds no dense
-mask. The per-step `PagedBatch` reaches the attention
-function as a forward keyword argument, which transformers passes down to every attention call.
+mask. Each step's attention function (`paged_attention` over the step's `PagedBatch`, or the
+captured step's) reaches the registered attention function as the forward keyword argument `step_attention`, which
+transformers passes down to every attention call.
+
+Decode steps replayed from CUDA graphs (local_engine.model.graph_step): on CUDA with the flashinfer attention backend,
+given `decode_graphs` settings and without `enforce_eager`, a step of single-token chunks that fits the captured sizes
+replays the graph of its padded batch size (FlashInfer's decode kernel over static buffers); every other step runs
+eagerly as above.
 """
 
 from __future__ import annotations
@@ -22,22 +28,24 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from local_engine.model import cpu_kernels
 from local_engine.model.attention_backends import resolve_attention_backend
 from local_engine.cache import KVPool, KVPoolConfig
+from local_engine.model.decode_graphs import DecodeGraphSettings
 from local_engine.model.flashinfer_attention import FlashInferAttention
 from local_engine.model.fused_llama import FusedLlamaForward
-from local_engine.model.paged_attention import PagedBatch, build_paged_batch, paged_attention
+from local_engine.model.graph_step import Attention, GraphBackend, GraphedDecode
+from local_engine.model.paged_attention import build_paged_batch, paged_attention
 
 ATTENTION_IMPLEMENTATION = "prefixscope_paged"
 
 
 def _attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    batch: PagedBatch | None = kwargs.get("paged_batch")
-    if batch is None:
+    attention: Attention | None = kwargs.get("step_attention")
+    if attention is None:
         # The model called outside an engine step (a reference computation over a whole sequence): plain SDPA.
         if query.shape[2] != key.shape[2] and query.shape[2] > 1:
             raise NotImplementedError("without a paged batch only whole sequences or single tokens are supported")
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return paged_attention(batch, module.layer_idx, query, key, value, scale), None
+    return attention(module.layer_idx, query, key, value, scale), None
 
 
 AttentionInterface.register(ATTENTION_IMPLEMENTATION, _attention_forward)
@@ -72,20 +80,36 @@ class ModelRunner:
     """Runs a causal LM over packed batches whose K/V live in a KVPool."""
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, attention_backend: str = "auto",
-                 fused: bool = True) -> None:
+                 fused: bool = True, *, decode_graphs: DecodeGraphSettings | None = None,
+                 enforce_eager: bool = False, graph_backend: GraphBackend | None = None) -> None:
         """`attention_backend`: one of `local_engine.model.attention_backends.ATTENTION_BACKENDS` (raises ValueError
         when it cannot run on the pool's device). `fused`: run Llama-architecture models through FusedLlamaForward
-        (the others, or with False, through transformers' forward)."""
+        (the others, or with False, through transformers' forward).
+
+        `decode_graphs`: replay decode steps from graphs captured per padded batch size (its scratch slot must be a
+        pool slot no sequence owns); unless `enforce_eager`, they are used on CUDA with the flashinfer backend
+        (FlashInfer's decode kernel in CUDA graphs), or on any device with `graph_backend` (how steps are captured
+        and attended, e.g. `graph_step.eager_graph_backend()`). Raises ValueError for a scratch slot outside the
+        pool."""
         self.model = model
         self._fused = FusedLlamaForward.of(model) if fused and FusedLlamaForward.supports(model) else None
         self.pool = pool
         self.device = pool.k.device
         self.attention_backend = resolve_attention_backend(attention_backend, self.device)
+        config = model.config.get_text_config(decoder=True)
         self._kernel: FlashInferAttention | None = None
         if self.attention_backend == "flashinfer":
-            config = model.config.get_text_config(decoder=True)
             self._kernel = FlashInferAttention(self.device, config.num_attention_heads, pool.config.num_kv_heads,
                                                pool.config.head_dim, pool.config.dtype)
+            if graph_backend is None and decode_graphs is not None and not enforce_eager:
+                from local_engine.model.flashinfer_decode import flashinfer_graph_backend
+
+                graph_backend = flashinfer_graph_backend(self.device, config.num_attention_heads,
+                                                         pool.config.num_kv_heads, pool.config.head_dim,
+                                                         pool.config.dtype, _attention_scaling(model, pool))
+        self.graphed: GraphedDecode | None = None  # None: every step runs eagerly
+        if decode_graphs is not None and graph_backend is not None and not enforce_eager:
+            self.graphed = GraphedDecode(self._forward, pool, decode_graphs, graph_backend)
         if model.config._attn_implementation != ATTENTION_IMPLEMENTATION:
             model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
 
@@ -105,12 +129,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> StepLogits:
-        """`forward`, plus every token's logits for the chunks that ask for `all_logits`."""
+        """`forward`, plus every token's logits for the chunks that ask for `all_logits`. A step that fits the
+        captured decode graphs replays one (see the module docstring)."""
         if not chunks:
             raise ValueError("a step needs at least one chunk")
         for chunk in chunks:
             if not chunk.token_ids or len(chunk.slot_table) < len(chunk.token_ids):
                 raise ValueError("each chunk needs tokens and a slot for every one of them")
+        graph_step = self.graphed.inputs_of(chunks) if self.graphed is not None else None
+        if graph_step is not None:
+            return StepLogits(self.graphed.run(graph_step), {})
         # Decode tokens go first so the attention function can batch them.
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) != 1)
         num_decode = sum(1 for chunk in chunks if len(chunk.token_ids) == 1)
@@ -138,15 +166,11 @@ class ModelRunner:
         input_ids = torch.tensor(token_ids, dtype=torch.int64).to(self.device, non_blocking=True)
         position_ids = torch.tensor(positions, dtype=torch.int64).to(self.device, non_blocking=True)
         keep_index = torch.tensor(keep, dtype=torch.int64).to(self.device, non_blocking=True)
-        if self._fused is not None:
-            # Every row a decode row on the CPU kernels: the fused forward may run all its layers in one call.
-            decode = (cpu_kernels.DecodeStep(batch.decode_plan, batch.write_slots, self.pool.k, self.pool.v)
-                      if batch.decode_plan is not None and not batch.chunks else None)
-            logits = self._fused(input_ids, position_ids, keep_index,
-                                 lambda layer, q, k, v, scale: paged_attention(batch, layer, q, k, v, scale), decode)
-        else:
-            logits = self.model(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0),
-                                use_cache=False, logits_to_keep=keep_index, paged_batch=batch).logits[0]
+        # Every row a decode row on the CPU kernels: the fused forward may run all its layers in one call.
+        decode = (cpu_kernels.DecodeStep(batch.decode_plan, batch.write_slots, self.pool.k, self.pool.v)
+                  if batch.decode_plan is not None and not batch.chunks else None)
+        logits = self._forward(input_ids, position_ids, keep_index,
+                               lambda layer, q, k, v, scale: paged_attention(batch, layer, q, k, v, scale), decode)
         logits = logits.float()  # [len(keep), vocab], in packed order
         # Back to the callers' order.
         rank = dict(keep_owner)
@@ -156,3 +180,22 @@ class ModelRunner:
             return StepLogits(logits, chunk_logits)
         return StepLogits(logits.index_select(0, torch.tensor(wanted, dtype=torch.int64).to(logits.device)),
                           chunk_logits)
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
+                 attention: Attention, decode: cpu_kernels.DecodeStep | None = None) -> torch.Tensor:
+        """The model over one packed step: `input_ids`, `position_ids` int64 `[num_tokens]`, `keep` int64
+        `[num_kept]`; `decode` as FusedLlamaForward takes it. Returns logits `[num_kept, vocab]` (the model's dtype,
+        or float32)."""
+        if self._fused is not None:
+            return self._fused(input_ids, position_ids, keep, attention, decode)
+        return self.model(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0), use_cache=False,
+                          logits_to_keep=keep, step_attention=attention).logits[0]
+
+
+def _attention_scaling(model: torch.nn.Module, pool: KVPool) -> float:
+    """The softmax scale of the model's attention layers (their `scaling`), else `head_dim ** -0.5`."""
+    for module in model.modules():
+        scaling = getattr(module, "scaling", None)
+        if isinstance(scaling, float) and hasattr(module, "layer_idx"):
+            return scaling
+    return pool.config.head_dim ** -0.5

@@ -78,3 +78,24 @@ def test_steps_beyond_the_captured_sizes_or_context_run_eagerly():
     assert graphs.fits(8, 3) and not graphs.fits(9, 3) and not graphs.fits(2, 4) and not graphs.fits(0, 1)
     with pytest.raises(ValueError):
         graphs.run(_step(2, 0))  # row 1 has a context of 4 slots
+
+
+def test_prepare_runs_on_the_host_before_the_capture_and_before_every_replay():
+    events: list[tuple[str, int]] = []
+    capture = EagerCapture()
+
+    def prepare(buffers: DecodeBuffers, inputs: dict[str, torch.Tensor]) -> None:
+        # The step's inputs are in the buffers already; the plan reads the host copy of its page table.
+        assert inputs["kv_indptr"].device.type == "cpu"
+        assert torch.equal(buffers.kv_indptr, inputs["kv_indptr"])
+        assert torch.equal(buffers.kv_indices[: len(inputs["kv_indices"])], inputs["kv_indices"])
+        events.append(("prepare", buffers.size))
+
+    def record_capture(size: int, buffers: DecodeBuffers):
+        events.append(("capture", size))
+        return capture(size, buffers)
+
+    graphs = DecodeGraphs(8, 64, SCRATCH, torch.device("cpu"), record_capture, prepare)
+    for rows in (3, 4, 1):
+        graphs.run(_step(rows, 0))
+    assert events == [("prepare", 4), ("capture", 4), ("prepare", 4), ("prepare", 1), ("capture", 1)]

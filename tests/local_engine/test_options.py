@@ -59,6 +59,9 @@ def test_every_passed_on_option_reaches_the_engine_through_up():
     forwarded = passed_on_argv(EngineConfig, parsers["up"].parse_args(["--no-prefix-cache"]))
     assert forwarded == ["--no-prefix-cache"]
     assert engine_config_from(parsers["engine"].parse_args(forwarded)).prefix_cache is False
+    forwarded = passed_on_argv(EngineConfig, parsers["up"].parse_args(["--enforce-eager"]))
+    assert forwarded == ["--enforce-eager"]
+    assert engine_config_from(parsers["engine"].parse_args(forwarded)).enforce_eager is True
 
 
 def test_defaults_are_the_declared_ones_everywhere():
