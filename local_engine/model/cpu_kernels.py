@@ -225,7 +225,7 @@ class DecoderLayers:
     `table`: int64 `[num_layers, 6]`, each layer's tensor addresses (input RMSNorm weight, post-attention RMSNorm
     weight, fused qkv `[(heads + 2 * kv_heads) * head_dim, hidden]`, o `[hidden, heads * head_dim]`, fused gate_up
     `[2 * intermediate, hidden]`, down `[hidden, intermediate]`), all contiguous in `dtype`; `tensors` keeps them
-    alive."""
+    alive. `max_rows`: the most rows a step may have (`max_rows` of the weights)."""
 
     table: torch.Tensor
     tensors: tuple[torch.Tensor, ...]
@@ -237,6 +237,7 @@ class DecoderLayers:
     intermediate: int
     eps: float
     scale: float
+    max_rows: int
 
     @classmethod
     def of(cls, layers: list[tuple[torch.Tensor, ...]], heads: int, kv_heads: int, head_dim: int, eps: float,
@@ -252,7 +253,8 @@ class DecoderLayers:
             return None
         table = torch.tensor([[tensor.data_ptr() for tensor in layer] for layer in layers], dtype=torch.int64)
         hidden, intermediate = layers[0][5].shape
-        return cls(table, tensors, dtype, hidden, heads, kv_heads, head_dim, intermediate, eps, scale)
+        return cls(table, tensors, dtype, hidden, heads, kv_heads, head_dim, intermediate, eps, scale,
+                   max_rows(layers[0][2]))
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,7 @@ def decode_layers(hidden: torch.Tensor, layers: DecoderLayers, step: DecodeStep,
     the qkv matmul, the rotary embedding by `cos`, `sin` (contiguous float32 `[rows, head_dim]`), the new K/V
     stored at `step.write_slots`, decode attention, o_proj added to the residual, RMSNorm, gate_up, silu(gate) * up,
     down_proj added to the residual. Raises IndexError for a write slot outside the pool (writing nothing) and
-    ValueError for a pool that does not match the layers."""
+    ValueError for a pool that does not match the layers or more rows than `layers.max_rows`."""
     pool_k, pool_v, plan = step.pool_k, step.pool_v, step.plan
     num_layers, num_slots = pool_k.shape[0], pool_k.shape[1]
     if (pool_k.shape != pool_v.shape or pool_k.shape[2:] != (layers.kv_heads, layers.head_dim)
@@ -282,7 +284,8 @@ def decode_layers(hidden: torch.Tensor, layers: DecoderLayers, step: DecodeStep,
             or not (pool_k.is_contiguous() and pool_v.is_contiguous())):
         raise ValueError(f"a pool {tuple(pool_k.shape)} ({pool_k.dtype}) does not match the decoder layers")
     rows = hidden.shape[0]
-    if hidden.shape[1] != layers.hidden or len(step.write_slots) != rows or plan.rows != rows:
+    if (hidden.shape[1] != layers.hidden or len(step.write_slots) != rows or plan.rows != rows
+            or rows > layers.max_rows):
         raise ValueError(f"{rows} rows of {hidden.shape[1]} features, {len(step.write_slots)} write slots and a plan "
                          f"of {plan.rows} rows for layers of {layers.hidden} features")
     write_slots = step.write_slots.contiguous()

@@ -159,8 +159,7 @@ class FusedLlamaForward:
         if native:
             hidden = hidden.float()  # a bf16 model's decode step too: only the stored K/V are rounded to bf16
         cos, sin = self.rotary(hidden, position_ids.unsqueeze(0))  # [1, T, head_dim]
-        if (decode is not None and self.decoder_layers is not None
-                and num_tokens <= cpu_kernels.max_rows(self.decoder_layers.tensors[2])):
+        if decode is not None and self.decoder_layers is not None and num_tokens <= self.decoder_layers.max_rows:
             cpu_kernels.decode_layers(hidden, self.decoder_layers, decode, cos[0], sin[0])
             return self.lm_head(cpu_kernels.rms_norm(hidden.index_select(0, keep), self.norm, self.norm_eps))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, head_dim]

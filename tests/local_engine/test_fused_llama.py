@@ -159,7 +159,7 @@ def test_a_decode_step_in_one_kernel_call_equals_the_step_operation_by_operation
     runners = {in_one_call: ModelRunner(model, KVPool(pool_config, 4096)) for in_one_call in (True, False)}
     layers = runners[True]._fused.decoder_layers  # both runners share the model's one FusedLlamaForward
     assert layers is not None
-    max_rows = cpu_kernels.max_rows(layers.tensors[2])
+    max_rows = layers.max_rows
     generator = torch.Generator().manual_seed(1)
     lengths = [60 + 37 * row % 190 for row in range(max_rows + 2)]
     tables = [torch.randperm(4000, generator=generator)[: length + 10] for length in lengths]
