@@ -13,7 +13,8 @@ setup(
             "local_engine.model._cpu_kernels",
             SOURCES,
             depends=sorted(str(path) for path in Path("local_engine/model/csrc").glob("*.h")),
-            extra_compile_args=["-O3", "-std=c11"],
+            # Only the module's init is exported: the kernels' C names stay inside the extension.
+            extra_compile_args=["-O3", "-std=c11", "-fvisibility=hidden"],
             libraries=["dl", "m"],
             optional=True,
         )

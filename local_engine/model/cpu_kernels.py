@@ -1,9 +1,10 @@
 """Decode kernels for x86-64 CPUs with AVX2 and FMA (local_engine/model/csrc, built by setup.py when a C
 compiler is there): the matmul of a few rows against a weight, decode attention read straight from the paged pool's
 slots, and a decoder layer's elementwise steps (RMSNorm, rotary embedding, SwiGLU), each one call where torch
-dispatches several operations, and all of a decode step's decoder layers in one call (`decode_layers`). Weights and the pool may be float32 or bfloat16, read as stored and widened in
-registers; activations and arithmetic are float32, so a bfloat16 model's decode step reads half the bytes and, up
-to MAX_BF16_ROWS rows, rounds only its stored K/V.
+dispatches several operations, and all of a decode step's decoder layers in one call (`decode_layers`). Weights and
+the pool may be float32 or bfloat16, read as stored and widened in registers; activations and arithmetic are
+float32, so a bfloat16 model's decode step reads half the bytes and, up to MAX_BF16_ROWS rows, rounds only its stored
+K/V.
 
 A decode step at small batch sizes reads every weight once and each sequence's context once, so its time is set by
 memory reads. On a 2-core AMD EPYC (AVX2, no AVX-512) whose read bandwidth a torch sum measures at 22.5 GB/s, MKL's
@@ -240,20 +241,27 @@ class DecoderLayers:
     max_rows: int
 
     @classmethod
-    def of(cls, layers: list[tuple[torch.Tensor, ...]], heads: int, kv_heads: int, head_dim: int, eps: float,
-           scale: float) -> DecoderLayers | None:
-        """From each layer's (input_norm, post_norm, qkv, o, gate_up, down) weights; None where the kernels cannot
-        run them (not all contiguous on the CPU in one float32 or bfloat16 dtype, or an attention shape
+    def of(cls, layers: list[tuple[torch.Tensor, ...]], heads: int, kv_heads: int, head_dim: int,
+           eps: list[float], scale: list[float]) -> DecoderLayers | None:
+        """From each layer's (input_norm, post_norm, qkv, o, gate_up, down) weights and its RMSNorm epsilon and
+        attention scale; None where the kernels cannot run them (not all contiguous on the CPU in one float32 or
+        bfloat16 dtype, shapes other than the above, layers of different epsilons or scales, or an attention shape
         `decode_attention` does not take)."""
         tensors = tuple(tensor for layer in layers for tensor in layer)
+        if not layers or kv_heads < 1 or heads % kv_heads or head_dim % 8 or head_dim > 256:
+            return None
         dtype = tensors[0].dtype
         if not all(runs(tensor) and tensor.dtype == dtype for tensor in tensors):
             return None
-        if head_dim % 8 or head_dim > 256 or heads % kv_heads:
+        if len(set(eps)) != 1 or len(set(scale)) != 1:
+            return None
+        hidden, intermediate = layers[0][5].shape
+        shapes = ((hidden,), (hidden,), ((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim),
+                  (2 * intermediate, hidden), (hidden, intermediate))
+        if any(tuple(tensor.shape) != shape for layer in layers for tensor, shape in zip(layer, shapes, strict=True)):
             return None
         table = torch.tensor([[tensor.data_ptr() for tensor in layer] for layer in layers], dtype=torch.int64)
-        hidden, intermediate = layers[0][5].shape
-        return cls(table, tensors, dtype, hidden, heads, kv_heads, head_dim, intermediate, eps, scale,
+        return cls(table, tensors, dtype, hidden, heads, kv_heads, head_dim, intermediate, eps[0], scale[0],
                    max_rows(layers[0][2]))
 
 
@@ -275,19 +283,25 @@ def decode_layers(hidden: torch.Tensor, layers: DecoderLayers, step: DecodeStep,
     `[rows, hidden]`), as local_engine.model.fused_llama's layers compute it on these kernels: per layer RMSNorm,
     the qkv matmul, the rotary embedding by `cos`, `sin` (contiguous float32 `[rows, head_dim]`), the new K/V
     stored at `step.write_slots`, decode attention, o_proj added to the residual, RMSNorm, gate_up, silu(gate) * up,
-    down_proj added to the residual. Raises IndexError for a write slot outside the pool (writing nothing) and
-    ValueError for a pool that does not match the layers or more rows than `layers.max_rows`."""
+    down_proj added to the residual. Raises IndexError for a write slot outside the pool and ValueError for inputs
+    of other shapes, dtypes or devices, a pool that does not match the layers or more rows than `layers.max_rows`,
+    in each case writing nothing; MemoryError before anything is written."""
     pool_k, pool_v, plan = step.pool_k, step.pool_v, step.plan
     num_layers, num_slots = pool_k.shape[0], pool_k.shape[1]
     if (pool_k.shape != pool_v.shape or pool_k.shape[2:] != (layers.kv_heads, layers.head_dim)
             or num_layers < len(layers.table) or pool_k.dtype not in _DTYPES or pool_v.dtype != pool_k.dtype
+            or pool_k.device.type != "cpu" or pool_v.device.type != "cpu"
             or not (pool_k.is_contiguous() and pool_v.is_contiguous())):
         raise ValueError(f"a pool {tuple(pool_k.shape)} ({pool_k.dtype}) does not match the decoder layers")
     rows = hidden.shape[0]
-    if (hidden.shape[1] != layers.hidden or len(step.write_slots) != rows or plan.rows != rows
-            or rows > layers.max_rows):
-        raise ValueError(f"{rows} rows of {hidden.shape[1]} features, {len(step.write_slots)} write slots and a plan "
-                         f"of {plan.rows} rows for layers of {layers.hidden} features")
+    float_rows = (hidden, cos, sin)
+    if (hidden.dim() != 2 or hidden.shape[1] != layers.hidden or rows > layers.max_rows
+            or any(x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous() for x in float_rows)
+            or cos.shape != (rows, layers.head_dim) or sin.shape != cos.shape
+            or step.write_slots.shape != (rows,) or step.write_slots.dtype != torch.int64 or plan.rows != rows):
+        raise ValueError(f"hidden {tuple(hidden.shape)}, cos and sin {tuple(cos.shape)}, write slots "
+                         f"{tuple(step.write_slots.shape)} ({step.write_slots.dtype}) and a plan of {plan.rows} rows "
+                         f"do not make a step of layers of {layers.hidden} features (at most {layers.max_rows} rows)")
     write_slots = step.write_slots.contiguous()
     _module().decode_layers(
         hidden.data_ptr(), layers.table.data_ptr(), len(layers.table), pool_k.data_ptr(), pool_v.data_ptr(),

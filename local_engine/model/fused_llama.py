@@ -108,8 +108,9 @@ class FusedLlamaForward:
         self.decoder_layers = cpu_kernels.DecoderLayers.of(
             [(layer.input_norm, layer.post_norm, layer.qkv.weight, layer.o.weight, layer.gate_up.weight,
               layer.down.weight) for layer in self.layers],
-            self.num_heads, self.num_kv_heads, self.head_dim, self.layers[0].eps, self.layers[0].scaling,
-        ) if self.native and self.swiglu and self.layers else None
+            self.num_heads, self.num_kv_heads, self.head_dim, [layer.eps for layer in self.layers],
+            [layer.scaling for layer in self.layers],
+        ) if self.native and self.swiglu else None
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> FusedLlamaForward:

@@ -55,10 +55,10 @@ def test_linear_equals_a_float64_matmul_within_float32_rounding(rows, out_featur
 
 @pytest.fixture(params=["avx512", "avx2"])
 def vectors(request):
-    """Decode attention's 512-bit path (a KV head read by 8 or more queries, on a CPU with AVX-512F), then its AVX2
-    path for the same inputs."""
+    """Decode attention's 512-bit paths (a KV head read by 8 or more queries, or fewer on a head_dim that is a
+    multiple of 32; on a CPU with AVX-512F and BW), then its AVX2 path for the same inputs."""
     if request.param == "avx512" and not cpu_kernels.use_avx512(True):
-        pytest.skip("this CPU has no AVX-512F")
+        pytest.skip("this CPU has no AVX-512F and BW")
     cpu_kernels.use_avx512(request.param == "avx512")
     yield request.param
     cpu_kernels.use_avx512(True)
@@ -141,8 +141,8 @@ def test_more_queries_on_one_kv_head_than_one_pass_takes(dtype, vectors):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("head_dim", "heads", "kv_heads", "rows"), [(64, 9, 3, 1), (32, 4, 4, 1), (96, 6, 2, 2),
                                                                      (128, 7, 1, 1), (64, 8, 4, 3)])
-def test_a_few_queries_per_kv_head_attend_exactly_at_any_head_width_and_context_length(dtype, head_dim, heads,
-                                                                                      kv_heads, rows, vectors):
+def test_a_few_queries_per_kv_head_attend_at_any_head_width_and_context_length(dtype, head_dim, heads, kv_heads,
+                                                                               rows, vectors):
     """1 to 7 queries per KV head (one row's GQA group, or a few rows sharing a prefix): contexts that end inside a
     block of keys, a block's first key alone, head widths of 32 x an odd number."""
     generator = torch.Generator().manual_seed(head_dim + rows)
@@ -163,6 +163,21 @@ def test_a_few_queries_per_kv_head_attend_exactly_at_any_head_width_and_context_
             expected = F.scaled_dot_product_attention(query[row].double().unsqueeze(0).unsqueeze(2), keys, values,
                                                       scale=head_dim ** -0.5, enable_gqa=True)[0, :, 0]
             assert (out[row].double() - expected).abs().max() <= 1e-5, (length, row)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 4])  # 3 and 12 queries per KV head
+def test_a_nan_in_a_key_reaches_the_output_of_the_heads_that_read_it(dtype, rows, vectors):
+    pool = _pool(7, 300, dtype)
+    pool.k[0][40, 1] = float("nan")  # KV head 1 of slot 40
+    prefix = torch.arange(100)
+    tables = [torch.cat([prefix, torch.tensor([200 + row])]) for row in range(rows)]
+    plan = cpu_kernels.plan_decode(tables, find_shared_prefixes(tables, 64) if rows > 1 else [], threads=2)
+    out = cpu_kernels.decode_attention(torch.randn(rows, NUM_HEADS, HEAD_DIM), pool.k[0], pool.v[0], plan, SCALING)
+    group = NUM_HEADS // NUM_KV_HEADS
+    assert out[:, group : 2 * group].isnan().all()
+    assert not out[:, :group].isnan().any() and not out[:, 2 * group :].isnan().any()
 
 
 @needs_kernels

@@ -161,12 +161,15 @@ def test_a_decode_step_in_one_kernel_call_equals_the_step_operation_by_operation
     assert layers is not None
     max_rows = layers.max_rows
     generator = torch.Generator().manual_seed(1)
-    lengths = [60 + 37 * row % 190 for row in range(max_rows + 2)]
+    lengths = [100 + 37 * row % 190 for row in range(max_rows + 2)]
     tables = [torch.randperm(4000, generator=generator)[: length + 10] for length in lengths]
     prompts = [torch.randint(3, 200, (length,), generator=generator).tolist() for length in lengths]
+    shared = 80  # rows 0 and 1 share their first 80 tokens and slots: a cascade group in the decode plan
+    prompts[1][:shared], tables[1][:shared] = prompts[0][:shared], tables[0][:shared]
     for runner in runners.values():
-        for prompt, table in zip(prompts, tables):
-            runner.forward([ScheduledChunk(prompt, table[: len(prompt)], True)])
+        for row, (prompt, table) in enumerate(zip(prompts, tables)):
+            start = shared if row == 1 else 0
+            runner.forward([ScheduledChunk(prompt[start:], table[: len(prompt)], True)])
     for step, rows in enumerate((1, max_rows, max_rows + 1, 3)):
         chunks = [ScheduledChunk([5 + row], tables[row][: lengths[row] + step + 1], True) for row in range(rows)]
         if step == 3:  # beside a prefill chunk
@@ -184,7 +187,7 @@ def test_a_decode_step_in_one_kernel_call_equals_the_step_operation_by_operation
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or do not run here")
-def test_a_decode_step_in_one_kernel_call_refuses_a_slot_outside_the_pool_and_writes_nothing():
+def test_a_decode_step_in_one_kernel_call_refuses_bad_inputs_and_writes_nothing():
     model = build_tiny_llama(vocab_size=100, seed=4)
     runner = _runner(model, True)
     runner.forward([ScheduledChunk([5, 6, 7], torch.arange(3), True)])
@@ -198,5 +201,15 @@ def test_a_decode_step_in_one_kernel_call_refuses_a_slot_outside_the_pool_and_wr
         cpu_kernels.decode_layers(hidden, runner._fused.decoder_layers, step, cos, sin)
     assert torch.equal(runner.pool.k, before_k) and torch.equal(runner.pool.v, before_v)
     assert torch.equal(hidden, hidden_before)
-    with pytest.raises(ValueError):
-        cpu_kernels.decode_layers(torch.randn(2, 64), runner._fused.decoder_layers, step, cos, sin)
+    in_pool = cpu_kernels.DecodeStep(plan, torch.tensor([5]), runner.pool.k, runner.pool.v)
+    wrong = [(torch.randn(2, 64), step, cos, sin),  # more rows than the plan and write slots
+             (hidden.to(torch.bfloat16), in_pool, cos, sin),
+             (hidden, cpu_kernels.DecodeStep(plan, torch.tensor([5], dtype=torch.int32), runner.pool.k, runner.pool.v),
+              cos, sin),
+             (hidden, in_pool, torch.ones(1, 8), sin),
+             (hidden, cpu_kernels.DecodeStep(plan, torch.tensor([5]), runner.pool.k[:, :, :1], runner.pool.v), cos,
+              sin)]
+    for arguments in wrong:
+        with pytest.raises(ValueError):
+            cpu_kernels.decode_layers(arguments[0], runner._fused.decoder_layers, *arguments[1:])
+    assert torch.equal(runner.pool.k, before_k) and torch.equal(runner.pool.v, before_v)

@@ -98,7 +98,7 @@ AVX2 static void attention_part(void *data, int thread, int threads) {
         const int64_t queries = a->segments[segment * SEGMENT_FIELDS + ROW_COUNT] * (a->heads / a->kv_heads);
         if (avx512_enabled && a->head_dim % 16 == 0 && queries >= MIN_GROUP_QUERIES) {
             attend_group_avx512(a, segment);
-        } else if (avx512_enabled && a->head_dim % 32 == 0) {
+        } else if (avx512_enabled && a->head_dim % 32 == 0) { /* fewer than MIN_GROUP_QUERIES, as it requires */
             attend_few_avx512(a, segment);
         } else if (a->bf16) {
             attend_segment(a, segment, 1);
@@ -134,7 +134,7 @@ static void merge_segments(const attention_args *a, float *out, float *row_max, 
     }
 }
 
-int attend_decode(attention_args *a, float *out, int64_t rows, int threads) {
+int attention_reserve(attention_args *a, int64_t rows) {
     const int64_t record = a->head_dim + 2;
     int64_t *offset = malloc(sizeof(int64_t) * (size_t)(a->num_segments + 1));
     if (offset == NULL) return -1;
@@ -148,13 +148,21 @@ int attend_decode(attention_args *a, float *out, int64_t rows, int threads) {
     }
     a->partial_offset = offset;
     a->partial = partial;
+    return 0;
+}
+
+void attention_release(attention_args *a) {
+    free(a->partial);
+    free((int64_t *)a->partial_offset);
+    a->partial = NULL;
+    a->partial_offset = NULL;
+}
+
+void attend_decode(attention_args *a, float *out, int64_t rows, int threads) {
     a->next = 0;
-    float *row_max = partial + offset[a->num_segments], *row_sum = row_max + rows * a->heads;
+    float *row_max = a->partial + a->partial_offset[a->num_segments], *row_sum = row_max + rows * a->heads;
     run_parallel(attention_part, a, threads < a->num_segments ? threads : (int)a->num_segments);
     merge_segments(a, out, row_max, row_sum, rows);
-    free(partial);
-    free(offset);
-    return 0;
 }
 
 int attention_shape_supported(int64_t heads, int64_t kv_heads, int64_t head_dim) {
@@ -176,10 +184,10 @@ PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     attention_args a = {(const float *)q, (const void *)k, (const void *)v, (const int64_t *)slots,
                         (const int64_t *)segments, (const int64_t *)seg_rows, NULL, NULL, q_stride, stride,
                         num_segments, heads, kv_heads, head_dim, scale, bf16, 0};
-    int status;
+    if (attention_reserve(&a, rows) != 0) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    status = attend_decode(&a, (float *)out, rows, threads);
+    attend_decode(&a, (float *)out, rows, threads);
     Py_END_ALLOW_THREADS
-    if (status != 0) return PyErr_NoMemory();
+    attention_release(&a);
     Py_RETURN_NONE;
 }

@@ -66,20 +66,28 @@ static inline const void *pool_at(const attention_args *a, const void *pool, int
     return element(pool, (slot * a->kv_heads + h) * a->head_dim, bf16);
 }
 
-#define MIN_GROUP_QUERIES 8 /* a KV head read by fewer queries takes attend_few's path */
+/* A KV head read by fewer queries takes attend_few's path where the CPU has AVX-512 and head_dim is a multiple of 32,
+   else the AVX2 path. */
+#define MIN_GROUP_QUERIES 8
 
-/* Attends every segment of `a` on `threads` threads and merges each row's parts into `out` (contiguous
-   [rows, heads, head_dim]); `a`'s partial records and counter are set here. Returns 0, or -1 when out of memory. */
-int attend_decode(attention_args *a, float *out, int64_t rows, int threads);
+/* The partial records of `a`'s segments for `rows` rows, allocated once for every layer of a step
+   (attention_reserve: 0, or -1 when out of memory) and freed by attention_release. */
+int attention_reserve(attention_args *a, int64_t rows);
+void attention_release(attention_args *a);
+
+/* Attends every segment of `a` (its records reserved) on `threads` threads and merges each row's parts into `out`
+   (contiguous [rows, heads, head_dim]). */
+void attend_decode(attention_args *a, float *out, int64_t rows, int threads);
 
 /* Whether the kernel takes this shape: head_dim a multiple of 8 and at most MAX_HEAD_DIM, heads a multiple of
    kv_heads. */
 int attention_shape_supported(int64_t heads, int64_t kv_heads, int64_t head_dim);
 
-/* Attends segment `segment` with 512-bit vectors (attention_wide.c); on a CPU with AVX-512F only. */
+/* Attends segment `segment` with 512-bit vectors (attention_wide.c); on a CPU with AVX-512F and BW only. */
 void attend_group_avx512(const attention_args *a, int64_t segment);
 
-/* The same for a segment whose KV head is read by fewer than MIN_GROUP_QUERIES queries (attention_wide.c). */
+/* The same for a segment whose KV head is read by fewer than MIN_GROUP_QUERIES queries (its buffers hold that many),
+   head_dim a multiple of 32 (attention_wide.c). */
 void attend_few_avx512(const attention_args *a, int64_t segment);
 
 #endif

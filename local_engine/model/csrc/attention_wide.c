@@ -1,9 +1,10 @@
 /*
- * Decode attention's segments with 512-bit vectors, for a KV head read by many queries (rows sharing a prefix, or a
- * wide GQA group) on a CPU with AVX-512F (every CPU with native bf16 has it): the head's queries are transposed once
- * per segment, with the scale folded in, so that each key element, broadcast, meets 16 queries per FMA. Scores come
- * out as [key][query] vectors with no horizontal sums, the online softmax runs across 16 queries per instruction, and
- * values are accumulated for 4 queries at a time, each value vector loaded once for them.
+ * Decode attention's segments with 512-bit vectors, on a CPU with AVX-512F and BW (every CPU with native bf16 has
+ * them), in two shapes. For a KV head read by many queries (rows sharing a prefix, or a wide GQA group), the head's
+ * queries are transposed once per segment, with the scale folded in, so that each key element, broadcast, meets 16
+ * queries per FMA. Scores come out as [key][query] vectors with no horizontal sums, the online softmax runs across 16
+ * queries per instruction, and values are accumulated for 4 queries at a time, each value vector loaded once for
+ * them. For a few queries (attend_few, below), the vectors run along head_dim.
  */
 #include "attention.h"
 
@@ -266,6 +267,7 @@ AVX512_INLINE void attend_few(const attention_args *a, int64_t segment, const in
                                                       _mm512_set1_ps(a->scale)));
                 }
                 __m512 scores[FEW_BLOCK / FEW_KEYS];
+                __mmask16 real[FEW_BLOCK / FEW_KEYS];
                 __m512 top = _mm512_set1_ps(-INFINITY);
                 for (int tree = 0; tree < trees; tree++) {
                     const int64_t first = tree * FEW_KEYS;
@@ -282,18 +284,17 @@ AVX512_INLINE void attend_few(const attention_args *a, int64_t segment, const in
                         }
                     }
                     const int64_t real_keys = n - first < FEW_KEYS ? n - first : FEW_KEYS;
-                    const __mmask16 real = (__mmask16)((1u << real_keys) - 1);
-                    scores[tree] = _mm512_mask_blend_ps(real, _mm512_set1_ps(-INFINITY), sum_each(acc));
+                    real[tree] = (__mmask16)((1u << real_keys) - 1);
+                    scores[tree] = _mm512_mask_blend_ps(real[tree], _mm512_set1_ps(-INFINITY), sum_each(acc));
                     top = _mm512_max_ps(top, scores[tree]);
                 }
                 const float block_max = _mm512_reduce_max_ps(top), old_max = out[j][d];
                 const float new_max = block_max > old_max ? block_max : old_max;
                 __m512 total = _mm512_setzero_ps();
                 for (int tree = 0; tree < trees; tree++) {
-                    const __m512 p = exp16(_mm512_sub_ps(scores[tree], _mm512_set1_ps(new_max)));
-                    const __m512 kept = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(scores[tree], _mm512_set1_ps(-INFINITY),
-                                                                                _CMP_NEQ_OQ),
-                                                             _mm512_setzero_ps(), p); /* a missing key weighs 0 */
+                    /* a missing key weighs 0; a NaN score stays NaN, as on the other paths */
+                    const __m512 kept =
+                        _mm512_maskz_mov_ps(real[tree], exp16(_mm512_sub_ps(scores[tree], _mm512_set1_ps(new_max))));
                     _mm512_store_ps(probs[j] + tree * FEW_KEYS, kept);
                     total = _mm512_add_ps(total, kept);
                 }

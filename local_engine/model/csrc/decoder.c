@@ -40,7 +40,7 @@ PyObject *py_decode_layers(PyObject *self, PyObject *args) {
                           &num_segments, &d.rows, &d.hidden, &d.heads, &d.kv_heads, &d.head_dim, &d.intermediate,
                           &eps, &scale, &weights_bf16, &pool_bf16, &threads))
         return NULL;
-    if (!attention_shape_supported(d.heads, d.kv_heads, d.head_dim) || d.head_dim % 2) {
+    if (!attention_shape_supported(d.heads, d.kv_heads, d.head_dim)) {
         PyErr_SetString(PyExc_ValueError, "unsupported attention shape");
         return NULL;
     }
@@ -50,12 +50,19 @@ PyObject *py_decode_layers(PyObject *self, PyObject *args) {
     }
     decoder_scratch s;
     if (allocate_scratch(&s, &d) != 0) return PyErr_NoMemory();
+    /* One plan for every layer: the attention's records are reserved once, so nothing after this can fail. */
+    attention_args a = {s.qkv, NULL, NULL, (const int64_t *)slots, (const int64_t *)segments, (const int64_t *)seg_rows,
+                        NULL, NULL, (d.heads + 2 * d.kv_heads) * d.head_dim, stride, num_segments, d.heads,
+                        d.kv_heads, d.head_dim, scale, pool_bf16, 0};
+    if (attention_reserve(&a, d.rows) != 0) {
+        free(s.normed);
+        return PyErr_NoMemory();
+    }
     const int64_t qkv_width = (d.heads + 2 * d.kv_heads) * d.head_dim, kv_width = d.kv_heads * d.head_dim;
     const int64_t attended_width = d.heads * d.head_dim;
     float *hidden = (float *)hidden_states;
-    int status = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t layer = 0; layer < num_layers && status == 0; layer++) {
+    for (int64_t layer = 0; layer < num_layers; layer++) {
         const int64_t *at = (const int64_t *)layers + layer * LAYER_FIELDS;
         void *layer_k = (char *)pool_k + layer * layer_stride * (pool_bf16 ? 2 : 4);
         void *layer_v = (char *)pool_v + layer * layer_stride * (pool_bf16 ? 2 : 4);
@@ -69,10 +76,9 @@ PyObject *py_decode_layers(PyObject *self, PyObject *args) {
                    pool_bf16);
         store_rows(layer_v, s.qkv + attended_width + kv_width, qkv_width, (const int64_t *)write_slots, d.rows,
                    kv_width, pool_bf16);
-        attention_args a = {s.qkv, layer_k, layer_v, (const int64_t *)slots, (const int64_t *)segments,
-                            (const int64_t *)seg_rows, NULL, NULL, qkv_width, stride, num_segments, d.heads,
-                            d.kv_heads, d.head_dim, scale, pool_bf16, 0};
-        status = attend_decode(&a, s.attended, d.rows, threads);
+        a.k = layer_k;
+        a.v = layer_v;
+        attend_decode(&a, s.attended, d.rows, threads);
         linear_run(s.attended, (const void *)at[O_PROJ], hidden, d.rows, d.hidden, attended_width, weights_bf16, 1,
                    threads);
         /* MLP: RMSNorm, gate and up in one matmul, silu(gate) * up, down_proj added to the residual. */
@@ -84,7 +90,7 @@ PyObject *py_decode_layers(PyObject *self, PyObject *args) {
                    threads);
     }
     Py_END_ALLOW_THREADS
+    attention_release(&a);
     free(s.normed);
-    if (status != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

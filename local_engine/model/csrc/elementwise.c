@@ -94,8 +94,8 @@ PyObject *py_rms_norm(PyObject *self, PyObject *args) {
 
 /* In place on heads [0, heads) of each row of x (rows `stride` floats apart, heads head_dim apart); cos and sin
    [rows, head_dim]. */
-AVX2 void rotate_rows(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride,
-                             int64_t heads, int64_t head_dim) {
+AVX2 void rotate_rows(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride, int64_t heads,
+                      int64_t head_dim) {
     const int64_t half = head_dim / 2;
     for (int64_t r = 0; r < rows; r++) {
         const float *c = cos + r * head_dim, *s = sin + r * head_dim;
