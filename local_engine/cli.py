@@ -151,10 +151,10 @@ def register(commands, bench_commands) -> None:
     bench = bench_commands.add_parser("engine", help="TTFT on cache hits vs misses, against the no-cache baseline")
     add_engine_options(bench)
     bench.add_argument("--num-prefixes", type=int, default=4, help="distinct long system prompts")
-    bench.add_argument("--prefix-tokens", type=int, default=2048)
+    bench.add_argument("--prefix-tokens", type=int, default=2048, help="tokens of each system prompt")
     bench.add_argument("--turns-per-prefix", type=int, default=4, help="requests per system prompt")
-    bench.add_argument("--max-tokens", type=int, default=16)
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--max-tokens", type=int, default=16, help="max_tokens of the hit/miss TTFT requests")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the prompts' random text")
     bench.add_argument(
         "--concurrency", type=_int_list, default=[1, 8, 32],
         help="requests in flight in the concurrent shared-prefix workload, comma-separated ('' skips it)",

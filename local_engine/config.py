@@ -19,7 +19,7 @@ class EngineConfig:
     up` (which passes it on) and the engine benchmarks: see `local_engine.options`."""
 
     model: str = option("smollm2", "--model", help="'smollm2' or a local transformers model directory")
-    device: str = option("auto", "--device", choices=("auto", "cpu", "cuda"))
+    device: str = option("auto", "--device", choices=("auto", "cpu", "cuda"), help="auto: CUDA when there is one")
     dtype: str = option(
         "auto", "--dtype", choices=("auto", "float32", "bfloat16"),
         help="weights and KV dtype; auto: bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32",
@@ -28,7 +28,8 @@ class EngineConfig:
     kv_cache_tokens: int | None = option(None, "--kv-cache-tokens", help="KV pool capacity in tokens", group="kv")
     kv_cache_gib: float | None = option(None, "--kv-cache-gib", help="KV pool capacity in GiB", group="kv")
     page_size: int = option(1, "--page-size", help="tokens per page (matches are page-aligned)")
-    eviction: str = option("lru", "--eviction", choices=("lru", "fifo", "lfu"))
+    eviction: str = option("lru", "--eviction", choices=("lru", "fifo", "lfu"),
+                           help="which unlocked prefix leaves the device pool first when it fills")
     ttl_s: float | None = option(None, "--ttl", metavar="SECONDS", help="drop prefixes unused this long")
     # False serves with NoPrefixCache, the A/B baseline.
     prefix_cache: bool = option(True, "--no-prefix-cache", help="serve without reuse (A/B baseline)")

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 RUN_TIMES: Mapping[str, str] = {
-    "engine": "With the defaults it takes about 5-10 minutes on a CPU (SmolLM2-135M, fp32) and 1-2 on a GPU.",
+    "engine": "With the defaults it takes about 8-10 minutes on a 2-core CPU (SmolLM2-135M) and 1-2 on a GPU.",
     "tiers": "With the defaults it takes about 2-5 minutes on a CPU (three engine restarts) and about 1 on a GPU.",
     "gateway": "With the defaults it takes about 40 seconds (two 10-second runs plus start-up and the drain).",
     "dashboard": "The first run writes --rows demo requests (about 1-2 minutes per million rows); later runs reuse "

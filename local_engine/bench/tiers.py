@@ -246,11 +246,11 @@ def register(commands, bench_commands) -> None:
     bench = bench_commands.add_parser(
         "tiers", help="TTFT of a long prefix served from the device, host and disk tiers, against the cold miss")
     bench.add_argument("--model", default="smollm2", help="'smollm2' or a local transformers model directory")
-    bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the engine runs")
     bench.add_argument("--prefix-tokens", type=_at_least(64), default=2048, help="tokens of the shared system prompt")
     bench.add_argument("--repeats", type=_at_least(1), default=5, help="measured requests per tier")
     bench.add_argument("--write-policy", default="write_back", choices=["write_back", "write_through"],
                        help="--cache-write-policy of the host- and disk-tier engines (write_back: the L2 hit's "
                             "admission pays for demoting what it evicts; a clean stop writes the cache to disk either way)")
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--seed", type=int, default=0, help="seed of the prompts' random text")
     bench.set_defaults(handler=run_tiers_benchmark)
