@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from local_engine.model import cpu_kernels
 from local_engine.model.packed_linear import PackedLinear
+from local_engine.model.weight_arena import WeightArena
 
 _SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM")
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its FusedLlamaForward
@@ -53,29 +54,48 @@ _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its 
 class _Layer:
     """One decoder layer's tensors: RMSNorm weights, the fused qkv and gate_up weights, o and down projections."""
 
-    def __init__(self, layer: torch.nn.Module) -> None:
+    def __init__(self, layer: torch.nn.Module, arena: WeightArena | None) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm = layer.input_layernorm.weight
         self.post_norm = layer.post_attention_layernorm.weight
         self.eps = layer.input_layernorm.variance_epsilon
-        self.qkv = PackedLinear(_fuse(attn.q_proj, attn.k_proj, attn.v_proj))
-        self.gate_up = PackedLinear(_fuse(mlp.gate_proj, mlp.up_proj))
-        self.o = PackedLinear(attn.o_proj.weight)
-        self.down = PackedLinear(mlp.down_proj.weight)
+        self.qkv = PackedLinear(_fuse(arena, attn.q_proj, attn.k_proj, attn.v_proj))
+        self.gate_up = PackedLinear(_fuse(arena, mlp.gate_proj, mlp.up_proj))
+        self.o = PackedLinear(_fuse(arena, attn.o_proj))
+        self.down = PackedLinear(_fuse(arena, mlp.down_proj))
         self.act = mlp.act_fn
         self.scaling = attn.scaling
 
 
-def _fuse(*linears: torch.nn.Linear) -> torch.Tensor:
-    """The linears' weights stacked (`[sum of out_features, in_features]`); each linear's weight becomes a view of
-    its rows, so the model keeps working and the old tensors are freed."""
+def _fuse(arena: WeightArena | None, *linears: torch.nn.Linear) -> torch.Tensor:
+    """The linears' weights stacked (`[sum of out_features, in_features]`), in `arena` when given; each linear's
+    weight becomes a view of its rows, so the model keeps working and the old tensors are freed. A single linear
+    keeps its own weight without an arena."""
+    if len(linears) == 1 and arena is None:
+        return linears[0].weight
     fused = torch.cat([linear.weight.detach() for linear in linears]).contiguous()
+    if arena is not None:
+        fused = arena.take(fused)
     start = 0
     for linear in linears:
         rows = linear.weight.shape[0]
         linear.weight = torch.nn.Parameter(fused[start : start + rows], requires_grad=False)
         start += rows
     return fused
+
+
+def _weight_arena(model: torch.nn.Module, layers: list[torch.nn.Module]) -> WeightArena | None:
+    """An arena for every matmul weight of a model on the CPU whose decode steps run on the CPU kernels (their reads
+    stream every weight once per step: local_engine.model.weight_arena), else None."""
+    if next(model.parameters()).device.type != "cpu" or not cpu_kernels.available():
+        return None
+    weights = [model.lm_head.weight] + [linear.weight for layer in layers
+                                        for linear in (*_projections(layer.self_attn), *_projections(layer.mlp))]
+    return WeightArena(WeightArena.size_for(weights))
+
+
+def _projections(module: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [child for child in module.children() if isinstance(child, torch.nn.Linear)]
 
 
 class FusedLlamaForward:
@@ -91,13 +111,20 @@ class FusedLlamaForward:
         self.rotary = inner.rotary_emb
         self.norm = inner.norm.weight
         self.norm_eps = inner.norm.variance_epsilon
+        decoder_layers = inner.layers[: config.num_hidden_layers]
+        arena = _weight_arena(model, decoder_layers)
+        if arena is not None:  # the head, and the embedding when it is tied to it
+            tied = inner.embed_tokens.weight is model.lm_head.weight
+            model.lm_head.weight = torch.nn.Parameter(arena.take(model.lm_head.weight.detach()), requires_grad=False)
+            if tied:
+                inner.embed_tokens.weight = model.lm_head.weight
         self.lm_head = PackedLinear(model.lm_head.weight)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.hidden = config.hidden_size
         self.swiglu = getattr(config, "hidden_act", None) == "silu"  # silu(gate) * up, the CPU kernels' MLP
-        self.layers = [_Layer(layer) for layer in inner.layers[: config.num_hidden_layers]]
+        self.layers = [_Layer(layer, arena) for layer in decoder_layers]
         # Decode-sized steps run on the CPU kernels, in float32 whatever the weights' dtype, where they serve every
         # matmul and the rotary embedding covers the whole head.
         linears = [self.lm_head] + [linear for layer in self.layers
