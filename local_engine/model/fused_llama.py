@@ -95,6 +95,7 @@ def _weight_arena(model: torch.nn.Module, layers: list[torch.nn.Module]) -> Weig
 
 
 def _projections(module: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The linear layers directly under an attention or MLP module."""
     return [child for child in module.children() if isinstance(child, torch.nn.Linear)]
 
 
