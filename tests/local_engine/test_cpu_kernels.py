@@ -38,11 +38,24 @@ needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU 
                                    "lacks AVX2 and FMA")
 
 
+@pytest.fixture(params=["avx512", "avx2"])
+def vectors(request):
+    """The kernels' 512-bit paths (the bf16 matmul; decode attention for a KV head read by 8 or more queries, or
+    fewer on a head_dim that is a multiple of 32; on a CPU with AVX-512F and BW), then their AVX2 paths for the same
+    inputs."""
+    if request.param == "avx512" and not cpu_kernels.use_avx512(True):
+        pytest.skip("this CPU has no AVX-512F and BW")
+    cpu_kernels.use_avx512(request.param == "avx512")
+    yield request.param
+    cpu_kernels.use_avx512(True)
+
+
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, cpu_kernels.MAX_ROWS])
-@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (577, 1536), (7, 13), (49, 40)])
-def test_linear_equals_a_float64_matmul_within_float32_rounding(rows, out_features, in_features, dtype):
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (577, 1536), (7, 13), (49, 40), (33, 100)])
+def test_linear_equals_a_float64_matmul_within_float32_rounding(rows, out_features, in_features, dtype, vectors):
+    """Whole 64-byte lines of a bf16 weight in pairs and alone, and the elements past them, on both paths."""
     generator = torch.Generator().manual_seed(rows * 1000 + in_features)
     weight = torch.randn(out_features, in_features, generator=generator).to(dtype)  # bf16: its values, exactly
     x = torch.randn(rows, in_features, generator=generator)
@@ -51,17 +64,6 @@ def test_linear_equals_a_float64_matmul_within_float32_rounding(rows, out_featur
     assert got.shape == (rows, out_features) and got.dtype == torch.float32
     torch_error = (F.linear(x, weight.float()).double() - exact).abs().max().item()
     assert (got.double() - exact).abs().max().item() <= 4 * torch_error + 1e-6
-
-
-@pytest.fixture(params=["avx512", "avx2"])
-def vectors(request):
-    """Decode attention's 512-bit paths (a KV head read by 8 or more queries, or fewer on a head_dim that is a
-    multiple of 32; on a CPU with AVX-512F and BW), then its AVX2 path for the same inputs."""
-    if request.param == "avx512" and not cpu_kernels.use_avx512(True):
-        pytest.skip("this CPU has no AVX-512F and BW")
-    cpu_kernels.use_avx512(request.param == "avx512")
-    yield request.param
-    cpu_kernels.use_avx512(True)
 
 
 def _pool(seed: int, slots: int = 1000, dtype: torch.dtype = torch.float32) -> KVPool:

@@ -65,11 +65,108 @@ AVX2_INLINE void linear_rows(const linear_args *a, int64_t n0, int64_t n1, const
     }
 }
 
-AVX2 static void linear_part(void *data, int thread, int threads) {
-    const linear_args *a = (const linear_args *)data;
+/* ---------------------------------------------------------------------------------------------------------------
+ * bfloat16 weights on the 512-bit path. A weight line (32 bfloat16, 64 bytes) is widened by two unpacks against zeros
+ * (vpunpcklwd/vpunpckhwd: one instruction per 16 floats instead of a zero-extend and a shift), which leaves its
+ * elements in the order UNPACKED (each 128-bit lane's low four, then its high four); the input rows are permuted to
+ * that order once per call, so every product pairs the same two elements as above. With fewer instructions per byte
+ * a thread keeps more of the weight's lines in flight, and it also asks for the lines PREFETCH_BYTES ahead: on a
+ * 2-core Xeon VM a 212 MB weight streamed at 17-20 GB/s on the 256-bit path and at 26-29 GB/s this way, where a torch
+ * sum of the same bytes in float32 reads 24-26.
+ * ------------------------------------------------------------------------------------------------------------- */
+enum { LINE = 32, PREFETCH_BYTES = 4096 };
+
+static const int UNPACKED[LINE] = {0,  1,  2,  3,  8,  9,  10, 11, 16, 17, 18, 19, 24, 25, 26, 27,
+                                   4,  5,  6,  7,  12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+
+/* x [rows, k] with each whole line of every row in UNPACKED order (the tail past the last whole line is not read). */
+static void unpacked_rows(const float *x, float *to, int64_t rows, int64_t k) {
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t line = 0; line + LINE <= k; line += LINE)
+            for (int j = 0; j < LINE; j++) to[m * k + line + j] = x[m * k + line + UNPACKED[j]];
+}
+
+AVX512_INLINE void widen_line(const uint16_t *w, __m512 *lo, __m512 *hi) {
+    const __m512i line = _mm512_loadu_si512((const void *)w), zero = _mm512_setzero_si512();
+    *lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, line));
+    *hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, line));
+}
+
+/* The sum of row m's products with weight row w past the whole lines, then the store (or residual add). */
+static inline void finish_row(const linear_args *a, int64_t m, int64_t n, const uint16_t *w, int64_t from,
+                              float sum) {
+    for (int64_t j = from; j < a->k; j++) sum += a->x[m * a->k + j] * load1(w, j, 1);
+    float *to = a->y + m * a->n + n;
+    *to = a->accumulate ? *to + sum : sum;
+}
+
+AVX512_INLINE void linear_one_row_wide(const linear_args *a, const float *xp, int64_t n0, int64_t n1) {
+    const int64_t k = a->k, whole = k & ~(int64_t)(LINE - 1), pairs = k & ~(int64_t)(2 * LINE - 1);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint16_t *w = (const uint16_t *)a->w + n * k;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
+               acc3 = _mm512_setzero_ps(), lo, hi;
+        int64_t i = 0;
+        for (; i < pairs; i += 2 * LINE) {
+            _mm_prefetch((const char *)(w + i) + PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + i + LINE) + PREFETCH_BYTES, _MM_HINT_T0);
+            widen_line(w + i, &lo, &hi);
+            acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xp + i), acc0);
+            acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp + i + 16), acc1);
+            widen_line(w + i + LINE, &lo, &hi);
+            acc2 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xp + i + LINE), acc2);
+            acc3 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp + i + LINE + 16), acc3);
+        }
+        if (i < whole) {
+            _mm_prefetch((const char *)(w + i) + PREFETCH_BYTES, _MM_HINT_T0);
+            widen_line(w + i, &lo, &hi);
+            acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xp + i), acc0);
+            acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp + i + 16), acc1);
+        }
+        finish_row(a, 0, n, w, whole, _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1),
+                                                                          _mm512_add_ps(acc2, acc3))));
+    }
+}
+
+/* Up to 4 input rows per pass over a weight row, as linear_rows does. */
+AVX512_INLINE void linear_rows_wide(const linear_args *a, const float *xp, int64_t n0, int64_t n1) {
+    const int64_t k = a->k, whole = k & ~(int64_t)(LINE - 1);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint16_t *w = (const uint16_t *)a->w + n * k;
+        for (int64_t m0 = 0; m0 < a->rows; m0 += 4) {
+            const int64_t count = a->rows - m0 < 4 ? a->rows - m0 : 4;
+            const float *x[4];
+            for (int m = 0; m < 4; m++) x[m] = xp + (m0 + (m < count ? m : 0)) * k; /* missing rows: repeats */
+            __m512 acc[4][2], lo, hi;
+            for (int m = 0; m < 4; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < whole; i += LINE) {
+                if (m0 == 0) _mm_prefetch((const char *)(w + i) + PREFETCH_BYTES, _MM_HINT_T0);
+                widen_line(w + i, &lo, &hi);
+                for (int m = 0; m < 4; m++) {
+                    acc[m][0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x[m] + i), acc[m][0]);
+                    acc[m][1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x[m] + i + 16), acc[m][1]);
+                }
+            }
+            for (int m = 0; m < count; m++)
+                finish_row(a, m0 + m, n, w, whole, _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1])));
+        }
+    }
+}
+
+typedef struct {
+    const linear_args *a;
+    const float *unpacked; /* the input rows in UNPACKED order, for the 512-bit path; NULL: the 256-bit path */
+} linear_call;
+
+AVX512 static void linear_part(void *data, int thread, int threads) {
+    const linear_call *call = (const linear_call *)data;
+    const linear_args *a = call->a;
     /* One contiguous range of the weight's rows per thread. */
     const int64_t n0 = a->n * thread / threads, n1 = a->n * (thread + 1) / threads;
-    if (a->rows == 1) {
+    if (call->unpacked != NULL) {
+        if (a->rows == 1) linear_one_row_wide(a, call->unpacked, n0, n1);
+        else linear_rows_wide(a, call->unpacked, n0, n1);
+    } else if (a->rows == 1) {
         if (a->bf16) linear_one_row(a, n0, n1, 1);
         else linear_one_row(a, n0, n1, 0);
     } else if (a->bf16) {
@@ -82,7 +179,12 @@ AVX2 static void linear_part(void *data, int thread, int threads) {
 void linear_run(const float *x, const void *w, float *y, int64_t rows, int64_t n, int64_t k, int bf16, int accumulate,
                 int threads) {
     linear_args a = {x, w, y, rows, n, k, bf16, accumulate};
-    run_parallel(linear_part, &a, threads);
+    /* Without room for the permuted rows (or a whole line), the 256-bit path: this cannot fail. */
+    float *unpacked = bf16 && avx512_enabled && k >= LINE ? malloc(sizeof(float) * (size_t)(rows * k)) : NULL;
+    if (unpacked != NULL) unpacked_rows(x, unpacked, rows, k);
+    linear_call call = {&a, unpacked};
+    run_parallel(linear_part, &call, threads);
+    free(unpacked);
 }
 
 PyObject *py_linear(PyObject *self, PyObject *args) {
