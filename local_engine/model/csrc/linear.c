@@ -158,14 +158,20 @@ typedef struct {
     const float *unpacked; /* the input rows in UNPACKED order, for the 512-bit path; NULL: the 256-bit path */
 } linear_call;
 
-AVX512 static void linear_part(void *data, int thread, int threads) {
+/* Not inlined into linear_part: code built for AVX-512 may use its registers anywhere, and linear_part runs on CPUs
+   with AVX2 alone. */
+AVX512 static void linear_wide(const linear_args *a, const float *unpacked, int64_t n0, int64_t n1) {
+    if (a->rows == 1) linear_one_row_wide(a, unpacked, n0, n1);
+    else linear_rows_wide(a, unpacked, n0, n1);
+}
+
+AVX2 static void linear_part(void *data, int thread, int threads) {
     const linear_call *call = (const linear_call *)data;
     const linear_args *a = call->a;
     /* One contiguous range of the weight's rows per thread. */
     const int64_t n0 = a->n * thread / threads, n1 = a->n * (thread + 1) / threads;
     if (call->unpacked != NULL) {
-        if (a->rows == 1) linear_one_row_wide(a, call->unpacked, n0, n1);
-        else linear_rows_wide(a, call->unpacked, n0, n1);
+        linear_wide(a, call->unpacked, n0, n1);
     } else if (a->rows == 1) {
         if (a->bf16) linear_one_row(a, n0, n1, 1);
         else linear_one_row(a, n0, n1, 0);
