@@ -3,8 +3,8 @@ compiler is there): the matmul of a few rows against a weight, decode attention 
 slots, and a decoder layer's elementwise steps (RMSNorm, rotary embedding, SwiGLU), each one call where torch
 dispatches several operations, and all of a decode step's decoder layers in one call (`decode_layers`). Weights and
 the pool may be float32 or bfloat16, read as stored and widened in registers; activations and arithmetic are
-float32, so a bfloat16 model's decode step reads half the bytes and, up to MAX_BF16_ROWS rows, rounds only its stored
-K/V.
+float32, so a bfloat16 model's decode step reads half the bytes and, up to `max_rows` rows (4, or 8 on the 512-bit
+path), rounds only its stored K/V.
 
 A decode step at small batch sizes reads every weight once and each sequence's context once, so its time is set by
 memory reads. On a 2-core AMD EPYC (AVX2, no AVX-512) whose read bandwidth a torch sum measures at 22.5 GB/s, MKL's
@@ -25,11 +25,14 @@ from dataclasses import dataclass
 import torch
 
 MAX_ROWS = 16  # rows up to which `linear` beats torch's GEMM (on the EPYC above: 54 against 76 ms at 16, even at 32)
-# On bfloat16 weights, widened in registers, up to 4 rows (one pass over the weight) read near memory speed, more are
-# bound by the widening and the FMAs: on a 2-core EPYC with AVX512-BF16, SmolLM2's 270 MB took 7.6-9.0 ms for 1-4 rows
-# against 9.9-10.7 for oneDNN's packed bf16 GEMM (with the casts of input and output), 18.9-23.9 against 9.6-11.6 for
-# 5-8 rows.
+# On bfloat16 weights, widened in registers, up to 4 rows (one pass over the weight) read near memory speed on the AVX2
+# path, more are bound by the widening and the FMAs: on a 2-core EPYC with AVX512-BF16, SmolLM2's 270 MB took 7.6-9.0 ms
+# for 1-4 rows against 9.9-10.7 for oneDNN's packed bf16 GEMM (with the casts of input and output), 18.9-23.9 against
+# 9.6-11.6 for 5-8 rows. The 512-bit path widens a line once for 8 rows: on a 2-core Xeon with AMX, 212 MB of weights
+# took 12.4 ms for 8 rows against oneDNN's 12.1, and a SmolLM2 decode step of 8 rows then runs in one `decode_layers`
+# call (37.6-38.8 ms against 40.8-41.3 with oneDNN's matmuls between Python's operations).
 MAX_BF16_ROWS = 4
+MAX_BF16_ROWS_WIDE = 8
 _SPLIT_TOKENS = 512  # contexts are attended in parts of at most about this many tokens, one part per thread at least
 
 
@@ -69,9 +72,10 @@ def available() -> bool:
 
 
 def use_avx512(enabled: bool) -> bool:
-    """Whether decode attention takes its 512-bit paths (one for a KV head read by 8 or more queries, one for fewer,
-    on a head_dim that is a multiple of 32) on a CPU with AVX-512F and BW, as it does by default; returns whether it
-    now does. The AVX2 path computes the same values within float32 rounding."""
+    """Whether the kernels take their 512-bit paths (the bf16 matmul; decode attention for a KV head read by 8 or
+    more queries, or fewer on a head_dim that is a multiple of 32) on a CPU with AVX-512F and BW, as they do by
+    default; returns whether they now do. The AVX2 paths compute the same values within float32 rounding. `max_rows`
+    follows it: steps already planned keep their sizes, which both paths serve."""
     return _module().use_avx512(enabled)
 
 
@@ -84,7 +88,9 @@ def max_rows(weight: torch.Tensor) -> int:
     """How many input rows `linear` takes on `weight` before torch's GEMM is faster (0 where it does not run)."""
     if not runs(weight):
         return 0
-    return MAX_BF16_ROWS if weight.dtype == torch.bfloat16 else MAX_ROWS
+    if weight.dtype == torch.bfloat16:
+        return MAX_BF16_ROWS_WIDE if _module().avx512() else MAX_BF16_ROWS
+    return MAX_ROWS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,9 @@ In float32, RMSNorm is one fused operation (`torch.nn.functional.rms_norm`) and 
 second product in place: about 15 operations per layer against about 45, within 1e-4 of transformers' logits. On a
 CPU with local_engine.model.cpu_kernels, a step of up to its MAX_ROWS tokens (a decode step) calls them for the
 matmuls, RMSNorm, the rotary embedding (in place in the qkv output) and silu(gate) * up instead, in float32 whether the
-weights are float32 or bf16. A bf16 model's step of up to 4 rows then rounds only the K/V it stores (within 0.002 of
-the float32 forward on the same weights, a fifth to a third of transformers' bf16 forward's distance:
-tests/local_engine/test_fused_llama.py); with more rows its matmuls take oneDNN's bf16 GEMM on rows rounded to bf16
+weights are float32 or bf16. A bf16 model's step of up to `cpu_kernels.max_rows` rows (4, or 8 on the kernels' 512-bit
+path) then rounds only the K/V it stores (within 0.002 of the float32 forward on the same weights, a fifth to a third
+of transformers' bf16 forward's distance: tests/local_engine/test_fused_llama.py); with more rows its matmuls take oneDNN's bf16 GEMM on rows rounded to bf16
 (local_engine.model.packed_linear), so a row's last bits depend on how many rows share its step. A decode step whose
 rows the CPU kernels attend all (no prefill chunk beside them), of up to the weights' `cpu_kernels.max_rows`, runs
 every decoder layer in one `cpu_kernels.decode_layers` call: the same kernels in the same order, with no return to
@@ -176,8 +176,8 @@ class FusedLlamaForward:
         """`input_ids`, `position_ids`: int64 `[num_tokens]`; `keep`: int64 `[num_kept]`, the rows whose logits are
         wanted; `attention(layer, q, k, v, scaling)` with q `[1, num_heads, num_tokens, head_dim]` and k, v
         `[1, num_kv_heads, num_tokens, head_dim]` returns `[1, num_tokens, num_heads, head_dim]`. `decode`: given
-        when every token is a decode row the CPU kernels attend; up to `max_rows` of the weights (4 in bf16, 16 in
-        float32) the layers then run in one `cpu_kernels.decode_layers` call, which computes what the per-operation
+        when every token is a decode row the CPU kernels attend; up to `max_rows` of the weights (4 or 8 in bf16, 16
+        in float32) the layers then run in one `cpu_kernels.decode_layers` call, which computes what the per-operation
         path computes on the same kernels.
         Returns logits `[num_kept, vocab]` in the model's dtype, or float32 from a step on the CPU kernels."""
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim

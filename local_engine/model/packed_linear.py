@@ -12,7 +12,7 @@ step (at most 0.0156 on outputs up to about 4, rows 33-512), while the packed we
 weights of 3072x576: 12.7 against 15.8 ms at 33 rows, 39.4 against 45.8 at 512). float32 goes through the CPU kernels
 of local_engine.model.cpu_kernels for up to their MAX_ROWS rows where they run, else `F.linear` (MKL's SGEMM, no
 reorder per call), as does every other device. A bf16 decode step on those kernels (local_engine.model.fused_llama)
-brings float32 rows: up to their MAX_BF16_ROWS go through their bf16 matmul, more through the packed weight,
+brings float32 rows: up to their `max_rows` go through their bf16 matmul, more through the packed weight,
 rounded to bf16 and widened back.
 
 The packed copy is held beside the plain weight, which the model's own modules keep using: the weights' memory is

@@ -67,13 +67,14 @@ def test_float32_rows_on_a_bf16_weight_come_back_in_float32_from_the_kernel_or_o
     generator = torch.Generator().manual_seed(7)
     weight = (torch.randn(96, 64, generator=generator) * 0.1).to(torch.bfloat16)
     linear = PackedLinear(weight)
-    assert linear.native_rows == cpu_kernels.MAX_BF16_ROWS
-    for rows in (1, cpu_kernels.MAX_BF16_ROWS, cpu_kernels.MAX_BF16_ROWS + 1, 9):
+    native = cpu_kernels.max_rows(weight)
+    assert linear.native_rows == native in (cpu_kernels.MAX_BF16_ROWS, cpu_kernels.MAX_BF16_ROWS_WIDE)
+    for rows in (1, native, native + 1, 9):
         x = torch.randn(rows, 64, generator=generator)
         out = linear(x)
         exact = x.double() @ weight.double().T
         assert out.dtype == torch.float32 and out.shape == (rows, 96)
-        tolerance = 1e-5 if rows <= cpu_kernels.MAX_BF16_ROWS else 2 * _BF16_STEP * exact.abs().max().item()
+        tolerance = 1e-5 if rows <= native else 2 * _BF16_STEP * exact.abs().max().item()
         assert (out.double() - exact).abs().max().item() <= tolerance
     rounded = torch.randn(3, 64, generator=generator).to(torch.bfloat16)
     assert torch.equal(linear(rounded), F.linear(rounded, weight))

@@ -128,21 +128,21 @@ AVX512_INLINE void linear_one_row_wide(const linear_args *a, const float *xp, in
     }
 }
 
-/* Up to 4 input rows per pass over a weight row, as linear_rows does. */
-AVX512_INLINE void linear_rows_wide(const linear_args *a, const float *xp, int64_t n0, int64_t n1) {
+/* `tile` (4 or 8) input rows per pass over a weight row, each line widened once for all of them. */
+AVX512_INLINE void linear_rows_wide(const linear_args *a, const float *xp, int64_t n0, int64_t n1, const int tile) {
     const int64_t k = a->k, whole = k & ~(int64_t)(LINE - 1);
     for (int64_t n = n0; n < n1; n++) {
         const uint16_t *w = (const uint16_t *)a->w + n * k;
-        for (int64_t m0 = 0; m0 < a->rows; m0 += 4) {
-            const int64_t count = a->rows - m0 < 4 ? a->rows - m0 : 4;
-            const float *x[4];
-            for (int m = 0; m < 4; m++) x[m] = xp + (m0 + (m < count ? m : 0)) * k; /* missing rows: repeats */
-            __m512 acc[4][2], lo, hi;
-            for (int m = 0; m < 4; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+        for (int64_t m0 = 0; m0 < a->rows; m0 += tile) {
+            const int64_t count = a->rows - m0 < tile ? a->rows - m0 : tile;
+            const float *x[8];
+            for (int m = 0; m < tile; m++) x[m] = xp + (m0 + (m < count ? m : 0)) * k; /* missing rows: repeats */
+            __m512 acc[8][2], lo, hi;
+            for (int m = 0; m < tile; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
             for (int64_t i = 0; i < whole; i += LINE) {
                 if (m0 == 0) _mm_prefetch((const char *)(w + i) + PREFETCH_BYTES, _MM_HINT_T0);
                 widen_line(w + i, &lo, &hi);
-                for (int m = 0; m < 4; m++) {
+                for (int m = 0; m < tile; m++) {
                     acc[m][0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x[m] + i), acc[m][0]);
                     acc[m][1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x[m] + i + 16), acc[m][1]);
                 }
@@ -162,7 +162,8 @@ typedef struct {
    with AVX2 alone. */
 AVX512 static void linear_wide(const linear_args *a, const float *unpacked, int64_t n0, int64_t n1) {
     if (a->rows == 1) linear_one_row_wide(a, unpacked, n0, n1);
-    else linear_rows_wide(a, unpacked, n0, n1);
+    else if (a->rows <= 4) linear_rows_wide(a, unpacked, n0, n1, 4);
+    else linear_rows_wide(a, unpacked, n0, n1, 8);
 }
 
 AVX2 static void linear_part(void *data, int thread, int threads) {

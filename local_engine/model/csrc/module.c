@@ -57,6 +57,11 @@ static PyObject *use_avx512(PyObject *self, PyObject *args) {
     return PyBool_FromLong(avx512_enabled);
 }
 
+static PyObject *avx512(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(avx512_enabled);
+}
+
 static PyObject *bind_openmp(PyObject *self, PyObject *args) {
     (void)self;
     const char *path;
@@ -76,6 +81,7 @@ static PyObject *bind_openmp(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"supported", supported, METH_NOARGS, "Whether this CPU has AVX2 and FMA."},
     {"use_avx512", use_avx512, METH_VARARGS, "use_avx512(enabled) -> bool: take the 512-bit paths where the CPU can."},
+    {"avx512", avx512, METH_NOARGS, "Whether the 512-bit paths run."},
     {"bind_openmp", bind_openmp, METH_VARARGS, "bind_openmp(path) -> bool: use the loaded OpenMP runtime at path."},
     {"linear", py_linear, METH_VARARGS, "linear(x, w, y, rows, n, k, bf16, threads): y = x @ w.T in float32."},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, w, y, rows, n, eps, bf16): y = RMSNorm(x) * w."},
