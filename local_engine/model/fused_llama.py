@@ -11,8 +11,8 @@ paged attention, the same function transformers calls through the registered att
 
 In float32, RMSNorm is one fused operation (`torch.nn.functional.rms_norm`) and the rotary embedding accumulates its
 second product in place: about 15 operations per layer against about 45, within 1e-4 of transformers' logits. On a
-CPU with local_engine.model.cpu_kernels, a step of up to its MAX_ROWS tokens (a decode step) calls them for the
-matmuls, RMSNorm, the rotary embedding (in place in the qkv output) and silu(gate) * up instead, in float32 whether the
+CPU with local_engine.model.cpu_kernels, a step of up to NATIVE_STEP_TOKENS tokens (a decode step, or the short
+prefill chunk of a prompt whose prefix was cached) calls them for the matmuls, RMSNorm, the rotary embedding (in place in the qkv output) and silu(gate) * up instead, in float32 whether the
 weights are float32 or bf16. A bf16 model's step of up to `cpu_kernels.max_rows` rows (4, or 8 on the kernels' 512-bit
 path) then rounds only the K/V it stores (within 0.002 of the float32 forward on the same weights, a fifth to a third
 of transformers' bf16 forward's distance: tests/local_engine/test_fused_llama.py); with more rows its matmuls take oneDNN's bf16 GEMM on rows rounded to bf16
@@ -48,6 +48,10 @@ from local_engine.model.packed_linear import PackedLinear
 from local_engine.model.weight_arena import WeightArena
 
 _SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM")
+# Steps of up to this many tokens run the CPU kernels' elementwise steps, on one thread, in float32: decode steps and
+# the short chunk a prompt whose prefix was cached still prefills. SmolLM2 in bf16, 25 new tokens after 2,048 cached:
+# 50.5 ms a step against 54.9 with transformers' rounding operation by operation (2-core Xeon).
+NATIVE_STEP_TOKENS = 64
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its FusedLlamaForward
 
 
@@ -183,8 +187,7 @@ class FusedLlamaForward:
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         num_tokens = input_ids.shape[0]
         hidden = self.embed(input_ids)  # [T, hidden], a new tensor: residual adds go in place
-        # The kernels' elementwise steps run on one thread: for a decode step's few rows, not a prefill chunk's.
-        native = self.native and num_tokens <= cpu_kernels.MAX_ROWS
+        native = self.native and num_tokens <= NATIVE_STEP_TOKENS
         if native:
             hidden = hidden.float()  # a bf16 model's decode step too: only the stored K/V are rounded to bf16
         cos, sin = self.rotary(hidden, position_ids.unsqueeze(0))  # [1, T, head_dim]

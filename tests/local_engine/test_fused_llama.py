@@ -8,7 +8,7 @@ import torch
 
 from local_engine.cache import KVPool, SlotAllocator
 from local_engine.model import cpu_kernels
-from local_engine.model.fused_llama import FusedLlamaForward
+from local_engine.model.fused_llama import NATIVE_STEP_TOKENS, FusedLlamaForward
 from local_engine.model.runner import ModelRunner, ScheduledChunk
 
 from .conftest import build_tiny_llama
@@ -96,8 +96,9 @@ def test_in_bfloat16_on_the_cpu_the_logits_and_greedy_tokens_are_transformers_bi
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or do not run here")
 def test_on_the_cpu_kernels_a_bfloat16_decode_step_computes_in_float32_on_the_bf16_weights_and_kv():
-    """Decode-sized steps of a bf16 model (short prompts' prefill too) round nothing but the K/V they store: their
-    logits are the float32 forward's on the same (bf16) weights within that rounding, at least twice as close to them
+    """Steps of up to NATIVE_STEP_TOKENS of a bf16 model (decode steps, a short prompt's prefill) round nothing but
+    the K/V they store, and a longer step keeps transformers' rounding bit for bit. The short steps' logits are the
+    float32 forward's on the same (bf16) weights within that rounding, at least twice as close to them
     as transformers' bf16 forward, and give the same greedy token wherever the float32 top two are not within it."""
     model = build_tiny_llama(vocab_size=300, seed=6).to(torch.bfloat16)
     reference = build_tiny_llama(vocab_size=300, seed=6).to(torch.bfloat16).float()  # the same weights, in fp32
@@ -108,12 +109,15 @@ def test_on_the_cpu_kernels_a_bfloat16_decode_step_computes_in_float32_on_the_bf
         runners[name] = ModelRunner(net, KVPool(config, 512), fused=fused)
     assert runners["kernels"]._fused.native
     generator = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(5, 300, (n,), generator=generator).tolist() for n in (12, 15)]
+    prompts = [torch.randint(5, 300, (n,), generator=generator).tolist() for n in (12, 40)]
     tables = [torch.arange(0, 60), torch.arange(100, 160)]
+    tolerance = 0.002  # measured: at most 0.0009, against 0.0019-0.0028 for transformers'
     for prompt, table in zip(prompts, tables):
-        for runner in runners.values():
-            runner.forward([ScheduledChunk(prompt, table[: len(prompt)], True)])
-    tokens, tolerance = [[7], [9]], 0.002  # measured: at most 0.0009, against 0.0019-0.0028 for transformers'
+        logits = {name: runner.forward([ScheduledChunk(prompt, table[: len(prompt)], True)])
+                  for name, runner in runners.items()}
+        error = (logits["kernels"] - logits["float32"]).abs().max().item()
+        assert error <= tolerance and 2 * error <= (logits["transformers"].float() - logits["float32"]).abs().max()
+    tokens = [[7], [9]]
     for step in range(6):
         chunks = [ScheduledChunk(tokens[i], tables[i][: len(prompts[i]) + step + 1], True) for i in range(2)]
         logits = {name: runner.forward(chunks) for name, runner in runners.items()}
@@ -124,6 +128,11 @@ def test_on_the_cpu_kernels_a_bfloat16_decode_step_computes_in_float32_on_the_bf
         clear = top[:, 0] - top[:, 1] > 2 * tolerance
         assert torch.equal(logits["kernels"].argmax(-1)[clear], logits["float32"].argmax(-1)[clear])
         tokens = [[int(row.argmax())] for row in logits["float32"]]
+    # A longer chunk keeps transformers' rounding, bit for bit.
+    longer = torch.randint(5, 300, (NATIVE_STEP_TOKENS + 1,), generator=generator).tolist()
+    table = torch.arange(200, 200 + len(longer))
+    assert torch.equal(runners["kernels"].forward([ScheduledChunk(longer, table, True)]),
+                       runners["transformers"].forward([ScheduledChunk(longer, table, True)]))
 
 
 def test_bfloat16_models_off_the_cpu_keep_the_transformers_forward():
