@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from local_engine.config import EngineConfig, ServerConfig
-from local_engine.options import add_options, config_from
+from local_engine.options import add_options, at_least, config_from
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +24,8 @@ def check_engine_options(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 
 def _int_list(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
+    """argparse type: comma-separated whole numbers >= 1 ('' is none)."""
+    return [at_least(1)(part.strip()) for part in text.split(",") if part.strip()]
 
 
 def engine_config_from(args: argparse.Namespace):
@@ -150,10 +151,11 @@ def register(commands, bench_commands) -> None:
 
     bench = bench_commands.add_parser("engine", help="TTFT on cache hits vs misses, against the no-cache baseline")
     add_engine_options(bench)
-    bench.add_argument("--num-prefixes", type=int, default=4, help="distinct long system prompts")
-    bench.add_argument("--prefix-tokens", type=int, default=2048, help="tokens of each system prompt")
-    bench.add_argument("--turns-per-prefix", type=int, default=4, help="requests per system prompt")
-    bench.add_argument("--max-tokens", type=int, default=16, help="max_tokens of the hit/miss TTFT requests")
+    bench.add_argument("--num-prefixes", type=at_least(1), default=4, help="distinct long system prompts")
+    bench.add_argument("--prefix-tokens", type=at_least(64), default=2048, help="tokens of each system prompt")
+    bench.add_argument("--turns-per-prefix", type=at_least(2), default=4,
+                       help="requests per system prompt (the first misses, the others hit)")
+    bench.add_argument("--max-tokens", type=at_least(1), default=16, help="max_tokens of the hit/miss TTFT requests")
     bench.add_argument("--seed", type=int, default=0, help="seed of the prompts' random text")
     bench.add_argument(
         "--concurrency", type=_int_list, default=[1, 8, 32],
@@ -161,15 +163,15 @@ def register(commands, bench_commands) -> None:
     )
     bench.add_argument("--bench-max-tokens", type=_int_list, default=[32, 128], help="max_tokens of each run")
     bench.add_argument(
-        "--requests-per-run", type=int, default=24,
+        "--requests-per-run", type=at_least(1), default=24,
         help="requests per run (at least C): several waves of C measure steady throughput, not one synchronized start",
     )
     bench.add_argument(
-        "--api-rounds", type=int, default=3,
+        "--api-rounds", type=at_least(0), default=3,
         help="rounds of the API sections (constrained decoding at C=1 and 8, n=4 vs 4 requests); 0 skips them",
     )
     bench.add_argument(
-        "--agreement-prompts", type=int, default=8,
+        "--agreement-prompts", type=at_least(0), default=8,
         help="prompts of the bf16-against-fp32 greedy agreement check (32 tokens each); 0 skips it",
     )
     bench.set_defaults(handler=_bench, kv_cache_tokens=None)

@@ -179,6 +179,21 @@ def passed_on_argv(config_type: type, args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def at_least(low: int):
+    """argparse type: a whole number >= `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    return parse
+
+
 def non_negative_int(text: str) -> int:
     """argparse type: a whole number >= 0 (0 turns a tier off)."""
     try:

@@ -30,6 +30,8 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from local_engine.options import at_least
+
 NAMESPACE = "bench-tiers"
 TARGET_L2_OVER_L1 = 1.5
 TARGET_L3_OVER_MISS = 0.25
@@ -229,26 +231,13 @@ def run_tiers_benchmark(args: argparse.Namespace) -> int:
     return emit(report)
 
 
-def _at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is below {low}")
-        return value
-
-    return parse
-
-
 def register(commands, bench_commands) -> None:
     bench = bench_commands.add_parser(
         "tiers", help="TTFT of a long prefix served from the device, host and disk tiers, against the cold miss")
     bench.add_argument("--model", default="smollm2", help="'smollm2' or a local transformers model directory")
     bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the engine runs")
-    bench.add_argument("--prefix-tokens", type=_at_least(64), default=2048, help="tokens of the shared system prompt")
-    bench.add_argument("--repeats", type=_at_least(1), default=5, help="measured requests per tier")
+    bench.add_argument("--prefix-tokens", type=at_least(64), default=2048, help="tokens of the shared system prompt")
+    bench.add_argument("--repeats", type=at_least(1), default=5, help="measured requests per tier")
     bench.add_argument("--write-policy", default="write_back", choices=["write_back", "write_through"],
                        help="--cache-write-policy of the host- and disk-tier engines (write_back: the L2 hit's "
                             "admission pays for demoting what it evicts; a clean stop writes the cache to disk either way)")

@@ -89,3 +89,24 @@ def test_only_the_engine_takes_its_own_options():
 
 def _flag(dest: str) -> str:
     return next(declared.flag.names[0] for declared in flags_of(EngineConfig) if declared.dest == dest)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--turns-per-prefix", "1"], "--turns-per-prefix: 1 is below 2"),  # no request would hit
+        (["--num-prefixes", "0"], "--num-prefixes: 0 is below 1"),
+        (["--prefix-tokens", "many"], "'many' is not a whole number"),
+        (["--concurrency", "1,0"], "--concurrency: 0 is below 1"),
+        (["--bench-max-tokens", "-4"], "--bench-max-tokens: -4 is below 1"),
+        (["--api-rounds", "-1"], "--api-rounds: -1 is below 0"),
+    ],
+)
+def test_bench_engine_refuses_sizes_it_cannot_measure_before_loading_anything(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        commands()["bench engine"].parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bench_engine_takes_an_empty_concurrency_list_as_no_concurrent_runs():
+    assert commands()["bench engine"].parse_args(["--concurrency", ""]).concurrency == []
