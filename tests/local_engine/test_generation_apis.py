@@ -13,7 +13,7 @@ import torch
 from local_engine.api.choices import ChoiceCollector
 from local_engine.engine.types import Finished, GenerationRequest, PromptLogprobs, TokenDelta
 from local_engine.engine.sampling import SamplingParams
-from local_engine.engine.structured_output import response_format_grammar
+from local_engine.engine.structured_output import GrammarMasks, response_format_grammar
 
 PROMPT = tuple(range(300, 348))  # 48 tokens
 SCHEMA = {
@@ -149,3 +149,34 @@ async def test_a_choice_ended_by_eos_carries_the_eos_logprob(make_engine):
     assert choice.finished.finish_reason == "stop" and choice.finished.completion_tokens == 4
     assert len(choice.logprobs) == 4 and choice.logprobs[-1].token_id == eos
     assert choice.finished.cumulative_logprob == pytest.approx(sum(e.logprob for e in choice.logprobs), abs=1e-3)
+
+
+@pytest.mark.parametrize("constrained_rows", [[0, 1, 2, 3, 4], [1, 3, 4]], ids=["every-row", "some-rows"])
+def test_grammar_masks_refuse_exactly_the_tokens_a_matcher_disallows(smollm2_tokenizer, monkeypatch,
+                                                                     constrained_rows):
+    """Every row constrained (masked in place) or some: a constrained row keeps exactly the tokens its matcher
+    allows, the others are untouched; on CPU logits the masks are filled one row after another, never by the
+    executor's threads, which would wait on torch's spinning OpenMP threads."""
+    import llguidance.torch
+
+    masks = GrammarMasks(smollm2_tokenizer, frozenset({smollm2_tokenizer.eos_token_id}))
+    grammar = response_format_grammar({"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA,
+                                                                              "strict": True}})
+    matchers = [masks.matcher(grammar) for _ in constrained_rows]
+    for steps, matcher in enumerate(matchers):  # each row at another point of the answer
+        for token in smollm2_tokenizer.encode('{"ok":true,"color":"red"}'[: 3 * steps], add_special_tokens=False):
+            assert matcher.consume_token(token)
+    monkeypatch.setattr(llguidance.torch, "fill_next_token_bitmask_par", None)  # a call would raise
+    logits = torch.randn(5, len(smollm2_tokenizer), generator=torch.Generator().manual_seed(3))
+    masked = logits.clone()
+    masks.apply(masked, list(zip(constrained_rows, matchers)))
+    for row in range(5):
+        if row not in constrained_rows:
+            assert torch.equal(masked[row], logits[row])
+            continue
+        matcher = matchers[constrained_rows.index(row)]
+        allowed = {token for token in range(len(smollm2_tokenizer)) if masked[row, token] != float("-inf")}
+        assert allowed and allowed == {token for token in allowed if matcher.validate_tokens([token]) == 1}
+        refused = [token for token in range(0, len(smollm2_tokenizer), 97) if token not in allowed]
+        assert refused and not any(matcher.validate_tokens([token]) for token in refused)
+        assert torch.equal(masked[row, sorted(allowed)], logits[row, sorted(allowed)])
