@@ -10,12 +10,13 @@ module once per step, so every rope variant transformers implements for Llama is
 paged attention, the same function transformers calls through the registered attention interface.
 
 In float32, RMSNorm is one fused operation (`torch.nn.functional.rms_norm`) and the rotary embedding accumulates its
-second product in place: about 15 operations per layer against about 45, within 1e-4 of transformers' logits. On a
-CPU with local_engine.model.cpu_kernels, a step of up to NATIVE_STEP_TOKENS tokens (a decode step, or the short
-prefill chunk of a prompt whose prefix was cached) calls them for the matmuls, RMSNorm, the rotary embedding (in place in the qkv output) and silu(gate) * up instead, in float32 whether the
-weights are float32 or bf16. A bf16 model's step of up to `cpu_kernels.max_rows` rows (4, or 8 on the kernels' 512-bit
-path) then rounds only the K/V it stores (within 0.002 of the float32 forward on the same weights, a fifth to a third
-of transformers' bf16 forward's distance: tests/local_engine/test_fused_llama.py); with more rows its matmuls take oneDNN's bf16 GEMM on rows rounded to bf16
+second product in place: about 15 operations per layer against about 45, within 1e-4 of transformers' logits. On a CPU
+with local_engine.model.cpu_kernels, a step of up to NATIVE_STEP_TOKENS tokens (a decode step, or the short prefill
+chunk of a prompt whose prefix was cached) calls them for the matmuls, RMSNorm, the rotary embedding (in place in the
+qkv output) and silu(gate) * up instead, in float32 whether the weights are float32 or bf16. A bf16 model's step of up
+to `cpu_kernels.max_rows` rows (4, or 8 on the kernels' 512-bit path) then rounds only the K/V it stores (within 0.002
+of the float32 forward on the same weights, a fifth to a third of transformers' bf16 forward's distance:
+tests/local_engine/test_fused_llama.py); with more rows its matmuls take oneDNN's bf16 GEMM on rows rounded to bf16
 (local_engine.model.packed_linear), so a row's last bits depend on how many rows share its step. A decode step whose
 rows the CPU kernels attend all (no prefill chunk beside them), of up to the weights' `cpu_kernels.max_rows`, runs
 every decoder layer in one `cpu_kernels.decode_layers` call: the same kernels in the same order, with no return to
