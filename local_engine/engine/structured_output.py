@@ -5,8 +5,8 @@ and SGLang use; https://github.com/guidance-ai/llguidance).
 A request's format becomes an llguidance grammar when it is parsed (a schema it cannot compile is a 400 naming
 `response_format`). The engine builds one `LLMatcher` per request from the shared `LLTokenizer`; in each step the
 matchers of the batch's constrained rows fill one token bitmask (`[rows, ceil(vocab / 32)]` int32, one bit per token;
-in parallel by llguidance's executor where the model runs on another device), which sets every token the grammar does
-not allow to -inf in those rows only. Unconstrained rows in the same batch are untouched.
+in parallel by llguidance's executor from 4 rows where the model runs on another device), which sets every token the
+grammar does not allow to -inf in those rows only. Unconstrained rows in the same batch are untouched.
 """
 
 from __future__ import annotations

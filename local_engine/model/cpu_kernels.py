@@ -29,8 +29,9 @@ MAX_ROWS = 16  # rows up to which `linear` beats torch's GEMM (on the EPYC above
 # path, more are bound by the widening and the FMAs: on a 2-core EPYC with AVX512-BF16, SmolLM2's 270 MB took 7.6-9.0 ms
 # for 1-4 rows against 9.9-10.7 for oneDNN's packed bf16 GEMM (with the casts of input and output), 18.9-23.9 against
 # 9.6-11.6 for 5-8 rows. The 512-bit path widens a line once for 8 rows: on a 2-core Xeon with AMX, 212 MB of weights
-# took 12.4 ms for 8 rows against oneDNN's 12.1, and a SmolLM2 decode step of 8 rows then runs in one `decode_layers`
-# call (37.6-38.8 ms against 40.8-41.3 with oneDNN's matmuls between Python's operations).
+# took 12.4 ms for 8 rows against oneDNN's 12.1 (AMX), and a SmolLM2 decode step of 8 rows then runs in one
+# `decode_layers` call (37.6-38.8 ms against 40.8-41.3 with oneDNN's matmuls between Python's operations). Not yet
+# timed on the EPYC.
 MAX_BF16_ROWS = 4
 MAX_BF16_ROWS_WIDE = 8
 _SPLIT_TOKENS = 512  # contexts are attended in parts of at most about this many tokens, one part per thread at least
@@ -85,7 +86,8 @@ def runs(weight: torch.Tensor) -> bool:
 
 
 def max_rows(weight: torch.Tensor) -> int:
-    """How many input rows `linear` takes on `weight` before torch's GEMM is faster (0 where it does not run)."""
+    """How many input rows `linear` takes on `weight` (0 where it does not run): up to there a decode step multiplies
+    on the kernels, and runs its decoder layers in one `decode_layers` call; more rows go to torch's GEMM."""
     if not runs(weight):
         return 0
     if weight.dtype == torch.bfloat16:

@@ -131,8 +131,8 @@ class FusedLlamaForward:
         self.hidden = config.hidden_size
         self.swiglu = getattr(config, "hidden_act", None) == "silu"  # silu(gate) * up, the CPU kernels' MLP
         self.layers = [_Layer(layer, arena) for layer in decoder_layers]
-        # Decode-sized steps run on the CPU kernels, in float32 whatever the weights' dtype, where they serve every
-        # matmul and the rotary embedding covers the whole head.
+        # Steps of up to NATIVE_STEP_TOKENS run on the CPU kernels, in float32 whatever the weights' dtype, where they
+        # serve every matmul and the rotary embedding covers the whole head.
         linears = [self.lm_head] + [linear for layer in self.layers
                                     for linear in (layer.qkv, layer.gate_up, layer.o, layer.down)]
         rotary_dim = 2 * self.rotary.inv_freq.shape[-1] if hasattr(self.rotary, "inv_freq") else None

@@ -51,11 +51,20 @@ def vectors(request):
 
 
 @needs_kernels
+def test_a_bf16_weight_takes_8_rows_on_the_512_bit_path_and_4_on_avx2(vectors):
+    weight = torch.zeros(4, 64, dtype=torch.bfloat16)
+    wide = cpu_kernels.MAX_BF16_ROWS_WIDE if vectors == "avx512" else cpu_kernels.MAX_BF16_ROWS
+    assert cpu_kernels.max_rows(weight) == wide and cpu_kernels.max_rows(weight.float()) == cpu_kernels.MAX_ROWS
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, cpu_kernels.MAX_ROWS])
-@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (577, 1536), (7, 13), (49, 40), (33, 100)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 12, cpu_kernels.MAX_ROWS])
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (577, 1536), (7, 13), (49, 40), (33, 100),
+                                                           (5, 32)])
 def test_linear_equals_a_float64_matmul_within_float32_rounding(rows, out_features, in_features, dtype, vectors):
-    """Whole 64-byte lines of a bf16 weight in pairs and alone, and the elements past them, on both paths."""
+    """Whole 64-byte lines of a bf16 weight in pairs and alone, and the elements past them, on both paths; rows in
+    tiles of 4 and 8, whole and in part."""
     generator = torch.Generator().manual_seed(rows * 1000 + in_features)
     weight = torch.randn(out_features, in_features, generator=generator).to(dtype)  # bf16: its values, exactly
     x = torch.randn(rows, in_features, generator=generator)

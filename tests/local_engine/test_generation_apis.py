@@ -151,7 +151,8 @@ async def test_a_choice_ended_by_eos_carries_the_eos_logprob(make_engine):
     assert choice.finished.cumulative_logprob == pytest.approx(sum(e.logprob for e in choice.logprobs), abs=1e-3)
 
 
-@pytest.mark.parametrize("constrained_rows", [[0, 1, 2, 3, 4], [1, 3, 4]], ids=["every-row", "some-rows"])
+@pytest.mark.parametrize("constrained_rows", [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [0, 1, 2, 3], [1, 3, 4]],
+                         ids=["every-row", "every-row-reordered", "four-rows", "some-rows"])
 def test_grammar_masks_refuse_exactly_the_tokens_a_matcher_disallows(smollm2_tokenizer, monkeypatch,
                                                                      constrained_rows):
     """Every row constrained (masked in place) or some: a constrained row keeps exactly the tokens its matcher

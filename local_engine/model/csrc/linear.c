@@ -4,8 +4,9 @@
 /* ---------------------------------------------------------------------------------------------------------------
  * y[m, n] = sum_k x[m, k] * w[n, k]: x [M, K], w [N, K], y [M, N], all row-major; w float32 or bfloat16.
  * The weight's rows are read one after another, so each thread streams one linear range of memory (4-row tiles
- * read as 4 streams gave 24 GB/s where this gives 29 on a 2-core EPYC whose torch sum reads 33). Each weight row
- * meets up to 4 input rows at a time, 2 accumulators each; a row of more than 4 inputs is read again from L1.
+ * read as 4 streams gave 24 GB/s where this gives 29 on a 2-core EPYC whose torch sum reads 33). On this 256-bit
+ * path each weight row meets up to 4 input rows at a time, 2 accumulators each; a row of more than 4 inputs is read
+ * again from L1 (the 512-bit path below takes up to 8).
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct {
     const float *x;
