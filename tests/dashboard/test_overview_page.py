@@ -161,8 +161,10 @@ def test_a_fresh_install_opens_on_a_short_range_with_minute_points(run_page, tmp
     from dashboard.loaders import bucket_for_span
 
     now = datetime.now(UTC)
+    # 6 minutes apart: distinct points on 1-minute buckets and on 5-minute ones, which the page takes when the oldest
+    # row's hour began more than an hour ago (in the first minutes of an hour).
     fresh = [
-        replace(record, created_at=now - timedelta(minutes=5 + index))
+        replace(record, created_at=now - timedelta(minutes=5 + 6 * index))
         for index, record in enumerate(seeded_records()[:4])
     ]
     app = run_page("overview", create_database(tmp_path / "fresh.db", fresh))
