@@ -124,10 +124,11 @@ class GrammarMasks:
             if matcher.is_accepting():
                 allowed[i, [t for t in self._eos if t < vocab]] = True
         refused = ~allowed.to(logits.device)
-        if [row for row, _ in rows] == list(range(logits.shape[0])):  # every row constrained: mask in place
+        indices = [row for row, _ in rows]
+        if indices == list(range(logits.shape[0])):  # every row constrained: mask in place
             logits.masked_fill_(refused, float("-inf"))
             return
-        index = torch.tensor([row for row, _ in rows], dtype=torch.int64, device=logits.device)
+        index = torch.tensor(indices, dtype=torch.int64, device=logits.device)
         constrained = logits.index_select(0, index)
         constrained.masked_fill_(refused, float("-inf"))
         logits.index_copy_(0, index, constrained)

@@ -160,23 +160,8 @@ AVX512_INLINE __m512 sum_each(const __m512 v[FEW_KEYS]) {
                          _mm512_shuffle_f32x4(half[0], half[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* 32 elements from element i of a row as two vectors: bfloat16 in the unpacked order, float32 as stored. */
-AVX512_INLINE void load32(const void *row, int64_t i, __m512 *first, __m512 *second, const int bf16) {
-    if (bf16) {
-        const __m512i packed = _mm512_loadu_si512((const uint16_t *)row + i);
-        *first = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), packed));
-        *second = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), packed));
-    } else {
-        *first = _mm512_loadu_ps((const float *)row + i);
-        *second = _mm512_loadu_ps((const float *)row + i + 16);
-    }
-}
-
 /* The permutation (for _mm512_permutex2var_ps over two vectors of 16) from 32 stored elements to load32's order for
    bfloat16, and back. */
-#define UNPACKED(k) ((k) / 4 * 8 + (k) % 4)
-#define STORED(k) ((k) % 8 < 4 ? (k) / 8 * 4 + (k) % 8 : 16 + (k) / 8 * 4 + (k) % 8 - 4)
-
 AVX512_INLINE __m512i permutation(int part, int back) {
     int32_t index[16];
     for (int k = 0; k < 16; k++) index[k] = back ? STORED(16 * part + k) : UNPACKED(k) + 4 * part;

@@ -66,6 +66,25 @@ AVX512_INLINE __m512 load16(const void *base, int64_t i, const int bf16) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
+/* 32 elements from element i of a row as two vectors: bfloat16 in the unpacked order (vpunpcklwd/vpunpckhwd against
+   zeros, one instruction per 16 floats: each 128-bit lane's low four elements, then its high four), float32 as
+   stored. */
+AVX512_INLINE void load32(const void *row, int64_t i, __m512 *first, __m512 *second, const int bf16) {
+    if (bf16) {
+        const __m512i packed = _mm512_loadu_si512((const uint16_t *)row + i);
+        *first = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), packed));
+        *second = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), packed));
+    } else {
+        *first = _mm512_loadu_ps((const float *)row + i);
+        *second = _mm512_loadu_ps((const float *)row + i + 16);
+    }
+}
+
+/* load32's order for bfloat16: lane k of its vector `part` (0 or 1) holds stored element UNPACKED(k) + 4 * part, and
+   stored element k lands at position STORED(k) of the 32. */
+#define UNPACKED(k) ((k) / 4 * 8 + (k) % 4)
+#define STORED(k) ((k) % 8 < 4 ? (k) / 8 * 4 + (k) % 8 : 16 + (k) / 8 * 4 + (k) % 8 - 4)
+
 /* ---------------------------------------------------------------------------------------------------------------
  * exp(x) for x <= 0 in float32: Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp. One body
  * for both widths: W is 256 or 512, ROUND the width's rounding intrinsic.

@@ -67,30 +67,21 @@ AVX2_INLINE void linear_rows(const linear_args *a, int64_t n0, int64_t n1, const
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * bfloat16 weights on the 512-bit path. A weight line (32 bfloat16, 64 bytes) is widened by two unpacks against zeros
- * (vpunpcklwd/vpunpckhwd: one instruction per 16 floats instead of a zero-extend and a shift), which leaves its
- * elements in the order UNPACKED (each 128-bit lane's low four, then its high four); the input rows are permuted to
- * that order once per call, so every product pairs the same two elements as above. With fewer instructions per byte
- * a thread keeps more of the weight's lines in flight, and it also asks for the lines PREFETCH_BYTES ahead: on a
- * 2-core Xeon VM a 212 MB weight streamed at 17-20 GB/s on the 256-bit path and at 26-29 GB/s this way, where a torch
- * sum of the same bytes in float32 reads 24-26.
+ * bfloat16 weights on the 512-bit path. A weight line (32 bfloat16, 64 bytes) is widened by load32's two unpacks
+ * (instead of a zero-extend and a shift per 8), which leaves its elements in load32's order; the input rows are
+ * permuted to that order once per call, so every product pairs the same two elements as above. With fewer
+ * instructions per byte a thread keeps more of the weight's lines in flight, and it also asks for the lines
+ * PREFETCH_BYTES ahead: on a 2-core Xeon VM a 212 MB weight streamed at 17-20 GB/s on the 256-bit path and at
+ * 26-29 GB/s this way, where a torch sum of the same bytes in float32 reads 24-26.
  * ------------------------------------------------------------------------------------------------------------- */
 enum { LINE = 32, PREFETCH_BYTES = 4096 };
 
-static const int UNPACKED[LINE] = {0,  1,  2,  3,  8,  9,  10, 11, 16, 17, 18, 19, 24, 25, 26, 27,
-                                   4,  5,  6,  7,  12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-
-/* x [rows, k] with each whole line of every row in UNPACKED order (the tail past the last whole line is not read). */
+/* x [rows, k] with each whole line of every row in load32's order (the tail past the last whole line is not read). */
 static void unpacked_rows(const float *x, float *to, int64_t rows, int64_t k) {
     for (int64_t m = 0; m < rows; m++)
         for (int64_t line = 0; line + LINE <= k; line += LINE)
-            for (int j = 0; j < LINE; j++) to[m * k + line + j] = x[m * k + line + UNPACKED[j]];
-}
-
-AVX512_INLINE void widen_line(const uint16_t *w, __m512 *lo, __m512 *hi) {
-    const __m512i line = _mm512_loadu_si512((const void *)w), zero = _mm512_setzero_si512();
-    *lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, line));
-    *hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, line));
+            for (int j = 0; j < LINE; j++)
+                to[m * k + line + j] = x[m * k + line + UNPACKED(j % 16) + 4 * (j / 16)];
 }
 
 /* The sum of row m's products with weight row w past the whole lines, then the store (or residual add). */
@@ -111,16 +102,16 @@ AVX512_INLINE void linear_one_row_wide(const linear_args *a, const float *xp, in
         for (; i < pairs; i += 2 * LINE) {
             _mm_prefetch((const char *)(w + i) + PREFETCH_BYTES, _MM_HINT_T0);
             _mm_prefetch((const char *)(w + i + LINE) + PREFETCH_BYTES, _MM_HINT_T0);
-            widen_line(w + i, &lo, &hi);
+            load32(w, i, &lo, &hi, 1);
             acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xp + i), acc0);
             acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp + i + 16), acc1);
-            widen_line(w + i + LINE, &lo, &hi);
+            load32(w, i + LINE, &lo, &hi, 1);
             acc2 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xp + i + LINE), acc2);
             acc3 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp + i + LINE + 16), acc3);
         }
         if (i < whole) {
             _mm_prefetch((const char *)(w + i) + PREFETCH_BYTES, _MM_HINT_T0);
-            widen_line(w + i, &lo, &hi);
+            load32(w, i, &lo, &hi, 1);
             acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xp + i), acc0);
             acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp + i + 16), acc1);
         }
@@ -142,7 +133,7 @@ AVX512_INLINE void linear_rows_wide(const linear_args *a, const float *xp, int64
             for (int m = 0; m < tile; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
             for (int64_t i = 0; i < whole; i += LINE) {
                 if (m0 == 0) _mm_prefetch((const char *)(w + i) + PREFETCH_BYTES, _MM_HINT_T0);
-                widen_line(w + i, &lo, &hi);
+                load32(w, i, &lo, &hi, 1);
                 for (int m = 0; m < tile; m++) {
                     acc[m][0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x[m] + i), acc[m][0]);
                     acc[m][1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x[m] + i + 16), acc[m][1]);
@@ -156,7 +147,7 @@ AVX512_INLINE void linear_rows_wide(const linear_args *a, const float *xp, int64
 
 typedef struct {
     const linear_args *a;
-    const float *unpacked; /* the input rows in UNPACKED order, for the 512-bit path; NULL: the 256-bit path */
+    const float *unpacked; /* the input rows in load32's order, for the 512-bit path; NULL: the 256-bit path */
 } linear_call;
 
 /* Not inlined into linear_part: code built for AVX-512 may use its registers anywhere, and linear_part runs on CPUs
