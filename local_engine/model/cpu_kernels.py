@@ -20,6 +20,7 @@ torch's kernels otherwise, and for any other dtype or device.
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -209,6 +210,51 @@ def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Te
                                out.data_ptr(), rows, plan.slots.shape[1], len(plan.segments), heads, pool_k.shape[1],
                                head_dim, scale, pool_k.dtype == torch.bfloat16, torch.get_num_threads())
     return out
+
+
+def chunk_attends(pool_k: torch.Tensor) -> bool:
+    """Whether `chunk_attention` serves a pool layer like `pool_k` (`[num_slots, kv_heads, head_dim]`): bfloat16 on
+    a CPU with AMX-BF16 (and AVX-512 F, BW, VL and BF16) whose kernel grants the tile state, a head_dim that is a
+    multiple of 32 up to 128, the kernels available."""
+    head_dim = pool_k.shape[-1]
+    return (pool_k.device.type == "cpu" and pool_k.dtype == torch.bfloat16 and head_dim % 32 == 0
+            and head_dim <= 128 and available() and _module().amx())
+
+
+_workspaces = threading.local()  # each thread's chunk_attention workspace, grown to the largest call so far
+
+
+def chunk_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor,
+                    scale: float, out: torch.Tensor) -> None:
+    """Causal attention of a prefill chunk over its whole context, on AMX (csrc/attention_amx.c).
+
+    `query`: `[tokens, heads, head_dim]` computed in float32 (a view with rows further apart is read in place), the
+    chunk's tokens, which are the last `tokens` of the context; `pool_k`, `pool_v`: one layer of a bfloat16 pool,
+    contiguous `[num_slots, kv_heads, head_dim]`; `slots`: int64 `[context]`, the context's slots in order. Token i
+    attends to the context's first `context - tokens + i + 1` keys. Writes float32 `[tokens, heads, head_dim]` into
+    `out`, whose heads lie head_dim apart in each row. The queries and the probabilities are rounded to bfloat16 and
+    every sum is float32, as torch's CPU flash attention computes on bfloat16 inputs (in another order). Raises
+    IndexError for a slot outside the pool and ValueError for other shapes; `chunk_attends(pool_k)` must hold.
+    """
+    query = _rows_of_heads(query)
+    tokens, heads, head_dim = query.shape
+    context, kv_heads = slots.shape[0], pool_k.shape[1]
+    if (pool_v.shape != pool_k.shape or pool_k.shape[2] != head_dim or pool_v.dtype != pool_k.dtype
+            or not (pool_k.is_contiguous() and pool_v.is_contiguous()) or slots.dtype != torch.int64
+            or out.shape != query.shape or out.dtype != torch.float32 or out.stride(2) != 1
+            or out.stride(1) != head_dim):
+        raise ValueError(f"a chunk of queries {tuple(query.shape)} cannot attend a pool layer {tuple(pool_k.shape)} "
+                         f"({pool_k.dtype}) at slots {tuple(slots.shape)} ({slots.dtype}) into {tuple(out.shape)}")
+    slots = slots.contiguous()
+    threads = torch.get_num_threads()
+    module = _module()
+    needed = module.chunk_workspace(tokens, context, heads, kv_heads, head_dim, threads)
+    workspace = getattr(_workspaces, "buffer", None)
+    if workspace is None or workspace.numel() < needed:
+        workspace = _workspaces.buffer = torch.empty(needed, dtype=torch.uint8)
+    module.chunk_attention(query.data_ptr(), query.stride(0), pool_k.data_ptr(), pool_v.data_ptr(), pool_k.shape[0],
+                           slots.data_ptr(), out.data_ptr(), out.stride(0), tokens, context, heads, kv_heads,
+                           head_dim, scale, workspace.data_ptr(), workspace.numel(), threads)
 
 
 def store(pool_layer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:

@@ -32,6 +32,8 @@ def test_the_kernels_run_in_ci_on_a_cpu_that_has_them():
     if os.environ.get("CI") != "true" or not _cpu_has("avx2", "fma"):
         pytest.skip("only checked in CI on an AVX2 CPU")
     assert cpu_kernels.available()
+    bf16_pool = torch.zeros(1, NUM_KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    assert cpu_kernels.chunk_attends(bf16_pool) == _cpu_has("amx_bf16", "amx_tile", "avx512_bf16", "avx512vl")
 
 
 needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or this CPU "
@@ -105,9 +107,14 @@ def test_decode_rows_of_every_kind_attend_as_each_alone_and_prefill_chunks_are_u
     out = paged_attention(batch, 0, query, key, value, SCALING)[0]
     for row, table in enumerate(tables[:8]):  # the pool already holds the step's new K/V
         assert (out[row].double() - _alone(pool, query[0, :, row], table)).abs().max() <= 1e-5
+    on_amx = cpu_kernels.chunk_attends(pool.k[0])  # the prefill chunk: on AMX in bf16, else torch's SDPA
     monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     torch_out = paged_attention(build_paged_batch(pool, tables, counts, 8), 0, query, key, value, SCALING)[0]
-    assert torch.equal(out[8:], torch_out[8:])  # the prefill chunk: torch's SDPA either way
+    if on_amx:
+        exact = _chunk_exact(query[0].transpose(0, 1)[8:], pool.k[0], pool.v[0], tables[8])
+        assert (out[8:].double() - exact).abs().max() <= _chunk_tolerance(pool.v[0])
+    else:
+        assert torch.equal(out[8:], torch_out[8:])
 
 
 @needs_kernels
@@ -262,3 +269,73 @@ def test_a_steps_new_rows_are_stored_as_torch_would_store_them(dtype):
     in_place = cpu_kernels.decode_attention(queries, context.k[0], context.v[0], plan, SCALING)
     copied = cpu_kernels.decode_attention(queries.contiguous(), context.k[0], context.v[0], plan, SCALING)
     assert queries.stride(0) > NUM_HEADS * HEAD_DIM and torch.equal(in_place, copied)
+
+
+needs_amx = pytest.mark.skipif(
+    not cpu_kernels.chunk_attends(torch.zeros(1, 1, 64, dtype=torch.bfloat16)),
+    reason="chunk_attention needs a CPU with AMX-BF16 (and the CPU kernels built)")
+
+
+def _chunk_exact(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor,
+                 slots: torch.Tensor) -> torch.Tensor:
+    """A chunk's causal attention in float64 on its queries rounded to bf16 (as the kernel and SDPA on the pool's
+    dtype take them): query `[tokens, heads, head_dim]`, the chunk the last `tokens` of the context at `slots`."""
+    tokens, heads, head_dim = query.shape
+    keys = pool_k[slots].double().transpose(0, 1).unsqueeze(0)  # [1, kv_heads, context, head_dim]
+    values = pool_v[slots].double().transpose(0, 1).unsqueeze(0)
+    context = len(slots)
+    seen = torch.arange(context).unsqueeze(0) <= torch.arange(context - tokens, context).unsqueeze(1)
+    queries = query.to(torch.bfloat16).double().transpose(0, 1).unsqueeze(0)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=seen, scale=head_dim**-0.5,
+                                          enable_gqa=True)[0].transpose(0, 1)
+
+
+def _chunk_tolerance(pool_v: torch.Tensor) -> float:
+    """Each probability is rounded to bf16 (a relative error of at most 2**-9) before it weighs a value: the
+    output moves by at most that times the largest value; twice that leaves room for the float32 sums."""
+    return 2**-8 * pool_v.abs().max().item()
+
+
+@needs_amx
+@pytest.mark.parametrize(("tokens", "context", "heads", "kv_heads", "head_dim"), [
+    (25, 2073, 9, 3, 64),  # SmolLM2's shape: a short question after a long cached system prompt
+    (1, 17, 4, 1, 32),  # one token, a context shorter than one tile of keys
+    (64, 64, 9, 3, 64),  # nothing cached: plain causal attention
+    (5, 40, 8, 2, 128),
+    (7, 300, 6, 6, 96),  # no GQA; head_dim not a multiple of 64
+    (33, 1000, 12, 4, 64),  # rows in partial blocks of 16
+])
+def test_a_prefill_chunk_attends_its_context_causally_on_amx(tokens, context, heads, kv_heads, head_dim):
+    torch.manual_seed(tokens + context)
+    pool_k, pool_v = (torch.randn(3000, kv_heads, head_dim) * scale for scale in (2.0, 1.0))
+    pool_k, pool_v = pool_k.to(torch.bfloat16), pool_v.to(torch.bfloat16)
+    slots = torch.randperm(3000)[:context]  # scattered
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim) * 2
+    query = qkv[:, :heads]  # a view of a step's qkv output, read in place
+    out = torch.full((tokens + 3, heads, head_dim), float("nan"))
+    cpu_kernels.chunk_attention(query, pool_k, pool_v, slots, head_dim**-0.5, out[2 : 2 + tokens])
+    exact = _chunk_exact(query, pool_k, pool_v, slots)
+    assert (out[2 : 2 + tokens].double() - exact).abs().max() <= _chunk_tolerance(pool_v)
+    assert out[:2].isnan().all() and out[2 + tokens :].isnan().all()  # nothing written outside its rows
+    sdpa = F.scaled_dot_product_attention(  # the path it replaces, on the same bf16 inputs
+        query.to(torch.bfloat16).transpose(0, 1).unsqueeze(0), pool_k[slots].transpose(0, 1).unsqueeze(0),
+        pool_v[slots].transpose(0, 1).unsqueeze(0), scale=head_dim**-0.5, enable_gqa=True,
+        attn_mask=torch.arange(context).unsqueeze(0) <= torch.arange(context - tokens, context).unsqueeze(1),
+    )[0].transpose(0, 1)
+    assert (sdpa.double() - exact).abs().max() <= _chunk_tolerance(pool_v)  # the bound holds for torch too
+
+
+@needs_amx
+def test_chunk_attention_refuses_what_it_cannot_read():
+    pool = torch.zeros(100, 3, 64, dtype=torch.bfloat16)
+    query, out = torch.randn(4, 9, 64), torch.empty(4, 9, 64)
+    with pytest.raises(IndexError):
+        cpu_kernels.chunk_attention(query, pool, pool, torch.tensor([0, 1, 2, 3, 100]), 0.125, out)
+    with pytest.raises(ValueError):  # fewer context slots than tokens
+        cpu_kernels.chunk_attention(query, pool, pool, torch.tensor([0, 1, 2]), 0.125, out)
+    with pytest.raises(ValueError):
+        cpu_kernels.chunk_attention(query, pool, pool, torch.arange(10), 0.125, torch.empty(4, 9, 32))
+    with pytest.raises(ValueError):
+        cpu_kernels.chunk_attention(query, pool, pool, torch.arange(10, dtype=torch.int32), 0.125, out)
+    assert not cpu_kernels.chunk_attends(torch.zeros(100, 3, 48, dtype=torch.bfloat16))
+    assert not cpu_kernels.chunk_attends(torch.zeros(100, 3, 64))  # float32 pools keep torch's SDPA

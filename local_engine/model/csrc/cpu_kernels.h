@@ -59,6 +59,15 @@ static inline const void *element(const void *base, int64_t i, const int bf16) {
 }
 
 
+/* A float32 rounded to bfloat16 to nearest even, as c10::BFloat16's conversion rounds (a NaN stays a NaN, of another
+   bit pattern). */
+static inline uint16_t to_bf16(float value) {
+    if (value != value) return 0x7FC0;
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
 /* Sixteen, for the 512-bit paths. */
 AVX512_INLINE __m512 load16(const void *base, int64_t i, const int bf16) {
     if (!bf16) return _mm512_loadu_ps((const float *)base + i);
@@ -130,5 +139,9 @@ PyObject *py_rms_norm(PyObject *self, PyObject *args);
 PyObject *py_rotate(PyObject *self, PyObject *args);
 PyObject *py_silu_mul(PyObject *self, PyObject *args);
 PyObject *py_decode_layers(PyObject *self, PyObject *args);    /* decoder.c */
+/* attention_amx.c: a prefill chunk's attention on AMX, where amx_usable() says it runs. */
+int amx_usable(void);
+PyObject *py_chunk_workspace(PyObject *self, PyObject *args);
+PyObject *py_chunk_attention(PyObject *self, PyObject *args);
 
 #endif

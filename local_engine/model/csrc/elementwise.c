@@ -4,16 +4,8 @@
 /* ---------------------------------------------------------------------------------------------------------------
  * A step's new K (or V) into the pool: row r of src (`width` floats, rows `src_stride` floats apart) into slot
  * slots[r] (each checked against num_slots) of a pool of `width`-element slots, float32 or bfloat16. bfloat16 is
- * rounded to nearest even as c10::BFloat16's conversion rounds, so the pool holds what torch's `.to(torch.bfloat16)`
- * would write (a NaN stays a NaN, of another bit pattern).
+ * rounded by to_bf16, so the pool holds what torch's `.to(torch.bfloat16)` would write.
  * ------------------------------------------------------------------------------------------------------------- */
-static inline uint16_t to_bf16(float value) {
-    if (value != value) return 0x7FC0;
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
-
 int slots_in_pool(const int64_t *slots, int64_t rows, int64_t num_slots) {
     for (int64_t r = 0; r < rows; r++)
         if (slots[r] < 0 || slots[r] >= num_slots) return 0;

@@ -1,8 +1,8 @@
 /*
  * The `_cpu_kernels` extension module: decode kernels for x86-64 CPUs with AVX2 and FMA (the small-batch matmul in
  * linear.c, decode attention over the paged KV pool in attention.c and attention_wide.c, the K/V store and a decoder
- * layer's elementwise steps in elementwise.c, all of a decode step's decoder layers in one call in decoder.c), and how
- * they run.
+ * layer's elementwise steps in elementwise.c, all of a decode step's decoder layers in one call in decoder.c), a
+ * prefill chunk's attention on CPUs with AMX (attention_amx.c), and how they run.
  *
  * Work is split across torch's own OpenMP thread pool: the libgomp that torch loaded is found by the Python side
  * (local_engine.model.cpu_kernels) and bound here with dlopen(RTLD_NOLOAD), and GOMP_parallel, the entry point
@@ -62,6 +62,11 @@ static PyObject *avx512(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(avx512_enabled);
 }
 
+static PyObject *amx(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(amx_usable());
+}
+
 static PyObject *bind_openmp(PyObject *self, PyObject *args) {
     (void)self;
     const char *path;
@@ -82,6 +87,7 @@ static PyMethodDef methods[] = {
     {"supported", supported, METH_NOARGS, "Whether this CPU has AVX2 and FMA."},
     {"use_avx512", use_avx512, METH_VARARGS, "use_avx512(enabled) -> bool: take the 512-bit paths where the CPU can."},
     {"avx512", avx512, METH_NOARGS, "Whether the 512-bit paths run."},
+    {"amx", amx, METH_NOARGS, "Whether chunk_attention runs here (AMX-BF16, granted by the OS)."},
     {"bind_openmp", bind_openmp, METH_VARARGS, "bind_openmp(path) -> bool: use the loaded OpenMP runtime at path."},
     {"linear", py_linear, METH_VARARGS, "linear(x, w, y, rows, n, k, bf16, threads): y = x @ w.T in float32."},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, w, y, rows, n, eps, bf16): y = RMSNorm(x) * w."},
@@ -94,6 +100,11 @@ static PyMethodDef methods[] = {
      "decode_layers(hidden, layers, num_layers, pool_k, pool_v, layer_stride, num_slots, cos, sin, write_slots, slots, "
      "segments, seg_rows, stride, num_segments, rows, hidden_size, heads, kv_heads, head_dim, intermediate, eps, "
      "scale, weights_bf16, pool_bf16, threads): a decode step through every decoder layer."},
+    {"chunk_workspace", py_chunk_workspace, METH_VARARGS,
+     "chunk_workspace(tokens, context, heads, kv_heads, head_dim, threads) -> bytes chunk_attention needs."},
+    {"chunk_attention", py_chunk_attention, METH_VARARGS,
+     "chunk_attention(q, q_stride, k, v, num_slots, slots, out, out_stride, tokens, context, heads, kv_heads, "
+     "head_dim, scale, workspace, workspace_bytes, threads): a prefill chunk's causal attention on AMX."},
     {"store_rows", py_store_rows, METH_VARARGS,
      "store_rows(pool, num_slots, src, src_stride, slots, rows, width, bf16): the step's new K or V into the pool."},
     {NULL, NULL, 0, NULL},
