@@ -237,6 +237,8 @@ AMX static void attend_rows(const chunk_args *a, int64_t h, int64_t rb, uint8_t 
     }
 }
 
+/* Every tile 16 rows of 64 bytes (palette 1; LDTILECFG's 64-byte operand). A constant in memory: GCC's
+   _tile_loadconfig tells the compiler it reads 8 bytes, so a local's other fields could be dropped as dead stores. */
 typedef struct {
     uint8_t palette;
     uint8_t start_row;
@@ -245,16 +247,15 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
+static const tile_config TILES __attribute__((aligned(64))) = {
+    .palette = 1,
+    .bytes_per_row = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {TILE_ROWS, TILE_ROWS, TILE_ROWS, TILE_ROWS, TILE_ROWS, TILE_ROWS, TILE_ROWS, TILE_ROWS},
+};
+
 AMX static void attend_part(void *data, int thread, int threads) {
     const chunk_args *a = (const chunk_args *)data;
-    tile_config config;
-    memset(&config, 0, sizeof config);
-    config.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        config.bytes_per_row[t] = 64;
-        config.rows[t] = TILE_ROWS;
-    }
-    _tile_loadconfig(&config);
+    _tile_loadconfig(&TILES);
     const int64_t items = a->kv_heads * a->row_blocks;
     for (int64_t item = thread; item < items; item += threads)
         attend_rows(a, item / a->row_blocks, item % a->row_blocks, a->scratch + thread * a->scratch_bytes);
