@@ -212,13 +212,16 @@ def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Te
     return out
 
 
+def chunk_attention_runs(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether `chunk_attention` serves a CPU pool of `dtype` and `head_dim`: bfloat16, a head_dim that is a multiple
+    of 32 up to 128, on a CPU with AMX-BF16 (and AVX-512 F, BW, VL and BF16) whose kernel grants the tile state, the
+    kernels available."""
+    return dtype == torch.bfloat16 and head_dim % 32 == 0 and head_dim <= 128 and available() and _module().amx()
+
+
 def chunk_attends(pool_k: torch.Tensor) -> bool:
-    """Whether `chunk_attention` serves a pool layer like `pool_k` (`[num_slots, kv_heads, head_dim]`): bfloat16 on
-    a CPU with AMX-BF16 (and AVX-512 F, BW, VL and BF16) whose kernel grants the tile state, a head_dim that is a
-    multiple of 32 up to 128, the kernels available."""
-    head_dim = pool_k.shape[-1]
-    return (pool_k.device.type == "cpu" and pool_k.dtype == torch.bfloat16 and head_dim % 32 == 0
-            and head_dim <= 128 and available() and _module().amx())
+    """Whether `chunk_attention` serves a pool layer like `pool_k` (`[num_slots, kv_heads, head_dim]`)."""
+    return pool_k.device.type == "cpu" and chunk_attention_runs(pool_k.dtype, pool_k.shape[-1])
 
 
 _workspaces = threading.local()  # each thread's chunk_attention workspace, grown to the largest call so far

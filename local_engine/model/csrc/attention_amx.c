@@ -10,7 +10,8 @@
  * once per call too) with float32 sums, and each row is divided by its float32 sum: the arithmetic of torch's CPU
  * flash attention on bf16 inputs (bf16 products, float32 sums, probabilities rounded to bf16), in another order.
  *
- * Every tile is 16 rows of 64 bytes. Q K^T: queries in tmm0-3 (32 dims each), keys in tmm4, scores in tmm5.
+ * Every tile is 16 rows of 64 bytes. Q K^T: queries in tmm0-3 (32 dims each), keys in tmm4, scores in tmm5 (and,
+ * for head_dim up to 64, a second block's keys and scores in tmm6 and tmm7).
  * P V: outputs in tmm0-3 (16 dims each), probabilities in tmm4, values in tmm5. Tile layouts and TDPBF16PS: Intel
  * Architecture Instruction Set Extensions Programming Reference, chapter 3 (Intel AMX).
  */
@@ -83,6 +84,32 @@ static const uint16_t *kv_row(const chunk_args *a, const uint16_t *pool, int64_t
     return j < a->context ? pool + (a->slots[j] * a->kv_heads + h) * a->head_dim : zero_row;
 }
 
+/* A 16 x 16 matrix of 32-bit elements, one row per vector, transposed in place: pairs of rows interleaved by 32 and
+   then 64 bits within each 128-bit lane, then the lanes gathered by two rounds of VSHUFI32X4. */
+AVX512_INLINE void transpose16(__m512i rows[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* u[4i + k], lane L: column 4L + k of rows 4i .. 4i + 3 */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        const __m512i even_low = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88); /* lanes 0 and 2 of each */
+        const __m512i odd_low = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);  /* lanes 1 and 3 */
+        const __m512i even_high = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+        const __m512i odd_high = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xDD);
+        rows[k] = _mm512_shuffle_i32x4(even_low, even_high, 0x88);
+        rows[8 + k] = _mm512_shuffle_i32x4(even_low, even_high, 0xDD);
+        rows[4 + k] = _mm512_shuffle_i32x4(odd_low, odd_high, 0x88);
+        rows[12 + k] = _mm512_shuffle_i32x4(odd_low, odd_high, 0xDD);
+    }
+}
+
 /* One KV head's 32 keys and values from block `block`, into their tile layouts. */
 AMX static void pack_keys_values(const chunk_args *a, int64_t h, int64_t block) {
     const int64_t d = a->head_dim, steps = d / 32;
@@ -100,8 +127,12 @@ AMX static void pack_keys_values(const chunk_args *a, int64_t h, int64_t block) 
         uint32_t *keys = (uint32_t *)(a->keys + (h * a->key_blocks + kb) * steps * TILE_BYTES);
         const uint32_t *key[16]; /* each key as bf16 pairs */
         for (int64_t n = 0; n < 16; n++) key[n] = (const uint32_t *)kv_row(a, a->k, kb * 16 + n, h);
-        for (int64_t p = 0; p < steps * 16; p++) /* tile p / 16, row p % 16: pair p of the 16 keys */
-            for (int64_t n = 0; n < 16; n++) keys[p * 16 + n] = key[n][p];
+        for (int64_t step = 0; step < steps; step++) { /* tile `step`, row p: pair 16 * step + p of the 16 keys */
+            __m512i rows[16];
+            for (int n = 0; n < 16; n++) rows[n] = _mm512_loadu_si512(key[n] + 16 * step);
+            transpose16(rows);
+            for (int p = 0; p < 16; p++) _mm512_storeu_si512(keys + (16 * step + p) * 16, rows[p]);
+        }
     }
 }
 
@@ -152,7 +183,26 @@ AMX static void attend_rows(const chunk_args *a, int64_t h, int64_t rb, uint8_t 
     if (steps > 2) _tile_loadd(2, queries + 64, d * 2);
     if (steps > 3) _tile_loadd(3, queries + 96, d * 2);
     const uint8_t *keys = a->keys + h * a->key_blocks * steps * TILE_BYTES;
-    for (int64_t kb = 0; kb < key_blocks; kb++) {
+    int64_t kb = 0;
+    if (steps <= 2) /* two blocks at a time (keys in tmm4 and tmm6, scores in tmm5 and tmm7): two chains in flight */
+        for (; kb + 2 <= key_blocks; kb += 2) {
+            const uint8_t *block = keys + kb * steps * TILE_BYTES;
+            _tile_zero(5);
+            _tile_zero(7);
+            _tile_loadd(4, block, 64);
+            _tile_loadd(6, block + steps * TILE_BYTES, 64);
+            _tile_dpbf16ps(5, 0, 4);
+            _tile_dpbf16ps(7, 0, 6);
+            if (steps > 1) {
+                _tile_loadd(4, block + TILE_BYTES, 64);
+                _tile_loadd(6, block + 3 * TILE_BYTES, 64);
+                _tile_dpbf16ps(5, 1, 4);
+                _tile_dpbf16ps(7, 1, 6);
+            }
+            _tile_stored(5, scores + kb * 16, width * 4);
+            _tile_stored(7, scores + kb * 16 + 16, width * 4);
+        }
+    for (; kb < key_blocks; kb++) {
         const uint8_t *block = keys + kb * steps * TILE_BYTES;
         _tile_zero(5);
         _tile_loadd(4, block, 64);
