@@ -1,10 +1,11 @@
 """Decode kernels for x86-64 CPUs with AVX2 and FMA (local_engine/model/csrc, built by setup.py when a C
 compiler is there): the matmul of a few rows against a weight, decode attention read straight from the paged pool's
 slots, and a decoder layer's elementwise steps (RMSNorm, rotary embedding, SwiGLU), each one call where torch
-dispatches several operations, and all of a decode step's decoder layers in one call (`decode_layers`). Weights and
-the pool may be float32 or bfloat16, read as stored and widened in registers; activations and arithmetic are
-float32, so a bfloat16 model's decode step reads half the bytes and, up to `max_rows` rows (4, or 8 on the 512-bit
-path), rounds only its stored K/V.
+dispatches several operations, all of a decode step's decoder layers in one call (`decode_layers`), and on CPUs with
+AMX-BF16 a prefill chunk's attention over a bf16 pool (`chunk_attention`). Weights and the pool may be float32 or
+bfloat16, read as stored and widened in registers; activations and arithmetic are float32, so a bfloat16 model's
+decode step reads half the bytes and, up to `max_rows` rows (4, or 8 on the 512-bit path), rounds only its stored
+K/V.
 
 A decode step at small batch sizes reads every weight once and each sequence's context once, so its time is set by
 memory reads. On a 2-core AMD EPYC (AVX2, no AVX-512) whose read bandwidth a torch sum measures at 22.5 GB/s, MKL's
