@@ -3,9 +3,9 @@ compiler is there): the matmul of a few rows against a weight, decode attention 
 slots, and a decoder layer's elementwise steps (RMSNorm, rotary embedding, SwiGLU), each one call where torch
 dispatches several operations, all of a decode step's decoder layers in one call (`decode_layers`), and on CPUs with
 AMX-BF16 a prefill chunk's attention over a bf16 pool (`chunk_attention`). Weights and the pool may be float32 or
-bfloat16, read as stored and widened in registers; activations and arithmetic are float32, so a bfloat16 model's
-decode step reads half the bytes and, up to `max_rows` rows (4, or 8 on the 512-bit path), rounds only its stored
-K/V.
+bfloat16, read as stored and widened in registers; activations and arithmetic are float32 (but for chunk_attention's
+bf16 products), so a bfloat16 model's decode step reads half the bytes and, up to `max_rows` rows (4, or 8 on the
+512-bit path), rounds only its stored K/V.
 
 A decode step at small batch sizes reads every weight once and each sequence's context once, so its time is set by
 memory reads. On a 2-core AMD EPYC (AVX2, no AVX-512) whose read bandwidth a torch sum measures at 22.5 GB/s, MKL's
@@ -14,8 +14,9 @@ oneDNN's packed GEMV at 16.8 GB/s; at 8 rows at 6.4 and 8.9 GB/s. `linear` here 
 another, one linear stream per thread on torch's own OpenMP threads, each row against up to 4 input rows at a time:
 29-32 GB/s for one row (where the torch sum read 33 in the same run) and 17 GB/s for 8.
 
-`available()` says whether they run here (built, CPU supports them, torch's OpenMP runtime found); callers keep
-torch's kernels otherwise, and for any other dtype or device.
+`available()` says whether they run here (built, CPU supports them, torch's OpenMP runtime found), and
+`chunk_attends` whether chunk_attention does; callers keep torch's kernels otherwise, and for any other dtype or
+device.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def use_avx512(enabled: bool) -> bool:
     """Whether the kernels take their 512-bit paths (the bf16 matmul; decode attention for a KV head read by 8 or
     more queries, or fewer on a head_dim that is a multiple of 32) on a CPU with AVX-512F and BW, as they do by
     default; returns whether they now do. The AVX2 paths compute the same values within float32 rounding. `max_rows`
-    follows it: steps already planned keep their sizes, which both paths serve."""
+    follows it: steps already planned keep their sizes, which both paths serve. `chunk_attention`, on AMX, does not
+    follow it."""
     return _module().use_avx512(enabled)
 
 
@@ -236,17 +238,22 @@ def chunk_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Ten
     chunk's tokens, which are the last `tokens` of the context; `pool_k`, `pool_v`: one layer of a bfloat16 pool,
     contiguous `[num_slots, kv_heads, head_dim]`; `slots`: int64 `[context]`, the context's slots in order. Token i
     attends to the context's first `context - tokens + i + 1` keys. Writes float32 `[tokens, heads, head_dim]` into
-    `out`, whose heads lie head_dim apart in each row. The queries and the probabilities are rounded to bfloat16 and
-    every sum is float32, as torch's CPU flash attention computes on bfloat16 inputs (in another order). Raises
-    IndexError for a slot outside the pool and ValueError for other shapes; `chunk_attends(pool_k)` must hold.
+    `out` (on the CPU, rows apart by at least heads * head_dim, heads head_dim apart). The queries and the
+    probabilities are rounded to bfloat16 and every sum is float32, as torch's CPU flash attention computes on
+    bfloat16 inputs (in another order). Each thread keeps a workspace of about twice one layer's context K/V, grown to
+    the largest call. Raises IndexError for a slot outside the pool, ValueError for a pool `chunk_attends` refuses or
+    tensors of other shapes, dtypes or devices.
     """
+    if query.device.type != "cpu" or slots.device.type != "cpu" or out.device.type != "cpu":
+        raise ValueError("chunk_attention runs on CPU tensors")
     query = _rows_of_heads(query)
     tokens, heads, head_dim = query.shape
     context, kv_heads = slots.shape[0], pool_k.shape[1]
-    if (pool_v.shape != pool_k.shape or pool_k.shape[2] != head_dim or pool_v.dtype != pool_k.dtype
+    if (not chunk_attends(pool_k) or pool_v.shape != pool_k.shape or pool_k.shape[2] != head_dim
+            or pool_v.dtype != pool_k.dtype or pool_v.device != pool_k.device
             or not (pool_k.is_contiguous() and pool_v.is_contiguous()) or slots.dtype != torch.int64
-            or out.shape != query.shape or out.dtype != torch.float32 or out.stride(2) != 1
-            or out.stride(1) != head_dim):
+            or slots.dim() != 1 or out.shape != query.shape or out.dtype != torch.float32 or out.stride(2) != 1
+            or out.stride(1) != head_dim or out.stride(0) < heads * head_dim):
         raise ValueError(f"a chunk of queries {tuple(query.shape)} cannot attend a pool layer {tuple(pool_k.shape)} "
                          f"({pool_k.dtype}) at slots {tuple(slots.shape)} ({slots.dtype}) into {tuple(out.shape)}")
     slots = slots.contiguous()

@@ -12,7 +12,7 @@ paged attention, the same function transformers calls through the registered att
 In float32, RMSNorm is one fused operation (`torch.nn.functional.rms_norm`) and the rotary embedding accumulates its
 second product in place: about 15 operations per layer against about 45, within 1e-4 of transformers' logits. On a CPU
 with local_engine.model.cpu_kernels, a step of up to NATIVE_STEP_TOKENS tokens (a decode step, or the short prefill
-chunk of a prompt whose prefix was cached; NATIVE_STEP_TOKENS_AMX where AMX attends a bf16 model's prefill chunks,
+chunk of a prompt whose prefix was cached; NATIVE_STEP_TOKENS_AMX where AMX attends a bf16 pool's prefill chunks,
 which then takes steps that admit several such requests) calls them for the matmuls, RMSNorm, the rotary embedding (in
 place in the qkv output) and silu(gate) * up instead, in float32 whether the weights are float32 or bf16; those chunks'
 attention rounds its queries and probabilities to bf16 as SDPA on the bf16 pool does. A bf16 model's step of up
@@ -55,12 +55,19 @@ _SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM")
 # the short chunk a prompt whose prefix was cached still prefills. SmolLM2 in bf16, 25 new tokens after 2,048 cached:
 # 50.5 ms a step against 54.9 with transformers' rounding operation by operation (2-core Xeon).
 NATIVE_STEP_TOKENS = 64
-# Where AMX attends a bf16 model's prefill chunks (cpu_kernels.chunk_attention, which takes float32 queries), steps of
-# up to this many: SmolLM2, 8 requests of 25 new tokens after 2,048 cached each (the step that admits a batch of
-# requests on cached prompts): 149-153 ms against 222-237 with transformers' rounding, where without AMX the native
-# path gained nothing (228-240 ms either way; 2-core Xeon).
+# Where AMX attends the prefill chunks of a bf16 pool (cpu_kernels.chunk_attention, which takes float32 queries),
+# steps of up to this many (decode batches of up to 256 rows and short prompts too): SmolLM2, 8 requests of 25 new
+# tokens after 2,048 cached each (the step that admits a batch of requests on cached prompts) took 149-153 ms against
+# 222-237 with transformers' rounding, where without AMX the native path gained nothing (228-240 ms either way;
+# 2-core Xeon).
 NATIVE_STEP_TOKENS_AMX = 256
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its FusedLlamaForward
+
+
+def native_step_tokens(pool_k: torch.Tensor) -> int:
+    """The most tokens a step on a pool layer like `pool_k` runs on the CPU kernels: NATIVE_STEP_TOKENS_AMX where AMX
+    attends its prefill chunks, else NATIVE_STEP_TOKENS."""
+    return NATIVE_STEP_TOKENS_AMX if cpu_kernels.chunk_attends(pool_k) else NATIVE_STEP_TOKENS
 
 
 class _Layer:
@@ -138,14 +145,12 @@ class FusedLlamaForward:
         self.hidden = config.hidden_size
         self.swiglu = getattr(config, "hidden_act", None) == "silu"  # silu(gate) * up, the CPU kernels' MLP
         self.layers = [_Layer(layer, arena) for layer in decoder_layers]
-        # Steps of up to `native_tokens` run on the CPU kernels, in float32 whatever the weights' dtype, where they
-        # serve every matmul and the rotary embedding covers the whole head.
+        # Steps of up to `native_tokens` (a call's argument) run on the CPU kernels, in float32 whatever the weights'
+        # dtype, where they serve every matmul and the rotary embedding covers the whole head.
         linears = [self.lm_head] + [linear for layer in self.layers
                                     for linear in (layer.qkv, layer.gate_up, layer.o, layer.down)]
         rotary_dim = 2 * self.rotary.inv_freq.shape[-1] if hasattr(self.rotary, "inv_freq") else None
         self.native = all(linear.native for linear in linears) and rotary_dim == self.head_dim
-        amx = cpu_kernels.chunk_attention_runs(self.lm_head.weight.dtype, self.head_dim)
-        self.native_tokens = NATIVE_STEP_TOKENS_AMX if amx else NATIVE_STEP_TOKENS
         # A decode step whose rows are all attended by the CPU kernels runs every layer in one kernel call.
         self.decoder_layers = cpu_kernels.DecoderLayers.of(
             [(layer.input_norm, layer.post_norm, layer.qkv.weight, layer.o.weight, layer.gate_up.weight,
@@ -186,18 +191,20 @@ class FusedLlamaForward:
         keep: torch.Tensor,
         attention: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor],
         decode: cpu_kernels.DecodeStep | None = None,
+        native_tokens: int = NATIVE_STEP_TOKENS,
     ) -> torch.Tensor:
         """`input_ids`, `position_ids`: int64 `[num_tokens]`; `keep`: int64 `[num_kept]`, the rows whose logits are
         wanted; `attention(layer, q, k, v, scaling)` with q `[1, num_heads, num_tokens, head_dim]` and k, v
         `[1, num_kv_heads, num_tokens, head_dim]` returns `[1, num_tokens, num_heads, head_dim]`. `decode`: given
         when every token is a decode row the CPU kernels attend; up to `max_rows` of the weights (4 or 8 in bf16, 16
         in float32) the layers then run in one `cpu_kernels.decode_layers` call, which computes what the per-operation
-        path computes on the same kernels.
+        path computes on the same kernels. `native_tokens`: the most tokens a step may have to run on the CPU kernels
+        (`native_step_tokens` of the pool).
         Returns logits `[num_kept, vocab]` in the model's dtype, or float32 from a step on the CPU kernels."""
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         num_tokens = input_ids.shape[0]
         hidden = self.embed(input_ids)  # [T, hidden], a new tensor: residual adds go in place
-        native = self.native and num_tokens <= self.native_tokens
+        native = self.native and num_tokens <= native_tokens
         if native:
             hidden = hidden.float()  # a bf16 model's decode step too: only the stored K/V are rounded to bf16
         cos, sin = self.rotary(hidden, position_ids.unsqueeze(0))  # [1, T, head_dim]

@@ -5,10 +5,10 @@ Plain torch (gather the slots, then scaled-dot-product attention), so it runs on
 flashinfer-python installed, one FlashInfer kernel per layer attends the whole step instead
 (local_engine.model.flashinfer_attention, chosen by local_engine.model.attention_backends), and on a CPU with
 local_engine.model.cpu_kernels (a float32 or bf16 pool), its decode kernel attends every decode row (a DecodePlan per
-step), and on a CPU with AMX-BF16 its chunk kernel attends a bf16 pool's prefill chunks of float32 queries (the short
-chunks the CPU kernels compute: cpu_kernels.chunk_attention; SmolLM2, 25 tokens after 2,048 cached, 2-core Xeon: 0.30 ms
-a layer against SDPA's 0.42). Decode-only sequences (one query token each) are attended together in one padded batch;
-prefill chunks are attended one by one with a causal mask offset by the tokens already in the pool. On CPU, for
+step), and on a CPU with AMX-BF16 its chunk kernel attends a bf16 pool's prefill chunks of float32 queries (the
+chunks the CPU kernels compute: cpu_kernels.chunk_attention; SmolLM2, 25 tokens after 2,048 cached, 2-core Xeon: 0.30
+ms a layer against SDPA's 0.42-0.45). Decode-only sequences (one query token each) are attended together in one padded
+batch; prefill chunks are attended one by one with a causal mask offset by the tokens already in the pool. On CPU, for
 ~1.7k-token contexts of SmolLM2's shape, one padded SDPA call over the decode sequences took 0.27x (8 sequences) and
 0.41x (32) the time of one call per sequence, and the same for a single sequence; a single variable-length packed call
 would need a mask over every pair of packed tokens and context slots.

@@ -30,7 +30,7 @@ from local_engine.model.attention_backends import resolve_attention_backend
 from local_engine.cache import KVPool, KVPoolConfig
 from local_engine.model.decode_graphs import DecodeGraphSettings
 from local_engine.model.flashinfer_attention import FlashInferAttention
-from local_engine.model.fused_llama import FusedLlamaForward
+from local_engine.model.fused_llama import FusedLlamaForward, native_step_tokens
 from local_engine.model.graph_step import Attention, GraphBackend, GraphedDecode
 from local_engine.model.paged_attention import build_paged_batch, paged_attention
 
@@ -94,6 +94,7 @@ class ModelRunner:
         self.model = model
         self._fused = FusedLlamaForward.of(model) if fused and FusedLlamaForward.supports(model) else None
         self.pool = pool
+        self.native_tokens = native_step_tokens(pool.k[0])  # a step of up to this many runs on the CPU kernels
         self.device = pool.k.device
         self.attention_backend = resolve_attention_backend(attention_backend, self.device)
         config = model.config.get_text_config(decoder=True)
@@ -187,7 +188,7 @@ class ModelRunner:
         `[num_kept]`; `decode` as FusedLlamaForward takes it. Returns logits `[num_kept, vocab]` (the model's dtype,
         or float32)."""
         if self._fused is not None:
-            return self._fused(input_ids, position_ids, keep, attention, decode)
+            return self._fused(input_ids, position_ids, keep, attention, decode, self.native_tokens)
         return self.model(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0), use_cache=False,
                           logits_to_keep=keep, step_attention=attention).logits[0]
 

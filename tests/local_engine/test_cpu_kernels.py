@@ -32,8 +32,8 @@ def test_the_kernels_run_in_ci_on_a_cpu_that_has_them():
     if os.environ.get("CI") != "true" or not _cpu_has("avx2", "fma"):
         pytest.skip("only checked in CI on an AVX2 CPU")
     assert cpu_kernels.available()
-    bf16_pool = torch.zeros(1, NUM_KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
-    assert cpu_kernels.chunk_attends(bf16_pool) == _cpu_has("amx_bf16", "amx_tile", "avx512_bf16", "avx512vl")
+    bf16_pool = torch.zeros(1, NUM_KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)  # AMX only where the CPU has it
+    assert not cpu_kernels.chunk_attends(bf16_pool) or _cpu_has("amx_bf16", "amx_tile", "avx512_bf16", "avx512vl")
 
 
 needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels are not built or this CPU "
@@ -107,13 +107,12 @@ def test_decode_rows_of_every_kind_attend_as_each_alone_and_prefill_chunks_are_u
     out = paged_attention(batch, 0, query, key, value, SCALING)[0]
     for row, table in enumerate(tables[:8]):  # the pool already holds the step's new K/V
         assert (out[row].double() - _alone(pool, query[0, :, row], table)).abs().max() <= 1e-5
-    on_amx = cpu_kernels.chunk_attends(pool.k[0])  # the prefill chunk: on AMX in bf16, else torch's SDPA
-    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
-    torch_out = paged_attention(build_paged_batch(pool, tables, counts, 8), 0, query, key, value, SCALING)[0]
-    if on_amx:
-        exact = _chunk_exact(query[0].transpose(0, 1)[8:], pool.k[0], pool.v[0], tables[8])
+    if cpu_kernels.chunk_attends(pool.k[0]):  # the prefill chunk: on AMX in bf16, else torch's SDPA
+        exact = _chunk_exact(query[0].transpose(0, 1)[8:], pool.k[0], pool.v[0], tables[8], SCALING)
         assert (out[8:].double() - exact).abs().max() <= _chunk_tolerance(pool.v[0])
     else:
+        monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+        torch_out = paged_attention(build_paged_batch(pool, tables, counts, 8), 0, query, key, value, SCALING)[0]
         assert torch.equal(out[8:], torch_out[8:])
 
 
@@ -276,18 +275,20 @@ needs_amx = pytest.mark.skipif(
     reason="chunk_attention needs a CPU with AMX-BF16 (and the CPU kernels built)")
 
 
-def _chunk_exact(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor,
-                 slots: torch.Tensor) -> torch.Tensor:
+def _causal_mask(tokens: int, context: int) -> torch.Tensor:
+    """bool `[tokens, context]`: a chunk of the context's last `tokens` tokens, token i seeing keys up to its own."""
+    return torch.arange(context).unsqueeze(0) <= torch.arange(context - tokens, context).unsqueeze(1)
+
+
+def _chunk_exact(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor,
+                 scale: float) -> torch.Tensor:
     """A chunk's causal attention in float64 on its queries rounded to bf16 (as the kernel and SDPA on the pool's
     dtype take them): query `[tokens, heads, head_dim]`, the chunk the last `tokens` of the context at `slots`."""
-    tokens, heads, head_dim = query.shape
     keys = pool_k[slots].double().transpose(0, 1).unsqueeze(0)  # [1, kv_heads, context, head_dim]
     values = pool_v[slots].double().transpose(0, 1).unsqueeze(0)
-    context = len(slots)
-    seen = torch.arange(context).unsqueeze(0) <= torch.arange(context - tokens, context).unsqueeze(1)
     queries = query.to(torch.bfloat16).double().transpose(0, 1).unsqueeze(0)
-    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=seen, scale=head_dim**-0.5,
-                                          enable_gqa=True)[0].transpose(0, 1)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=_causal_mask(len(query), len(slots)),
+                                          scale=scale, enable_gqa=True)[0].transpose(0, 1)
 
 
 def _chunk_tolerance(pool_v: torch.Tensor) -> float:
@@ -314,13 +315,13 @@ def test_a_prefill_chunk_attends_its_context_causally_on_amx(tokens, context, he
     query = qkv[:, :heads]  # a view of a step's qkv output, read in place
     out = torch.full((tokens + 3, heads, head_dim), float("nan"))
     cpu_kernels.chunk_attention(query, pool_k, pool_v, slots, head_dim**-0.5, out[2 : 2 + tokens])
-    exact = _chunk_exact(query, pool_k, pool_v, slots)
+    exact = _chunk_exact(query, pool_k, pool_v, slots, head_dim**-0.5)
     assert (out[2 : 2 + tokens].double() - exact).abs().max() <= _chunk_tolerance(pool_v)
     assert out[:2].isnan().all() and out[2 + tokens :].isnan().all()  # nothing written outside its rows
     sdpa = F.scaled_dot_product_attention(  # the path it replaces, on the same bf16 inputs
         query.to(torch.bfloat16).transpose(0, 1).unsqueeze(0), pool_k[slots].transpose(0, 1).unsqueeze(0),
-        pool_v[slots].transpose(0, 1).unsqueeze(0), scale=head_dim**-0.5, enable_gqa=True,
-        attn_mask=torch.arange(context).unsqueeze(0) <= torch.arange(context - tokens, context).unsqueeze(1),
+        pool_v[slots].transpose(0, 1).unsqueeze(0), attn_mask=_causal_mask(tokens, context), scale=head_dim**-0.5,
+        enable_gqa=True,
     )[0].transpose(0, 1)
     assert (sdpa.double() - exact).abs().max() <= _chunk_tolerance(pool_v)  # the bound holds for torch too
 
@@ -337,5 +338,9 @@ def test_chunk_attention_refuses_what_it_cannot_read():
         cpu_kernels.chunk_attention(query, pool, pool, torch.arange(10), 0.125, torch.empty(4, 9, 32))
     with pytest.raises(ValueError):
         cpu_kernels.chunk_attention(query, pool, pool, torch.arange(10, dtype=torch.int32), 0.125, out)
+    with pytest.raises(ValueError):  # a float32 pool: not read as bf16
+        cpu_kernels.chunk_attention(query, pool.float(), pool.float(), torch.arange(10), 0.125, out)
+    with pytest.raises(ValueError):  # rows written over each other
+        cpu_kernels.chunk_attention(query, pool, pool, torch.arange(10), 0.125, torch.empty(1, 9, 64).expand(4, 9, 64))
     assert not cpu_kernels.chunk_attends(torch.zeros(100, 3, 48, dtype=torch.bfloat16))
     assert not cpu_kernels.chunk_attends(torch.zeros(100, 3, 64))  # float32 pools keep torch's SDPA

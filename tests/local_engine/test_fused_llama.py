@@ -129,7 +129,7 @@ def test_on_the_cpu_kernels_a_bfloat16_decode_step_computes_in_float32_on_the_bf
         assert torch.equal(logits["kernels"].argmax(-1)[clear], logits["float32"].argmax(-1)[clear])
         tokens = [[int(row.argmax())] for row in logits["float32"]]
     # A longer chunk keeps transformers' rounding, bit for bit.
-    assert runners["kernels"]._fused.native_tokens == NATIVE_STEP_TOKENS  # head_dim 16: no AMX chunk attention
+    assert runners["kernels"].native_tokens == NATIVE_STEP_TOKENS  # head_dim 16: no AMX chunk attention
     longer = torch.randint(5, 300, (NATIVE_STEP_TOKENS + 1,), generator=generator).tolist()
     table = torch.arange(200, 200 + len(longer))
     assert torch.equal(runners["kernels"].forward([ScheduledChunk(longer, table, True)]),
@@ -245,7 +245,7 @@ def test_where_amx_attends_prefill_chunks_longer_steps_compute_in_float32_and_th
                                     False), ("float32", reference, torch.float32, True)):
         pool_config = ModelRunner.pool_config_for(net, torch.device("cpu"), dtype)
         runners[name] = ModelRunner(net, KVPool(pool_config, 1024), fused=fused)
-    assert runners["kernels"]._fused.native_tokens == NATIVE_STEP_TOKENS_AMX
+    assert runners["kernels"].native_tokens == NATIVE_STEP_TOKENS_AMX
     generator = torch.Generator().manual_seed(4)
     cached = torch.randint(5, 300, (300,), generator=generator).tolist()
     table = torch.arange(1000)

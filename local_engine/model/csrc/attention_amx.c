@@ -17,6 +17,23 @@
  */
 #include "cpu_kernels.h"
 
+/* AMX intrinsics came with GCC 11 and Clang 12: an older compiler builds the rest of the kernels, and this file says
+   AMX is not usable. */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define PREFIXSCOPE_AMX 1
+#endif
+
+#ifndef PREFIXSCOPE_AMX
+int amx_usable(void) { return 0; }
+
+PyObject *py_chunk_workspace(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+    PyErr_SetString(PyExc_RuntimeError, "the CPU kernels were built without AMX");
+    return NULL;
+}
+
+PyObject *py_chunk_attention(PyObject *self, PyObject *args) { return py_chunk_workspace(self, args); }
+#else
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -58,6 +75,9 @@ typedef struct {
     int64_t keys_bytes, values_bytes, queries_bytes, scratch_bytes;
     uint8_t *keys, *values, *queries, *scratch;
 } chunk_args;
+
+/* How many of the context's keys row r sees: its token's position in the context, plus one (the causal mask). */
+static inline int64_t keys_seen(const chunk_args *a, int64_t r) { return a->context - a->tokens + r % a->tokens + 1; }
 
 /* Sizes of the workspace's parts; returns its bytes for `threads` threads. */
 static int64_t chunk_layout(chunk_args *a, int threads) {
@@ -168,8 +188,7 @@ AMX static void attend_rows(const chunk_args *a, int64_t h, int64_t rb, uint8_t 
     /* The block's rows see keys [0, context - tokens + token]: none reads past its furthest row's. */
     int64_t seen = 0;
     for (int64_t r = first; r <= last; r++) {
-        const int64_t keys_seen = a->context - a->tokens + r % a->tokens + 1;
-        seen = keys_seen > seen ? keys_seen : seen;
+        seen = keys_seen(a, r) > seen ? keys_seen(a, r) : seen;
     }
     const int64_t key_blocks = (seen + 15) / 16, pair_blocks = (seen + 31) / 32, width = a->pair_blocks * 32;
     float *scores = (float *)scratch;
@@ -227,7 +246,7 @@ AMX static void attend_rows(const chunk_args *a, int64_t h, int64_t rb, uint8_t 
         const int64_t r = first + m;
         const float *row = scores + m * width;
         uint16_t *prob = probs + m * width;
-        const int64_t n = r < a->rows ? a->context - a->tokens + r % a->tokens + 1 : 0;
+        const int64_t n = r < a->rows ? keys_seen(a, r) : 0;
         __m512 top = _mm512_set1_ps(-INFINITY);
         for (int64_t j = 0; j < n; j += 16) {
             const __mmask16 live = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
@@ -368,3 +387,4 @@ PyObject *py_chunk_attention(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
+#endif
