@@ -217,9 +217,12 @@ def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Te
 
 def chunk_attention_runs(dtype: torch.dtype, head_dim: int) -> bool:
     """Whether `chunk_attention` serves a CPU pool of `dtype` and `head_dim`: bfloat16, a head_dim that is a multiple
-    of 32 up to 128, on a CPU with AMX-BF16 (and AVX-512 F, BW, VL and BF16) whose kernel grants the tile state, the
-    kernels available."""
-    return dtype == torch.bfloat16 and head_dim % 32 == 0 and head_dim <= 128 and available() and _module().amx()
+    of 32 up to 128 (the kernel's CHUNK_HEAD_DIM_STEP and CHUNK_MAX_HEAD_DIM), on a CPU with AMX-BF16 (and AVX-512 F,
+    BW, VL and BF16) whose kernel grants the tile state, the kernels available."""
+    if dtype != torch.bfloat16 or not available():
+        return False
+    module = _module()
+    return head_dim % module.CHUNK_HEAD_DIM_STEP == 0 and head_dim <= module.CHUNK_MAX_HEAD_DIM and module.amx()
 
 
 def chunk_attends(pool_k: torch.Tensor) -> bool:

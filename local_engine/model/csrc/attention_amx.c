@@ -44,7 +44,6 @@ PyObject *py_chunk_attention(PyObject *self, PyObject *args) { return py_chunk_w
 #define XFEATURE_XTILEDATA 18
 #define TILE_ROWS 16
 #define TILE_BYTES 1024 /* 16 rows of 64 bytes */
-#define MAX_HEAD_DIM 128 /* four 32-dim query tiles; four 16-dim output tiles per pass */
 
 /* Whether AMX-BF16 runs here: the CPU has it with AVX-512 F, BW, VL and BF16, and Linux grants the tile state. */
 int amx_usable(void) {
@@ -98,7 +97,7 @@ static int64_t chunk_layout(chunk_args *a, int threads) {
     return a->keys_bytes + a->values_bytes + a->queries_bytes + threads * a->scratch_bytes;
 }
 
-static const uint16_t zero_row[MAX_HEAD_DIM]; /* keys and values past the context */
+static const uint16_t zero_row[CHUNK_MAX_HEAD_DIM]; /* keys and values past the context */
 
 static const uint16_t *kv_row(const chunk_args *a, const uint16_t *pool, int64_t j, int64_t h) {
     return j < a->context ? pool + (a->slots[j] * a->kv_heads + h) * a->head_dim : zero_row;
@@ -187,9 +186,7 @@ AMX static void attend_rows(const chunk_args *a, int64_t h, int64_t rb, uint8_t 
     const int64_t last = (first + TILE_ROWS < a->rows ? first + TILE_ROWS : a->rows) - 1;
     /* The block's rows see keys [0, context - tokens + token]: none reads past its furthest row's. */
     int64_t seen = 0;
-    for (int64_t r = first; r <= last; r++) {
-        seen = keys_seen(a, r) > seen ? keys_seen(a, r) : seen;
-    }
+    for (int64_t r = first; r <= last; r++) seen = keys_seen(a, r) > seen ? keys_seen(a, r) : seen;
     const int64_t key_blocks = (seen + 15) / 16, pair_blocks = (seen + 31) / 32, width = a->pair_blocks * 32;
     float *scores = (float *)scratch;
     uint16_t *probs = (uint16_t *)(scratch + align64(TILE_ROWS * width * 4));
@@ -358,8 +355,8 @@ PyObject *py_chunk_attention(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "AMX-BF16 is not usable on this CPU");
         return NULL;
     }
-    if (a.tokens < 1 || a.context < a.tokens || a.kv_heads < 1 || a.heads % a.kv_heads || a.head_dim % 32 ||
-        a.head_dim > MAX_HEAD_DIM || threads < 1) {
+    if (a.tokens < 1 || a.context < a.tokens || a.kv_heads < 1 || a.heads % a.kv_heads ||
+        a.head_dim % CHUNK_HEAD_DIM_STEP || a.head_dim > CHUNK_MAX_HEAD_DIM || threads < 1) {
         PyErr_SetString(PyExc_ValueError, "chunk_attention takes 1 <= tokens <= context, heads a multiple of kv_heads "
                                           "and a head_dim that is a multiple of 32, at most 128");
         return NULL;

@@ -139,7 +139,11 @@ PyObject *py_rms_norm(PyObject *self, PyObject *args);
 PyObject *py_rotate(PyObject *self, PyObject *args);
 PyObject *py_silu_mul(PyObject *self, PyObject *args);
 PyObject *py_decode_layers(PyObject *self, PyObject *args);    /* decoder.c */
-/* attention_amx.c: a prefill chunk's attention on AMX, where amx_usable() says it runs. */
+/* attention_amx.c: a prefill chunk's attention on AMX, where amx_usable() says it runs, for a head_dim that is a
+   multiple of CHUNK_HEAD_DIM_STEP (one tile row of bf16) up to CHUNK_MAX_HEAD_DIM (four query tiles; module.c exports
+   both to Python). */
+#define CHUNK_HEAD_DIM_STEP 32
+#define CHUNK_MAX_HEAD_DIM 128
 int amx_usable(void);
 PyObject *py_chunk_workspace(PyObject *self, PyObject *args);
 PyObject *py_chunk_attention(PyObject *self, PyObject *args);

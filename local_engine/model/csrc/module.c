@@ -112,4 +112,12 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cpu_kernels(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && (PyModule_AddIntConstant(m, "CHUNK_HEAD_DIM_STEP", CHUNK_HEAD_DIM_STEP) < 0 ||
+                      PyModule_AddIntConstant(m, "CHUNK_MAX_HEAD_DIM", CHUNK_MAX_HEAD_DIM) < 0)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
