@@ -33,5 +33,8 @@ ARGS ?=
 up: install
 	$(VENV)/bin/prefixscope up $(ARGS)
 
+# Then the tests of the model's forward (marked model_forward) once more with the CPU kernels switched off: the torch
+# path every machine without the kernels takes.
 test: install browser
 	$(VENV)/bin/pytest -q
+	PREFIXSCOPE_CPU_KERNELS=off $(VENV)/bin/pytest -q -m model_forward tests/local_engine

@@ -98,7 +98,8 @@ _RULE_SENTENCES = {
     "newlines": "turns CRLF and lone CR line endings into LF and removes byte-order marks in message text",
     "tool_schema_key_order": "sorts the keys inside every tool definition, so the same schema renders the same bytes",
     "tool_order": "sorts the tool list by type and function name, so tools sent in another order render the same",
-    "tool_call_arguments_key_order": "re-serialises assistant tool-call arguments with sorted keys",
+    "tool_call_arguments_key_order": "writes a re-serialised copy of a tool call the gateway returned back as it was "
+    "returned, so the upstream's cached answer matches",
 }
 _HOIST_SENTENCES = {
     "after_system": "moves dates, times and ids out of the system prompt into a short note right after it",
@@ -114,8 +115,8 @@ def _catalog() -> dict[str, CandidateInfo]:
     catalog["default_rules"] = CandidateInfo(
         "default_rules",
         "turn on all the default rules",
-        "turns on every semantics-preserving rule: canonical key order in tools and tool-call arguments, sorted "
-        "tools, and LF line endings",
+        "turns on every semantics-preserving rule: canonical key order in tools, returned tool calls re-sent as "
+        "returned, sorted tools, and LF line endings",
         False,
         dict.fromkeys(SEMANTIC_RULES, True),
     )

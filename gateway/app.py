@@ -110,7 +110,9 @@ def create_app(config: GatewayConfig, storage: Storage, *, freeze_gc_after_start
     )
     metrics.replicas.watch(lambda: runtime.router.replica_sets.values())
     uplift = UpliftChecker(lambda: runtime.client, recorder.record)
-    explainer = Explainer(uplift, conversations=ConversationTracker(hasher.key_for))
+    conversations = ConversationTracker(hasher.key_for)
+    runtime.returned_calls = conversations.returned
+    explainer = Explainer(uplift, conversations=conversations)
     advisor = AdviceSampler(lambda: runtime.client, fleet_key=hasher.fleet_key())
     recorder.compose(explainer=explainer, uplift=uplift, advisor=advisor)
     engine_context = EngineContextPoller(lambda: runtime.client, storage, config.upstreams)

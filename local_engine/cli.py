@@ -33,9 +33,21 @@ def engine_config_from(args: argparse.Namespace):
     return config_from(EngineConfig, args)
 
 
+def configure_logging(level: str) -> None:
+    """The engine's log on stderr at `level` (the access log is INFO: local_engine.api.access_log), with the noisy
+    libraries quietened (prefixscope.logs)."""
+    import logging
+
+    from prefixscope.logs import quiet_library_loggers
+
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_library_loggers(debug=level == "debug")
+
+
 def _serve(args: argparse.Namespace) -> int:
     import os
     import sys
+    import threading
 
     from local_engine.engine.compute_threads import serialize_caller
     from local_engine.engine.engine import Engine
@@ -47,6 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     if getattr(args, "engine_parser", None) is not None:
         check_engine_options(args.engine_parser, args)
+    configure_logging(args.log_level)
     api_key = args.api_key or os.environ.get(ENV_API_KEY) or None
     refusal = check_bind(args.host, api_key, args.insecure)
     if refusal:
@@ -89,27 +102,37 @@ def _serve(args: argparse.Namespace) -> int:
     from local_engine.model import cpu_kernels
 
     decode_kernels = ", decode on the CPU kernels" if cpu_kernels.attends(engine.pool.k) else ""
+    if loaded.device.type == "cpu" and not cpu_kernels.available():
+        decode_kernels = f", torch's kernels only (CPU kernels: {cpu_kernels.unavailable_reason()})"
     print(
         f"prefixscope engine: {loaded.model_id} on {loaded.device} ({loaded.dtype}), KV pool "
         f"{engine.allocator.num_slots} tokens ({engine.pool.num_bytes / 2**30:.2f} GiB), page size {config.page_size}, "
         f"{'prefix cache ' + config.eviction if config.prefix_cache else 'no prefix cache'}{engine.tiers_summary()}, "
-        f"{engine.runner.attention_backend} attention{decode_kernels}; "
+        f"{engine.runner.attention_backend} attention{decode_kernels}, "
+        f"batch invariant: {'yes' if engine.runner.batch_invariant else 'no'}; "
         f"listening on http://{args.host}:{args.port}",
         flush=True,
     )
+
+    def started() -> None:
+        if engine.kv_events is not None and engine.kv_events.bound_endpoint:
+            print(f"prefixscope engine: KV events on {engine.kv_events.bound_endpoint}"
+                  f" (replay {engine.kv_events.bound_replay_endpoint or 'off'})", flush=True)
+
+    # The server listens at once; /health says 503 `starting` until the warm-up has run and the engine has started.
+    ready = threading.Event()
+    app = create_app(engine, server_config, ready=ready, access_log=getattr(args, "access_log", True))
     try:
-        engine.start()
-    except OSError as error:  # a KV events address that is taken or cannot be bound
-        print(f"prefixscope engine: cannot publish KV events: {error}", file=sys.stderr)
-        engine.stop()
-        return 2
-    if engine.kv_events is not None and engine.kv_events.bound_endpoint:
-        print(f"prefixscope engine: KV events on {engine.kv_events.bound_endpoint}"
-              f" (replay {engine.kv_events.bound_replay_endpoint or 'off'})", flush=True)
-    try:
-        serve(create_app(engine, server_config), engine, args.host, args.port, args.log_level, config.shutdown_grace_s)
+        error = serve(app, engine, args.host, args.port, args.log_level, config.shutdown_grace_s, ready=ready,
+                      warm=not getattr(args, "no_warm_up", False), on_started=started)
     finally:
         engine.stop()
+    if isinstance(error, OSError):  # a KV events address that is taken or cannot be bound
+        print(f"prefixscope engine: cannot publish KV events: {error}", file=sys.stderr)
+        return 2
+    if error is not None:
+        print(f"prefixscope engine: could not start: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -140,7 +163,13 @@ def register(commands, bench_commands) -> None:
     serve.add_argument(
         "--insecure", action="store_true", help="allow listening on a non-loopback address without an API key"
     )
-    serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                       help="the engine's log level; at info it writes one access-log line per request")
+    serve.add_argument("--no-access-log", dest="access_log", action="store_false",
+                       help="no access-log line per request (as uvicorn's --no-access-log)")
+    serve.add_argument("--no-warm-up", action="store_true",
+                       help="say ready without the warm-up (local_engine.engine.warm_up): the first requests then "
+                            "pay its one-time costs")
     serve.add_argument(
         "--otlp-endpoint", default=None, metavar="URL",
         help="export request spans over OTLP/HTTP to this collector (base URL or full /v1/traces URL; default: the "
@@ -173,5 +202,10 @@ def register(commands, bench_commands) -> None:
     bench.add_argument(
         "--agreement-prompts", type=at_least(0), default=8,
         help="prompts of the bf16-against-fp32 greedy agreement check (32 tokens each); 0 skips it",
+    )
+    bench.add_argument(
+        "--invariance-prompts", type=at_least(0), default=4,
+        help="prompts of the batch-invariance check (each answered cold, cached, partly cached, in small steps and "
+        "batched, with and without --no-batch-invariant), also measuring its cost at C=1 and C=8; 0 skips both",
     )
     bench.set_defaults(handler=_bench, kv_cache_tokens=None)

@@ -54,6 +54,21 @@ class EngineConfig:
         help="run every step eagerly: no decode steps replayed from CUDA graphs (used only on CUDA with the "
         "flashinfer attention backend)",
     )  # local_engine.model.graph_step
+    cpu_kernels: str = option(
+        "auto", "--cpu-kernels", choices=("auto", "off"),
+        help="the C kernels for steps on x86-64 CPUs: auto uses them where they are built and run; off runs on "
+        "torch's kernels alone, as where they were not built (so does PREFIXSCOPE_CPU_KERNELS=off). One setting per "
+        "process: the engine built last sets it",
+    )  # local_engine.model.kernel_extension
+    batch_invariant: bool = option(
+        True, "--no-batch-invariant",
+        help="give up batch invariance for speed: by default every step runs kernels whose per-token results do not "
+        "depend on the batch, the step's size or the cache state, so a greedy or seeded answer is the same cold, "
+        "cached or batched; with this flag a step takes the fastest kernels for its size (oneDNN/MKL GEMMs, SDPA, "
+        "shared-prefix decode), whose sums change with the batch, so a cached or batched answer can differ from a "
+        "cold one. Where the invariant kernels do not run (CUDA, models outside the fused Llama forward, no CPU "
+        "kernels) steps take the fast path either way",
+    )  # local_engine.model.invariant_forward
     # Lower KV tiers (off by default): L2 host pool in tokens or GiB (0 = off), L3 disk directory with its capacity
     # (10 GiB when a directory is given), and when copies go down (write_back: on eviction; write_through: at insert).
     host_cache_tokens: int | None = option(

@@ -24,7 +24,7 @@ from gateway.anthropic.errors import body_for_gateway_error, model_not_found_mes
 from gateway.anthropic.normalize import normalize
 from gateway.anthropic.positions import DryRunFailed, breakpoint_positions, dry_run
 from gateway.anthropic.request import MessagesRequest, parse_messages_request, too_deep
-from gateway.anthropic.translate import ChatStyle, to_chat_body
+from gateway.anthropic.translate import ChatStyle, restores_calls, to_chat_body
 from gateway.asgi_io import (
     JSON_CONTENT_TYPE,
     Receive,
@@ -54,6 +54,7 @@ _X_API_KEY = b"x-api-key"
 _CONTENT_LENGTH = b"content-length"
 _VERSION = b"anthropic-version"
 _BETA = b"anthropic-beta"
+_ARGUMENTS_RULE = "tool_call_arguments_key_order"
 _HEADERS = (_AUTHORIZATION, _X_API_KEY, _CONTENT_LENGTH, _VERSION, _BETA, SESSION_HEADER_BYTES)
 ANTHROPIC_KIND = "anthropic"
 
@@ -87,8 +88,12 @@ def check_chat_upstream(body: dict[str, Any], route: Route) -> None:
 
 
 def chat_style(runtime: Runtime, tenant: str) -> ChatStyle:
+    """How the tenant's Messages requests are written as chat bodies (`translate.ChatStyle`): tool keys sorted with
+    `tool_schema_key_order`, re-sent tool calls written as returned with `tool_call_arguments_key_order`."""
     rules = runtime.config.tenant_settings(tenant).rules
-    return ChatStyle("tool_schema_key_order" in rules, "tool_call_arguments_key_order" in rules)
+    returned = runtime.returned_calls
+    lookup = returned.lookup_for(tenant) if returned is not None and _ARGUMENTS_RULE in rules else None
+    return ChatStyle("tool_schema_key_order" in rules, lookup)
 
 
 def _passthrough_body(body: dict[str, Any]) -> bytes:
@@ -144,15 +149,19 @@ class MessagesProxy(CompletionProxy):
         settings = runtime.config.tenant_settings(principal.tenant)
         normalized_body, applied_rules = normalize(request.body, settings)
         normalized = replace(request, body=normalized_body)
-        if route.adapter.kind != ANTHROPIC_KIND:
+        passthrough_route = route.adapter.kind == ANTHROPIC_KIND
+        if not passthrough_route:
             check_chat_upstream(normalized_body, route)
         style = chat_style(runtime, principal.tenant)
+        if not passthrough_route and restores_calls(normalized_body, style):
+            applied_rules = (*applied_rules, _ARGUMENTS_RULE)  # last in `ALL_RULES` order, as in the chat pipeline
+        else:
+            style = replace(style, returned=None)  # nothing to write back (or an upstream that gets the Messages body)
         chat_body = to_chat_body(normalized_body, stream=request.stream, style=style)
         salt = runtime.salts.salt_for(principal.tenant)
-        raw_chat = to_chat_body(request.body, stream=request.stream, style=style)
+        raw_chat = to_chat_body(request.body, stream=request.stream, style=replace(style, returned=None))
         # The breakpoints' class (or the tenant's default), lowered to the tenant's maximum, goes to upstreams that
         # take one and is recorded as sent; for the others the record keeps the class the breakpoints asked for.
-        passthrough_route = route.adapter.kind == ANTHROPIC_KIND
         retention = (
             settings.retention.effective(request.retention_class)
             if not passthrough_route and route.adapter.retention_field

@@ -1,8 +1,11 @@
 """The semantics-preserving normalization rules, applied to a Messages body in Anthropic's own shape.
 
 The same rule names as for chat requests (and the tenant's same switches): `newlines` (CRLF/CR and BOMs in system,
-message, and tool result text), `tool_schema_key_order` (keys of every tool definition sorted recursively),
-`tool_order` (tools sorted by name) and `tool_call_arguments_key_order` (keys of every `tool_use.input` sorted).
+user message and tool result text; assistant messages, the answers re-sent, are left as they are),
+`tool_schema_key_order` (keys of every tool definition sorted recursively) and `tool_order` (tools sorted by name).
+`tool_call_arguments_key_order` changes nothing in this shape: a `tool_use` re-sent as returned is what the upstream
+cached, and sorting its input would miss there; on a chat upstream the handler writes the translated calls back as
+the gateway returned them (`gateway.normalize.rules.ToolCallArgumentsKeyOrder`).
 None of them moves content across a `cache_control` breakpoint: tools are sorted only within the runs a tool
 breakpoint closes, and the breakpoint stays on the last tool of its run. Rules that move content (`hoist_volatile`)
 are not applied to Messages requests.
@@ -15,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.config.tenant import TenantSettings
-from gateway.normalize.rules import ToolSchemaKeyOrder, normalize_newlines, sort_keys_recursive
+from gateway.normalize.rules import ToolSchemaKeyOrder, normalize_newlines
 
 _TOOL_SCHEMA_KEY_ORDER = ToolSchemaKeyOrder()
 
@@ -57,7 +60,9 @@ def newlines(body: dict[str, Any]) -> dict[str, Any]:
         changes["system"] = system
     messages = body["messages"]
     new_messages = [
-        m if (c := _content(m.get("content"))) is m.get("content") else {**m, "content": c} for m in messages
+        m if m.get("role") == "assistant" or (c := _content(m.get("content"))) is m.get("content")
+        else {**m, "content": c}
+        for m in messages
     ]
     if any(new is not old for new, old in zip(new_messages, messages)):
         changes["messages"] = new_messages
@@ -98,25 +103,6 @@ def _sorted_run(run: list[Any]) -> list[Any]:
     return bare
 
 
-def tool_use_input_key_order(body: dict[str, Any]) -> dict[str, Any]:
-    messages = body["messages"]
-    new_messages = list(messages)
-    changed = False
-    for index, message in enumerate(messages):
-        content = message.get("content")
-        if message.get("role") != "assistant" or not isinstance(content, list):
-            continue
-        new_content = list(content)
-        for block_index, block in enumerate(content):
-            if isinstance(block, dict) and block.get("type") == "tool_use" and isinstance(block.get("input"), dict):
-                sorted_input, moved = sort_keys_recursive(block["input"])
-                if moved:
-                    new_content[block_index] = {**block, "input": sorted_input}
-                    new_messages[index] = {**message, "content": new_content}
-                    changed = True
-    return {**body, "messages": new_messages} if changed else body
-
-
 def normalize(body: dict[str, Any], settings: TenantSettings) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The normalized body and the names of the rules that changed it, in the order of `gateway.config.ALL_RULES`."""
     applied = []
@@ -124,7 +110,6 @@ def normalize(body: dict[str, Any], settings: TenantSettings) -> tuple[dict[str,
         ("newlines", newlines),
         ("tool_schema_key_order", lambda b: _TOOL_SCHEMA_KEY_ORDER.apply(b).request),
         ("tool_order", tool_order),
-        ("tool_call_arguments_key_order", tool_use_input_key_order),
     )
     for name, rule in steps:
         if name not in settings.rules:

@@ -15,23 +15,25 @@ max_tokens; tool_calls -> tool_use).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.anthropic.request import Breakpoint
-from gateway.normalize.rules import canonical_json_text
+from gateway.normalize.rules import ReturnedArguments, restored_calls
 
 
 @dataclass(frozen=True, slots=True)
 class ChatStyle:
     """How the chat body is written where OpenAI clients differ and the chat normalization rules would settle it: with
     `sorted_tool_keys` the tool wrappers' keys are in sorted order (as `tool_schema_key_order` leaves a chat request),
-    else in the OpenAI SDK's order; with `canonical_arguments` tool-call arguments are compact JSON with sorted keys
-    (as `tool_call_arguments_key_order` leaves them), else `json.dumps` output. The same Messages request and the
-    same chat request then render the same prompt."""
+    else in the OpenAI SDK's order. The same Messages request and the same chat request then render the same prompt.
+    Tool-call arguments are always `json.dumps` output, keys in the order sent: the text chat upstreams (the local
+    engine, vLLM, SGLang) return for a call, so a `tool_use` re-sent as returned renders as the upstream cached it;
+    with `returned` (`tool_call_arguments_key_order` on) a call the gateway returned in other text is written as
+    returned (`gateway.normalize.rules.restored_calls`)."""
 
     sorted_tool_keys: bool = True
-    canonical_arguments: bool = True
+    returned: ReturnedArguments | None = field(default=None, compare=False)
 
 
 DEFAULT_STYLE = ChatStyle()
@@ -54,10 +56,23 @@ def _tool_result_message(block: dict[str, Any]) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}
 
 
-def tool_arguments(arguments: dict[str, Any], style: ChatStyle = DEFAULT_STYLE) -> str:
+def tool_arguments(arguments: dict[str, Any]) -> str:
     """A tool_use input as the JSON string of an OpenAI tool call (the engine renders it verbatim)."""
-    text = json.dumps(arguments, ensure_ascii=False)
-    return (canonical_json_text(text) or text) if style.canonical_arguments else text
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+def restores_calls(body: dict[str, Any], style: ChatStyle) -> bool:
+    """Whether `to_chat_body(body, style)` writes any `tool_use` of `body` back as the gateway returned it, in other
+    text than `tool_arguments` gives (`style.returned`)."""
+    if style.returned is None:
+        return False
+    return any(
+        style.returned(block.get("name"), tool_arguments(block["input"])) is not None
+        for message in body.get("messages") or ()
+        if isinstance(message, dict) and message.get("role") == "assistant" and isinstance(message.get("content"), list)
+        for block in message["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_use" and isinstance(block.get("input"), dict)
+    )
 
 
 def _messages(message: dict[str, Any], style: ChatStyle) -> list[dict[str, Any]]:
@@ -75,11 +90,12 @@ def _messages(message: dict[str, Any], style: ChatStyle) -> list[dict[str, Any]]
         {
             "id": b["id"],
             "type": "function",
-            "function": {"name": b["name"], "arguments": tool_arguments(b["input"], style)},
+            "function": {"name": b["name"], "arguments": tool_arguments(b["input"])},
         }
         for b in content
         if b.get("type") == "tool_use"
     ]
+    calls = restored_calls(calls, style.returned)
     assistant: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if calls:
         assistant["tool_calls"] = calls

@@ -43,7 +43,9 @@ class ConversationLink:
     parent's answer to this request) are None for a first turn. `new_from_segment` is the index, among the request's
     segments (`gateway.explain.segments.PromptSegments`), of the first segment the parent had not sent: the segments
     before it are the parent's prompt and its answer as re-sent; None for a first turn (or when the request does not
-    extend its parent). `answer_rewrite` is set when the re-sent answer differs from the one returned.
+    extend its parent). `answer_rewrite` is set when the re-sent answer differs from the one returned;
+    `answer_as_returned` is True when it was compared with the answer held and found as returned (False: rewritten,
+    or not compared: a first turn, an answer not held).
     `parent_replica` is the replica that answered the parent (None: unknown, or not a replica set) and
     `parent_computed_tokens` the tokens it computed there (the parent's prompt and answer).
     """
@@ -55,6 +57,7 @@ class ConversationLink:
     idle_s: float | None = None
     new_from_segment: int | None = None
     answer_rewrite: AnswerRewrite | None = None
+    answer_as_returned: bool = False
     parent_replica: str | None = None
     parent_computed_tokens: int | None = None
 

@@ -12,7 +12,7 @@ The re-sent answer is compared with the one returned (`gateway.conversations.rew
 turn still links. A request that extends nothing starts a new conversation.
 
 Memory is bounded: `max_turns_per_tenant` and `max_turns` remembered turns (oldest forgotten first), answers held up
-to `max_answer_chars` characters in all; a turn is forgotten once the tenant's longest retention class
+to `max_answer_chars` characters in all (and their tool calls, in `returned`, up to `max_turns` calls); a turn is forgotten once the tenant's longest retention class
 (`max_cache_retention`: 5m, 1h, or `persistent_s` for persistent) has passed since it was answered. Everything runs
 on the event loop after the request went upstream or was answered: nothing delays a request.
 """
@@ -30,6 +30,7 @@ from db.retention.costs import CLASS_TTL_S
 from gateway.conversations.answer import Answer
 from gateway.conversations.ids import ExplicitId
 from gateway.conversations.link import ConversationLink
+from gateway.conversations.returned import ReturnedCalls
 from gateway.conversations.rewrite import answer_rewrite
 
 CONTENT = "content"
@@ -74,7 +75,8 @@ class _Tenant:
 
 class ConversationTracker:
     """Links each request to its conversation. `key_for(tenant)` gives the tenant's record key (32 bytes). Not
-    thread-safe: used from the event loop only. Raises ValueError for a bound below 1."""
+    thread-safe: used from the event loop only. Raises ValueError for a bound below 1. `returned` holds the tool calls
+    of the answers it remembers (`gateway.conversations.returned`), for the normalization rules."""
 
     def __init__(
         self,
@@ -97,6 +99,7 @@ class ConversationTracker:
         self._tenants: dict[str, _Tenant] = {}
         self._order: OrderedDict[tuple[str, str, Any], None] = OrderedDict()  # every slot, oldest first
         self.answer_chars = 0
+        self.returned = ReturnedCalls(key_for, max_entries=max_turns, clock=clock)
 
     def __len__(self) -> int:
         return len(self._order)
@@ -163,7 +166,10 @@ class ConversationTracker:
         turn.replica, turn.computed_tokens = getattr(context, "replica", None), getattr(context, "computed_tokens", None)
         if pending.chain:  # a chat request: later requests can extend it by content
             capture = getattr(context, "answer", None)
-            self._hold_answer(turn, capture.answer() if capture is not None else None)
+            answer = capture.answer() if capture is not None else None
+            self._hold_answer(turn, answer)
+            if answer is not None and answer.tool_calls:
+                self.returned.remember(context.tenant, answer.tool_calls, turn.expires_at)
             self._put(context.tenant, ("c", pending.chain[-1]), turn)
         return link
 
@@ -184,11 +190,13 @@ class ConversationTracker:
     @staticmethod
     def _extension(link: ConversationLink, context: Any, segments: Any, parent: Turn, at: int) -> ConversationLink:
         """`link` with where the new part starts and how the re-sent answer was rewritten."""
-        rewrite = None
+        rewrite, as_returned = None, False
         if parent.answer is not None and at >= 0:
             segment = segments.segments[at]
-            rewrite = answer_rewrite(parent.answer, _message_of(segment, _messages(context)), segment.name, at)
-        return replace(link, new_from_segment=at + 1, answer_rewrite=rewrite)
+            message = _message_of(segment, _messages(context))
+            rewrite = answer_rewrite(parent.answer, message, segment.name, at)
+            as_returned = rewrite is None and isinstance(message, dict)
+        return replace(link, new_from_segment=at + 1, answer_rewrite=rewrite, answer_as_returned=as_returned)
 
     def _withdraw(self, tenant: str, pending: Pending) -> None:
         """Forget an unanswered request's explicit turn: its conversation's latest turn is the previous one again

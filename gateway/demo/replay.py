@@ -136,7 +136,10 @@ class Replay:
         self.explainer = Explainer(uplift, rng=random.Random(f"uplift/{seed}"), conversations=conversations)
         self.recorder.compose(explainer=self.explainer, uplift=uplift)
         self.salts = SaltDeriver(secret)
-        self.pipelines: dict[str, Pipeline] = {profile.name: build_pipeline(profile.settings) for profile in TENANTS}
+        self.pipelines: dict[str, Pipeline] = {
+            profile.name: build_pipeline(profile.settings, conversations.returned.lookup_for(profile.name))
+            for profile in TENANTS
+        }
         self.engines = {
             name: SimulatedEngine(pages, ttl, HOST_TIER_PAGES.get(name, 0))
             for name, (_, pages, ttl) in UPSTREAM_KINDS.items()

@@ -24,7 +24,9 @@ everything before that segment:
    computed before end (`seen_segment`, `seen_char_offset`), that is the location and the segment compared. Before all
    of these: the previous answer re-sent differently (`answer_rewritten`), when the conversation says so (at the
    rewrite's segment and offset) or when the tokens computed before end inside a message the earlier request did not
-   send and the final turn does not hold (the answer it returned).
+   send and the final turn does not hold (the answer it returned), unless the conversation compared that message
+   with the answer and found it as returned (the engine's tokens of its answer are not those of its text encoded
+   again: nothing the client did).
 4. Nothing beyond the template's opening matched: when the engine says what was computed before and a page more
    could not have been matched from it (a shared opening shorter than a page), `below_page`; else the history method
    (`reasons.classify` on `compare`) decides, with a zero match: `new_prefix` when nothing earlier is like it (at the
@@ -285,6 +287,10 @@ def _answer_rewritten(
     if seen_at not in names or not engine.seen_char_offset:
         return None
     position = names.index(seen_at)
+    if conversation is not None and conversation.answer_as_returned and conversation.new_from_segment == position + 1:
+        # The client re-sent the answer exactly as returned: the tokens computed before end inside it because the
+        # engine's own tokens of its answer are not those of the same text encoded again, not because of the client.
+        return None
     segment = current.segments[position]
     if segment.kind != MESSAGE or position >= current.turn_start:
         return None

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 
 from gateway.config import ALL_RULES, TenantSettings
 from gateway.normalize.base import Request, Rule
-from gateway.normalize.rules import Newlines, ToolCallArgumentsKeyOrder, ToolOrder, ToolSchemaKeyOrder
+from gateway.normalize.rules import (
+    Newlines,
+    ReturnedArguments,
+    ToolCallArgumentsKeyOrder,
+    ToolOrder,
+    ToolSchemaKeyOrder,
+)
 from gateway.normalize.volatile import HoistVolatile
 
 log = logging.getLogger(__name__)
@@ -46,7 +52,9 @@ class Pipeline:
         return NormalizationResult(request, tuple(applied))
 
 
-def make_rule(name: str, settings: TenantSettings) -> Rule:
+def make_rule(name: str, settings: TenantSettings, returned: ReturnedArguments | None = None) -> Rule:
+    """The rule called `name` with the tenant's settings; `returned` looks up the tool calls the gateway returned
+    to the tenant (`ToolCallArgumentsKeyOrder`). Raises ValueError for an unknown name."""
     if name == "newlines":
         return Newlines()
     if name == "tool_schema_key_order":
@@ -54,12 +62,13 @@ def make_rule(name: str, settings: TenantSettings) -> Rule:
     if name == "tool_order":
         return ToolOrder()
     if name == "tool_call_arguments_key_order":
-        return ToolCallArgumentsKeyOrder()
+        return ToolCallArgumentsKeyOrder(returned)
     if name == "hoist_volatile":
         return HoistVolatile(settings.volatile_patterns, settings.hoist_placement)
     raise ValueError(f"unknown normalization rule {name!r}")
 
 
-def build_pipeline(settings: TenantSettings) -> Pipeline:
-    """The tenant's enabled rules in the canonical order (`ALL_RULES`): text first, then tools, then hoisting."""
-    return Pipeline([make_rule(name, settings) for name in ALL_RULES if name in settings.rules])
+def build_pipeline(settings: TenantSettings, returned: ReturnedArguments | None = None) -> Pipeline:
+    """The tenant's enabled rules in the canonical order (`ALL_RULES`): text first, then tools, then hoisting.
+    `returned`: the tool calls the gateway returned to this tenant (without it, tool calls are left as sent)."""
+    return Pipeline([make_rule(name, settings, returned) for name in ALL_RULES if name in settings.rules])

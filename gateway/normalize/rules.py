@@ -1,12 +1,18 @@
-"""Semantics-preserving rules: canonical JSON key order, stable tool order, newline and BOM normalization.
+"""Semantics-preserving rules: canonical JSON key order in tools, stable tool order, tool-call arguments as the
+gateway returned them, newline and BOM normalization.
 
 Chat templates render tools and tool-call arguments with `json.dumps` in the order the client sent them, so two
 agents sending the same schema with keys in another order produce different prompt bytes and miss the cache.
+
+No rule changes an answer the gateway returned when the client re-sends it as returned: the upstream cached that
+answer as its model wrote it, so any other spelling misses from there on. `Newlines` leaves assistant messages alone,
+and `ToolCallArgumentsKeyOrder` only ever writes a re-sent tool call back as it was returned.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -119,14 +125,29 @@ def canonical_json_text(text: str) -> str | None:
         return None
 
 
+ReturnedArguments = Callable[[str, str], str | None]
+"""`(function name, arguments text re-sent) -> arguments text as the gateway returned that call`, or None when the
+text is as returned or no such call was returned (`gateway.conversations.returned.ReturnedCalls.lookup_for`)."""
+
+
 class ToolCallArgumentsKeyOrder:
-    """Re-serialise assistant `tool_calls[].function.arguments` canonically (only strings that parse as JSON)."""
+    """Write each re-sent assistant tool call's arguments back exactly as the gateway returned them.
+
+    A client that re-serialises the arguments of the answer it was given (keys in another order, other spacing or
+    escapes: the same JSON value) sends text the upstream never cached; the text as returned matches what it cached.
+    `returned` looks the call up in what the gateway returned to this tenant; without it (or for a call it does not
+    know, or one re-sent as returned) nothing changes: re-serialising arguments the upstream wrote would itself cost
+    the cache everything after them.
+    """
 
     name = "tool_call_arguments_key_order"
 
+    def __init__(self, returned: ReturnedArguments | None = None) -> None:
+        self._returned = returned
+
     def apply(self, request: Request) -> RuleResult:
         messages = request.get("messages")
-        if not isinstance(messages, list):
+        if self._returned is None or not isinstance(messages, list):
             return unchanged(request)
         new_messages = None
         for index, message in enumerate(messages):
@@ -139,29 +160,33 @@ class ToolCallArgumentsKeyOrder:
             return unchanged(request)
         return RuleResult({**request, "messages": new_messages}, True)
 
-    @staticmethod
-    def _message(message: Any) -> Any:
+    def _message(self, message: Any) -> Any:
         if not isinstance(message, dict) or message.get("role") != "assistant":
             return message
         calls = message.get("tool_calls")
         if not isinstance(calls, list):
             return message
-        new_calls = None
-        for index, call in enumerate(calls):
-            if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-                continue
-            arguments = call["function"].get("arguments")
-            if not isinstance(arguments, str):
-                continue
-            canonical = canonical_json_text(arguments)
-            if canonical is None or canonical == arguments:
-                continue
-            if new_calls is None:
-                new_calls = list(calls)
-            new_calls[index] = {**call, "function": {**call["function"], "arguments": canonical}}
+        new_calls = restored_calls(calls, self._returned)
+        return message if new_calls is calls else {**message, "tool_calls": new_calls}
+
+
+def restored_calls(calls: list[Any], returned: ReturnedArguments | None) -> list[Any]:
+    """OpenAI `tool_calls` with each call's arguments as `returned` gives them back (the same list when none
+    changes)."""
+    if returned is None:
+        return calls
+    new_calls = None
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+            continue
+        as_returned = returned(function.get("name"), function["arguments"])
+        if as_returned is None or as_returned == function["arguments"]:
+            continue
         if new_calls is None:
-            return message
-        return {**message, "tool_calls": new_calls}
+            new_calls = list(calls)
+        new_calls[index] = {**call, "function": {**function, "arguments": as_returned}}
+    return calls if new_calls is None else new_calls
 
 
 def normalize_newlines(text: str) -> str:
@@ -192,7 +217,10 @@ def _content(content: Any) -> Any:
 
 
 class Newlines:
-    """Normalize line endings and strip BOMs in message text (strings and text parts) and completion prompts."""
+    """Normalize line endings and strip BOMs in message text (strings and text parts) and completion prompts.
+
+    Assistant messages are left as they are: they are answers, re-sent, and a `\r` or BOM in one is what the model
+    wrote and the upstream cached."""
 
     name = "newlines"
 
@@ -202,7 +230,7 @@ class Newlines:
         if isinstance(messages, list):
             new_messages = None
             for index, message in enumerate(messages):
-                if not isinstance(message, dict) or "content" not in message:
+                if not isinstance(message, dict) or "content" not in message or message.get("role") == "assistant":
                     continue
                 content = _content(message["content"])
                 if content is not message["content"]:

@@ -6,15 +6,16 @@ holding `tokenizer.json` and `tokenizer_config.json` (its `chat_template`, `bos_
 `local_engine` replica set without one, the engine's `GET /v1/tokenizer` (the model it serves).
 
 How the prompt is laid out depends on the server: prefixscope's engine renders tools as JSON lines in the system
-message and assistant tool calls as `<tool_call>` lines (`local_engine/prompt/chat_prompt.py`); vLLM and SGLang hand
-`messages` and `tools` to the template as they are. Both encode the rendered text without adding special tokens
-(the template writes them). A prediction from a prompt the gateway laid out differently from the engine only ends
+message and assistant tool calls as `<tool_call>` lines (`local_engine/prompt/chat_prompt.py`), encoded with a cut
+where each call's arguments start; vLLM and SGLang hand `messages` and `tools` to the template as they are. Both
+encode the rendered text without adding special tokens (the template writes them). A prediction from a prompt the gateway laid out differently from the engine only ends
 its match early; it never claims blocks the engine does not hold.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +24,11 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+
+# Where the engine cuts its prompt text before encoding (`local_engine/prompt/chat_prompt.py`): after each tool call's
+# head, where a forced call's arguments (the model's own tokens) start.
+_ENGINE_CALL_HEAD = re.compile(r'<tool_call>\{"name": "(?:[^"\\]|\\.)*", "arguments": ')
 
 
 class TokenizerUnavailable(ValueError):
@@ -91,7 +97,11 @@ class RequestTokenizer:
             if not isinstance(messages, list) or not messages:
                 return None
             tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-            return self.encode(self.render(messages, tools))
+            text = self.render(messages, tools)
+            if self.style != "local_engine":
+                return self.encode(text)
+            cuts = [0, *(match.end() for match in _ENGINE_CALL_HEAD.finditer(text)), len(text)]
+            return [token for start, end in zip(cuts, cuts[1:]) for token in self.encode(text[start:end])]
         except (jinja2.TemplateError, TypeError, KeyError, AttributeError, ValueError):
             return None
 
@@ -119,7 +129,9 @@ def engine_messages(messages: list, tools: list | None) -> list[dict]:
         role = message["role"]
         text = _text(message.get("content"), "")
         if role == "assistant" and message.get("tool_calls"):
-            text = (text + "\n" if text else "") + "\n".join(_tool_call_line(call) for call in message["tool_calls"])
+            # As the engine joins them: a newline unless the text is empty or already ends in whitespace.
+            separator = "" if not text or text[-1].isspace() else "\n"
+            text = text + separator + "\n".join(_tool_call_line(call) for call in message["tool_calls"])
         plain.append({"role": "system" if role == "developer" else role, "content": text})
     if tools:
         listed = "# Tools\n" + "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)

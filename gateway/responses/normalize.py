@@ -2,17 +2,19 @@
 which get the body as Responses; chat upstreams get the translated chat body through the tenant's chat pipeline).
 
 The same rule names as for chat requests (and the tenant's same switches): `newlines` (CRLF/CR and BOMs in the
-instructions, input text and function call outputs), `tool_schema_key_order` (keys of every tool definition sorted
-recursively), `tool_order` (tools sorted by type and name) and `tool_call_arguments_key_order` (the arguments of
-every `function_call` item re-serialized with sorted keys). Rules that move content (`hoist_volatile`) are not
-applied here. The input is never mutated; a changed part is a fresh copy.
+instructions, input text and function call outputs; assistant messages, the answers re-sent, are left as they are),
+`tool_schema_key_order` (keys of every tool definition sorted recursively) and `tool_order` (tools sorted by type and
+name). `tool_call_arguments_key_order` changes nothing in this shape: a `function_call` item re-sent as the upstream
+returned it is what the upstream cached, and the gateway does not capture those answers to write a re-serialised
+one back. Rules that move content (`hoist_volatile`) are not applied here. The input is never mutated; a changed
+part is a fresh copy.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.normalize.rules import ToolSchemaKeyOrder, canonical_json_text, normalize_newlines
+from gateway.normalize.rules import ToolSchemaKeyOrder, normalize_newlines
 from gateway.config.tenant import TenantSettings
 
 _TOOL_SCHEMA_KEY_ORDER = ToolSchemaKeyOrder()
@@ -35,7 +37,7 @@ def _text(value: Any) -> Any:
 
 
 def _item_newlines(item: Any) -> Any:
-    if not isinstance(item, dict):
+    if not isinstance(item, dict) or item.get("role") == "assistant":
         return item
     for field in ("content", "output"):
         if field in item:
@@ -80,21 +82,6 @@ def _tool_order(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "tools": [tools[i] for i in order]}
 
 
-def _arguments(body: dict[str, Any]) -> dict[str, Any]:
-    value = body.get("input")
-    if not isinstance(value, list):
-        return body
-    items = list(value)
-    changed = False
-    for index, item in enumerate(items):
-        if isinstance(item, dict) and item.get("type") == "function_call" and isinstance(item.get("arguments"), str):
-            canonical = canonical_json_text(item["arguments"])
-            if canonical is not None and canonical != item["arguments"]:
-                items[index] = {**item, "arguments": canonical}
-                changed = True
-    return {**body, "input": items} if changed else body
-
-
 def normalize(body: dict[str, Any], settings: TenantSettings) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The normalized body and the names of the rules that changed it, in the chat pipeline's order."""
     applied: list[str] = []
@@ -102,7 +89,6 @@ def normalize(body: dict[str, Any], settings: TenantSettings) -> tuple[dict[str,
         ("newlines", _newlines),
         ("tool_schema_key_order", lambda b: _TOOL_SCHEMA_KEY_ORDER.apply(b).request),
         ("tool_order", _tool_order),
-        ("tool_call_arguments_key_order", _arguments),
     )
     for name, rule in steps:
         if name in settings.rules:

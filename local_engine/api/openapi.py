@@ -210,7 +210,9 @@ def openapi_document() -> dict:
                 {"name": "limit", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1}}]),
             "/v1/tokenizer": _get("The served model's tokenizer.json, chat template and special tokens"),
             "/v1/models": _get("Served model"),
-            "/health": _get("Health"),
+            "/health": {"get": {"summary": "Health", "responses": {
+                "200": {"description": "ready: warmed up and serving"},
+                "503": {"description": "starting: the warm-up before ready is still running"}}}},
             "/metrics": _get("Prometheus metrics"),
         },
         "components": {"schemas": {

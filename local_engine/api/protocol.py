@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from local_engine.hash_chain import MAX_BLOCK_SIZE
 from local_engine.cache.tiers import RETENTION_CLASSES
-from local_engine.prompt.chat_messages import ToolChoice, check_tools, first_argument, parse_tool_choice, takes_a_string
+from local_engine.prompt.chat_messages import ToolChoice, check_tools, parse_tool_choice
 from local_engine.prompt.chat_prompt import chat_prompt, text_prompt
 from local_engine.errors import InvalidRequest, ModelNotFound
 from local_engine.api.generation_fields import parse_generation_fields
@@ -26,7 +26,7 @@ from local_engine.api.fields import (
     stop_strings,
 )
 from local_engine.engine.sampling import SamplingParams
-from local_engine.engine.tool_call_grammar import strict_tool_schemas, tool_call_grammar
+from local_engine.engine.tool_call_grammar import argument_schemas, tool_call_grammar
 from local_engine.prompt.tool_calls import format_for
 
 CHAT = "chat.completions"
@@ -113,8 +113,7 @@ class _ToolSetup:
     opening: str = ""  # text the prompt puts at the start of the answer to force a call
     stops: tuple[str, ...] = ()  # a forced call ends at its close tag (one call per forced answer),
     closing_json: str = ""  # or where its JSON body closes, as small models often write on past it
-    names: tuple[str, ...] = ()  # the names it may take, when the prompt leaves its name to the model
-    grammar: str | None = None  # with strict tools: the calls' grammar (`local_engine.engine.tool_call_grammar`)
+    grammar: str | None = None  # the calls' grammar (`local_engine.engine.tool_call_grammar`), when one applies
 
 
 def _tool_setup(body: dict, endpoint: str, loaded: LoadedModel) -> _ToolSetup:
@@ -122,33 +121,29 @@ def _tool_setup(body: dict, endpoint: str, loaded: LoadedModel) -> _ToolSetup:
         return _ToolSetup()
     tools = check_tools(body.get("tools"))
     choice = parse_tool_choice(body.get("tool_choice"), tools)
-    strict = strict_tool_schemas(tools)
     fmt = format_for(loaded.tokenizer)
     all_names = tuple(tool["function"]["name"] for tool in tools or ())
     if choice.mode != "required":
-        grammar = tool_call_grammar(fmt, all_names, strict, "") if choice.mode == "auto" and strict else None
+        schemas = argument_schemas(tools)  # the strict tools': checked whatever tool_choice says
+        grammar = tool_call_grammar(fmt, all_names, schemas, "") if choice.mode == "auto" and schemas else None
         return _ToolSetup(choice, grammar=grammar)
-    names: tuple[str, ...] = ()
     if choice.function is None and len(tools) == 1:
         choice = ToolChoice("required", tools[0]["function"]["name"])  # "required" with one tool names it
-    elif choice.function is None:
-        names = all_names
-    if strict.keys() & set(names or (choice.function,)):
-        # The grammar writes the arguments (their keys too): the opening stops before them.
-        opening = fmt.open_tag + fmt.body_head(choice.function) if choice.function else fmt.opening(None)
-        grammar = tool_call_grammar(fmt, names or (choice.function,), strict, opening)
-        return _ToolSetup(choice, opening, (fmt.close_tag,), fmt.opened_json(opening), grammar=grammar)
-    argument = first_argument(tools, choice.function)
-    opening = fmt.opening(choice.function, argument, takes_a_string(tools, choice.function, argument))
-    return _ToolSetup(choice, opening, (fmt.close_tag,), fmt.opened_json(opening), names)
+    # A forced call follows its function's schema, strict or not, as vLLM constrains named and required calls: the
+    # grammar writes the arguments (their keys too), so the opening stops before them, or where the name starts
+    # when the model picks one of several tools.
+    names = (choice.function,) if choice.function else all_names
+    opening = fmt.opening(choice.function)
+    grammar = tool_call_grammar(fmt, names, argument_schemas(tools, names), opening)
+    return _ToolSetup(choice, opening, (fmt.close_tag,), fmt.opened_json(opening), grammar)
 
 
-def _grammar(tools: _ToolSetup, response_format: str | None) -> str | None:
-    """The grammar the output follows: a forced call's (none when no strict tool is involved: `response_format`
-    shapes text, not calls); with `auto`, the strict tools' unless `response_format` sets one."""
-    if tools.choice.mode == "required":
-        return tools.grammar
-    return response_format if response_format is not None else tools.grammar
+def _grammar(tools: _ToolSetup, response_format: str | None) -> dict:
+    """The grammar the output follows and the field that set it: a forced call's (`response_format` shapes text,
+    not calls); with `auto`, the strict tools' unless `response_format` sets one."""
+    if tools.choice.mode == "required" or response_format is None:
+        return {"grammar": tools.grammar, "grammar_param": "tools"}
+    return {"grammar": response_format, "grammar_param": "response_format"}
 
 
 def parse_prompt(
@@ -221,8 +216,7 @@ def parse_request(body: dict, endpoint: str, loaded: LoadedModel) -> ParsedReque
         stop=stop_strings(body) + tools.stops,
         ignore_eos=optional_bool(body, "ignore_eos", False),
         closing_json=tools.closing_json,
-        tool_names=tools.names,
-        **{**fields.sampling, "grammar": _grammar(tools, fields.sampling["grammar"])},
+        **{**fields.sampling, **_grammar(tools, fields.sampling["grammar"])},
     )
     return ParsedRequest(
         endpoint=endpoint,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 import time
 
 from litestar import Litestar, Request, get, post
@@ -13,6 +14,7 @@ from litestar.params import FromQuery
 from litestar.response import Response, Stream
 
 from local_engine.api.access import access_guard
+from local_engine.api.access_log import AccessLoggedApp, access_record
 from local_engine.cache.tiers import RETENTION_CLASSES
 from local_engine.api.cache_events import cache_events
 from local_engine.kv_events.tokenizer_api import tokenizer_description
@@ -63,15 +65,18 @@ async def _generate(request: Request, state: State, endpoint: str) -> Response |
 
 async def _complete(request: Request, state: State, endpoint: str, trace: RequestTrace | None) -> Response | Stream:
     engine: Engine = state.engine
+    access = access_record(request.scope["state"])
     parsed = parse_request(parse_json_body(await request.body()), endpoint, engine.loaded)
+    access.stream, access.prompt_tokens = parsed.stream, len(parsed.prompt_token_ids)
     if trace is not None:
         trace.submitted(parsed.model)
     handle = await engine.submit(
         GenerationRequest(parsed.prompt_token_ids, parsed.sampling, parsed.namespace, retention=parsed.retention)
     )
     report = describe_match(handle.report.result(), parsed.layout)
+    access.cached_tokens = handle.report.result().matched_tokens
     headers = match_headers(report)
-    response_id = new_response_id(endpoint)
+    response_id = access.request_id = new_response_id(endpoint)
     tools = lambda: tool_call_stream(parsed, engine.loaded.tokenizer)  # noqa: E731 - one splitter per choice
     strings = state.token_strings if parsed.sampling.logprobs is not None else None
     if not parsed.stream:
@@ -82,6 +87,8 @@ async def _complete(request: Request, state: State, endpoint: str, trace: Reques
                     collector.add(event)
         finally:
             handle.cancel()  # a no-op once finished; releases everything if the client went away
+        for end in collector.ends:
+            access.finished(end)
         choices = collector.best(parsed.sampling.n)
         headers[HEADER_TTFT_MS] = f"{choices[0].finished.timings.ttft_ms:.3f}"
         if trace is not None:
@@ -106,6 +113,7 @@ async def _complete(request: Request, state: State, endpoint: str, trace: Reques
                     yield writer.prompt(event)
                 elif isinstance(event, Finished):
                     ends.append(event)
+                    access.finished(event)
                     if trace is not None:
                         trace.finish(event, report, response_id)  # the first sequence to end (`n` > 1)
                     yield writer.final(event)
@@ -159,14 +167,18 @@ def openapi(state: State) -> dict:
 
 
 @get("/health")
-async def health(state: State) -> dict:
+async def health(state: State) -> Response:
+    """200 `ok` once the engine is ready (warmed up and started: local_engine.engine.warm_up), 503 `starting`
+    before."""
     engine: Engine = state.engine
-    return {
-        "status": "ok",
+    ready = state.ready is None or state.ready.is_set()
+    body = {
+        "status": "ok" if ready else "starting",
         "model": engine.loaded.model_id,
         "device": str(engine.loaded.device),
         "prefix_cache": engine.config.prefix_cache,
     }
+    return Response(body, status_code=200 if ready else 503)
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
@@ -238,18 +250,20 @@ def _unexpected_error(request: Request, exc: Exception) -> Response:
     return _engine_error(request, EngineError(f"internal error: {type(exc).__name__}: {exc}"))
 
 
-def create_app(engine: Engine, config: ServerConfig) -> Litestar:
+def create_app(engine: Engine, config: ServerConfig, ready: threading.Event | None = None,
+               access_log: bool = True) -> Litestar:
     """The ASGI app; the caller starts and stops the engine. With `config.trace_export` it exports spans, and
-    exports what is queued when the app stops."""
+    exports what is queued when the app stops. `ready`: `/health` says 503 `starting` until it is set (None: ready
+    at once). `access_log`: one line per request on `local_engine.access` (local_engine.api.access_log)."""
     spans = None
     if config.trace_export is not None:
         spans = EngineSpans(Tracing(config.trace_export), engine.loaded.model_id)
-    return Litestar(
+    return (AccessLoggedApp if access_log else Litestar)(
         route_handlers=[chat_completions, completions, models, health, metrics, cache_stats, cache_tree, cache_match,
                         cache_flush, openapi, cache_events, tokenizer_description],
         state=State({"engine": engine, "server_config": config, "started_at": int(time.time()),
                      "openapi": openapi_document(), "token_strings": TokenStrings(engine.loaded.tokenizer),
-                     "spans": spans}),
+                     "spans": spans, "ready": ready}),
         openapi_config=None,
         exception_handlers={EngineError: _engine_error, HTTPException: _http_error, Exception: _unexpected_error},
         guards=[access_guard(config.api_key, config.admin_token)],

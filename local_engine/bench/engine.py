@@ -61,6 +61,7 @@ async def _run_workload(engine, workload, max_tokens: int, bar=None):
     from local_engine.engine.counters import EngineCounters
     from local_engine.engine.types import Finished, GenerationRequest
     from local_engine.engine.sampling import SamplingParams
+    from local_engine.model import cpu_kernels
 
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     warmup = GenerationRequest(tuple(workload[0][1][:64]), sampling, namespace="warm-up")
@@ -68,6 +69,7 @@ async def _run_workload(engine, workload, max_tokens: int, bar=None):
     async for _ in handle.stream():
         pass
     engine.counters = EngineCounters()  # measure the workload alone, not the warm-up
+    paths = cpu_kernels.path_counts()  # which kernel paths the workload's steps ran, from here
     results = []
     for is_first_seen, token_ids in workload:
         handle = await engine.submit(GenerationRequest(tuple(token_ids), sampling, namespace="bench"))
@@ -77,7 +79,7 @@ async def _run_workload(engine, workload, max_tokens: int, bar=None):
                 results.append((is_first_seen, report, event))
         if bar is not None:
             bar.advance()
-    return results
+    return results, cpu_kernels.paths_since(paths)
 
 
 def _measure(engine, workload, max_tokens: int, label: str) -> dict:
@@ -86,7 +88,7 @@ def _measure(engine, workload, max_tokens: int, label: str) -> dict:
     engine.start()
     try:
         with progress(f"bench engine: {label}", total=len(workload), unit="requests") as bar:
-            results = asyncio.run(_run_workload(engine, workload, max_tokens, bar))
+            results, paths = asyncio.run(_run_workload(engine, workload, max_tokens, bar))
     finally:
         engine.stop()
     miss_ttft = [f.timings.ttft_ms for first, _, f in results if first]
@@ -95,6 +97,7 @@ def _measure(engine, workload, max_tokens: int, label: str) -> dict:
     decode_ms = sum(f.timings.decode_ms for _, _, f in results)
     counters = engine.counters
     return {
+        "cpu_kernel_paths": paths,  # the paths the measured steps ran (local_engine.model.cpu_kernels.path_counts)
         "ttft_first_seen": _summary(miss_ttft),
         "ttft_repeated": _summary(hit_ttft),
         "cached_tokens_repeated_mean": _round(statistics.mean(r.matched_tokens for first, r, _ in results if not first)),
@@ -122,6 +125,15 @@ def _api_sections(args: argparse.Namespace, config, loaded, long_prompt: list[in
         return run_apis_workload(engine, short_prompt, tuple(long_prompt), rounds=args.api_rounds)
     finally:
         engine.stop()
+
+
+def _paths_total(*sections: dict) -> dict[str, int]:
+    """The `cpu_kernel_paths` of measured sections, added up."""
+    total: dict[str, int] = {}
+    for section in sections:
+        for path, count in section["cpu_kernel_paths"].items():
+            total[path] = total.get(path, 0) + count
+    return total
 
 
 def run_engine_benchmark(args: argparse.Namespace) -> int:
@@ -155,6 +167,13 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
             messages = [{"role": "system", "content": prompt}, {"role": "user", "content": question}]
             workload.append((turn == 0, chat_prompt_token_ids(tokenizer, messages, None)))
 
+    # First, before any other section runs the model in this process: the first request after ready.
+    from local_engine.bench.first_request import LATER_MISSES, run_first_request
+
+    first_prompts = [chat_prompt_token_ids(tokenizer, [{"role": "system", "content": system_prompt(
+        tokenizer, 100 + i, args.prefix_tokens, args.seed)}, {"role": "user", "content": "Hello."}], None)
+        for i in range(1 + LATER_MISSES)]
+    first_request, first_request_verdicts = run_first_request(config, loaded, first_prompts)
     cached = _measure(Engine(config, loaded), workload, args.max_tokens, "prefix cache")
     baseline = _measure(Engine(replace(config, prefix_cache=False), loaded), workload, args.max_tokens, "no cache")
     hit_p50, miss_p50 = cached["ttft_repeated"]["p50_ms"], cached["ttft_first_seen"]["p50_ms"]
@@ -163,12 +182,21 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
         engine = Engine(config, loaded)
         engine.start()
         try:
+            paths = cpu_kernels.path_counts()
             concurrent = run_concurrent_workload(engine, tokenizer, args)
+            concurrent["cpu_kernel_paths"] = cpu_kernels.paths_since(paths)
         finally:
             engine.stop()
         bandwidth = on_worker_threads(lambda: read_bandwidth_gb_s(loaded.device))  # the threads the engine ran on
         floor = floor_section(engine, concurrent["runs"], args.num_prefixes, bandwidth)
     apis, api_verdicts = _api_sections(args, config, loaded, workload[0][1])
+    invariance = invariance_cost = None
+    invariance_verdicts: dict = {}
+    if args.invariance_prompts:
+        from local_engine.bench.invariance import run_invariance_check, run_invariance_cost
+
+        invariance, invariance_verdicts = run_invariance_check(config, loaded, args.invariance_prompts, args.seed)
+        invariance_cost = run_invariance_cost(config, loaded, args.num_prefixes, args.seed)
     agreement, agreement_verdicts = None, {}
     if args.agreement_prompts:
         agreement, agreement_verdicts = run_dtype_agreement(config, loaded, args.agreement_prompts, 32,
@@ -183,13 +211,16 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
         verdicts.update(concurrency_verdicts(concurrent))
         verdicts.update(floor_verdicts(floor))
     verdicts.update(api_verdicts)
+    verdicts.update(first_request_verdicts)
     verdicts.update(agreement_verdicts)
+    verdicts.update(invariance_verdicts)
     report = {
         "model": loaded.model_id,
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
-        # decode on the CPU through local_engine.model.cpu_kernels (else torch's kernels)
-        "cpu_kernels": cpu_kernels.runs(loaded.model.get_input_embeddings().weight),
+        # the paths that ran in the measured steps, with and without the cache: counts of the CPU kernels' calls
+        # (amx_chunk_attention, matmul_512, matmul_256, decode_layers) and of steps on torch's kernels (torch)
+        "cpu_kernels": _paths_total(cached, baseline),
         "workload": {
             "num_prefixes": args.num_prefixes,
             "prefix_tokens": args.prefix_tokens,
@@ -200,6 +231,7 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
             "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": config.max_num_batched_tokens,
         },
+        "first_request_after_ready": first_request,
         "prefix_cache": cached,
         "no_prefix_cache": baseline,
         "hit_ttft_over_miss_ttft_p50": hit_over_miss,
@@ -207,6 +239,9 @@ def run_engine_benchmark(args: argparse.Namespace) -> int:
         "concurrent_shared_prefix": concurrent,
         "decode_floor": floor,
         "bf16_agreement_with_fp32": agreement,
+        "batch_invariance": invariance,
+        # output tokens/s with and without batch invariance, and its cost as a share of the fast path's
+        "batch_invariance_cost": invariance_cost,
         "apis": apis,
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "verdicts": verdicts,

@@ -66,7 +66,8 @@ class Engine:
         graphs = DecodeGraphSettings(max_batch=config.max_num_seqs,
                                      max_context=min(loaded.context_window_tokens, num_slots), scratch_slot=num_slots)
         self.runner = ModelRunner(loaded.model, self.pool, config.attention_backend, decode_graphs=graphs,
-                                  enforce_eager=config.enforce_eager)
+                                  enforce_eager=config.enforce_eager, batch_invariant=config.batch_invariant,
+                                  cpu_kernels_mode=config.cpu_kernels)
         self.counters = EngineCounters()
         self.tree_lock = threading.Lock()
         self.kv = SequenceKV(self.cache, self.allocator, self.tree_lock, self.pool)

@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from local_engine.prompt.tool_name_constraint import ToolNameConstraint
-
 if TYPE_CHECKING:
     from llguidance import LLMatcher
 
@@ -26,8 +24,6 @@ class SamplingParams:
     ignore_eos: bool = False
     # JSON text the prompt opened (a forced tool call's body so far): generation ends where the output closes it.
     closing_json: str = ""
-    # A forced tool call whose name the model writes: the name is decoded constrained to one of these.
-    tool_names: tuple[str, ...] = ()
     # Per-request logits changes (`local_engine.engine.logits_processors` defines each).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -36,6 +32,8 @@ class SamplingParams:
     min_tokens: int = 0
     # An llguidance grammar the output must match (`local_engine.engine.structured_output`), or None.
     grammar: str | None = None
+    # The request field that set `grammar` (`response_format` or `tools`), named by a 400 if it does not build.
+    grammar_param: str = "response_format"
     # Log-probabilities: None is off; k >= 0 returns each sampled token's and its k most likely alternatives'.
     logprobs: int | None = None
     # The prompt's log-probabilities too (completions `echo` with `logprobs`): the whole prompt is computed.
@@ -59,12 +57,11 @@ class SamplingParams:
 class Sampler:
     """One per request, so a seeded request draws the same tokens whatever else the engine is doing."""
 
-    def __init__(self, params: SamplingParams, constraint: ToolNameConstraint | None = None,
-                 adjuster: LogitsAdjuster | None = None, matcher: LLMatcher | None = None) -> None:
+    def __init__(self, params: SamplingParams, adjuster: LogitsAdjuster | None = None,
+                 matcher: LLMatcher | None = None) -> None:
         """`adjuster` (penalties, bias, min_tokens) and `matcher` (the grammar) change the request's logits row in
         the batch before a token is drawn (`local_engine.engine.batch_sampling`); `accept` tells both what was drawn."""
         self.params = params
-        self.constraint = constraint
         self.adjuster = adjuster
         self.matcher = matcher
         self._generator: torch.Generator | None = None
@@ -77,9 +74,9 @@ class Sampler:
 
     @property
     def is_greedy(self) -> bool:
-        """Greedy requests take the argmax, which the engine computes for a whole batch at once (not while a
-        constraint applies)."""
-        return self._generator is None and (self.constraint is None or self.constraint.done)
+        """Greedy requests take the argmax, which the engine computes for a whole batch at once (after the
+        grammar's mask and the adjuster's changes)."""
+        return self._generator is None
 
     def accept(self, token_id: int) -> None:
         """Record the token drawn for this request (after `next_token` or the batch's argmax)."""
@@ -90,10 +87,6 @@ class Sampler:
 
     def next_token(self, logits: torch.Tensor) -> int:
         """`logits`: `[vocab]` float32."""
-        if self.constraint is not None and not self.constraint.done:
-            token = self._draw(self.constraint.mask(logits))
-            self.constraint.accept(token)
-            return token
         return self._draw(logits)
 
     def _draw(self, logits: torch.Tensor) -> int:

@@ -1,5 +1,5 @@
 """A request's engine state: its sequences (one, or `n`/`best_of` of them), each with its detokenizer and a sampler
-that holds what changes its logits (a forced tool name's constraint, penalties and biases, a grammar matcher)."""
+that holds what changes its logits (penalties and biases, a grammar matcher)."""
 
 from __future__ import annotations
 
@@ -12,25 +12,24 @@ from local_engine.engine.structured_output import GrammarMasks
 from local_engine.engine.types import GenerationRequest, RequestHandle
 from local_engine.model.loader import LoadedModel
 from local_engine.prompt.detokenizer import IncrementalDetokenizer
-from local_engine.prompt.tool_name_constraint import TokenTexts, ToolNameConstraint
 
 
 class SequenceBuilder:
-    """One per engine: it keeps the per-tokenizer indexes its constraints need, each built at first use."""
+    """One per engine: it keeps the grammar's per-tokenizer index (built at first use)."""
 
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
         self.grammar_masks = GrammarMasks(loaded.tokenizer, loaded.eos_token_ids)
-        self._token_texts: TokenTexts | None = None  # built at the first forced call whose name is constrained
 
     async def build(self, request: GenerationRequest, handle: RequestHandle) -> Sequence:
         """The request's first sequence, holding the others in `forks` until its prompt is computed. Raises
-        InvalidRequest (naming `response_format`) when its grammar does not build against the tokenizer."""
+        InvalidRequest (naming `response_format`, or `tools` for tool calls' grammar) when its grammar does not
+        build against the tokenizer."""
         params = request.sampling
         matcher = None
         if params.grammar is not None:
             # Building a matcher may take a while (the tokenizer's index the first time): off the event loop.
-            matcher = await asyncio.to_thread(self.grammar_masks.matcher, params.grammar)
+            matcher = await asyncio.to_thread(self.grammar_masks.matcher, params.grammar, params.grammar_param)
         sequences = [self._sequence(request, handle, index, matcher.deep_copy() if index and matcher else matcher)
                      for index in range(params.num_sequences)]
         sequences[0].forks = sequences[1:]
@@ -46,13 +45,6 @@ class SequenceBuilder:
             request=request,
             handle=handle,
             detokenizer=IncrementalDetokenizer(self.loaded.tokenizer, params.stop, params.closing_json),
-            sampler=Sampler(params, self._tool_name_constraint(params.tool_names), adjuster, matcher),
+            sampler=Sampler(params, adjuster, matcher),
             index=index,
         )
-
-    def _tool_name_constraint(self, names: tuple[str, ...]) -> ToolNameConstraint | None:
-        if not names:
-            return None
-        if self._token_texts is None:
-            self._token_texts = TokenTexts(self.loaded.tokenizer)  # once: about 0.2 s for a 49k vocabulary
-        return ToolNameConstraint(names, self._token_texts)

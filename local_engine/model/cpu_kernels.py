@@ -14,18 +14,42 @@ oneDNN's packed GEMV at 16.8 GB/s; at 8 rows at 6.4 and 8.9 GB/s. `linear` here 
 another, one linear stream per thread on torch's own OpenMP threads, each row against up to 4 input rows at a time:
 29-32 GB/s for one row (where the torch sum read 33 in the same run) and 17 GB/s for 8.
 
-`available()` says whether they run here (built, CPU supports them, torch's OpenMP runtime found), and
-`chunk_attends` whether chunk_attention does; callers keep torch's kernels otherwise, and for any other dtype or
-device.
+`available()` says whether they run here (local_engine.model.kernel_extension: built from the sources shipped, CPU
+supports them, torch's OpenMP runtime found, not switched off), `unavailable_reason()` why not, `chunk_attends`
+whether chunk_attention does; callers keep torch's kernels otherwise, and for any other dtype or device.
+`path_counts()` and `paths_since()` say which paths ran.
+
+Every kernel is a declared torch operator, `prefixscope::<name>` (local_engine.model.kernel_ops): its schema and
+checks run before the C touches memory (ValueError naming what was passed), and the profiler shows it. Adding a
+kernel is one declaration here:
+
+    @kernel_op(mutates=("out",))
+    def _scale_rows(x: torch.Tensor, factor: float, out: torch.Tensor) -> Launch:
+        float_rows(x, "x")
+        float_rows(out, "out", x.shape[1])
+        expect(out.shape == x.shape, lambda: f"out {describe(out)} for x {describe(x)}")
+        return lambda ext: ext.scale_rows(x.data_ptr(), factor, out.data_ptr(), x.shape[0], x.shape[1])
+
+(schema types only; checks of shapes, dtypes, strides and devices; the launch calls the C entry point of
+module.c; outputs are arguments it writes, named in `mutates`), plus a public function that allocates the outputs
+and calls the op, as those below do.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
-from dataclasses import dataclass
 
 import torch
+
+from local_engine.model import kernel_extension
+from local_engine.model.decode_plan import DecodePlan, DecodeStep, plan_decode
+from local_engine.model.decoder_kernels import DecoderLayers, decode_layers
+from local_engine.model.kernel_extension import path_counts, paths_since, set_mode
+from local_engine.model.kernel_ops import (STORED_DTYPES, Launch, describe, expect, float_rows, int64s, kernel_op,
+                                            stored)
+
+__all__ = ["DecodePlan", "DecodeStep", "DecoderLayers", "decode_layers", "plan_decode", "path_counts", "paths_since",
+           "set_mode"]
 
 MAX_ROWS = 16  # rows up to which `linear` beats torch's GEMM (on the EPYC above: 54 against 76 ms at 16, even at 32)
 # On bfloat16 weights, widened in registers, up to 4 rows (one pass over the weight) read near memory speed on the AVX2
@@ -37,56 +61,48 @@ MAX_ROWS = 16  # rows up to which `linear` beats torch's GEMM (on the EPYC above
 # timed on the EPYC.
 MAX_BF16_ROWS = 4
 MAX_BF16_ROWS_WIDE = 8
-_SPLIT_TOKENS = 512  # contexts are attended in parts of at most about this many tokens, one part per thread at least
+_DTYPES = STORED_DTYPES
 
 
-@functools.cache
 def _module():
-    try:
-        from local_engine.model import _cpu_kernels
-    except ImportError:
+    """The extension where the kernels run here and are not switched off, else None."""
+    if kernel_extension.off_reason() is not None:
         return None
-    if not _cpu_kernels.supported():
-        return None
-    try:  # the OpenMP runtime torch loaded, found among the process's mapped files
-        with open("/proc/self/maps") as maps:
-            runtimes = {line.split()[-1] for line in maps if "/libgomp" in line or "/libiomp" in line}
-    except OSError:
-        return None
-    # torch's own copy first, should another package have loaded the system's libgomp beside it
-    if not any(_cpu_kernels.bind_openmp(path) for path in sorted(runtimes, key=lambda path: "/torch/" not in path)):
-        return None
-    return _cpu_kernels
+    return kernel_extension.extension()[0]
 
 
-_DTYPES = (torch.float32, torch.bfloat16)  # how weights and the pool may be stored
+def available() -> bool:
+    """Whether the kernels run here: built from the sources shipped, this CPU has AVX2 and FMA, torch's OpenMP
+    runtime was bound, and they are not switched off (`PREFIXSCOPE_CPU_KERNELS=off`, `--cpu-kernels off`)."""
+    return _module() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why `available()` is False (not built, a stale build, the CPU, switched off), or None when it is True."""
+    return kernel_extension.off_reason() or kernel_extension.extension()[1]
 
 
 def attends(pool_k: torch.Tensor) -> bool:
     """Whether `decode_attention` serves a pool layer like `pool_k` (`[num_slots, kv_heads, head_dim]`): float32 or
     bfloat16 on the CPU, a head_dim the kernel takes (a multiple of 8, at most 256), the kernels available."""
     head_dim = pool_k.shape[-1]
-    return (pool_k.device.type == "cpu" and pool_k.dtype in _DTYPES and head_dim % 8 == 0 and head_dim <= 256
+    return (pool_k.is_cpu and pool_k.dtype in _DTYPES and head_dim % 8 == 0 and head_dim <= 256
             and available())
-
-
-def available() -> bool:
-    """Whether the kernels are built, this CPU has AVX2 and FMA, and torch's OpenMP runtime was bound."""
-    return _module() is not None
 
 
 def use_avx512(enabled: bool) -> bool:
     """Whether the kernels take their 512-bit paths (the bf16 matmul; decode attention for a KV head read by 8 or
     more queries, or fewer on a head_dim that is a multiple of 32) on a CPU with AVX-512F and BW, as they do by
-    default; returns whether they now do. The AVX2 paths compute the same values within float32 rounding. `max_rows`
-    follows it: steps already planned keep their sizes, which both paths serve. `chunk_attention`, on AMX, does not
-    follow it."""
-    return _module().use_avx512(enabled)
+    default; returns whether they now do (False where the kernels do not run). The AVX2 paths compute the same values
+    within float32 rounding. `max_rows` follows it: steps already planned keep their sizes, which both paths serve.
+    `chunk_attention`, on AMX, does not follow it."""
+    module = kernel_extension.extension()[0]
+    return module is not None and module.use_avx512(enabled)
 
 
 def runs(weight: torch.Tensor) -> bool:
     """Whether `linear` serves this weight: float32 or bfloat16, contiguous, on the CPU, the kernels available."""
-    return weight.device.type == "cpu" and weight.dtype in _DTYPES and weight.is_contiguous() and available()
+    return weight.is_cpu and weight.dtype in _DTYPES and weight.is_contiguous() and available()
 
 
 def max_rows(weight: torch.Tensor) -> int:
@@ -99,92 +115,96 @@ def max_rows(weight: torch.Tensor) -> int:
     return MAX_ROWS
 
 
+def _heads_apart(x: torch.Tensor, name: str) -> None:
+    """Checks that `x` is float32 `[rows, heads, head_dim]` on the CPU whose heads lie head_dim apart in each row."""
+    # A dimension of size 1 may have any stride (torch calls such a tensor contiguous): only the others are checked.
+    rows, heads, head_dim = x.shape if x.dim() == 3 else (0, 0, 0)
+    expect(x.dim() == 3 and x.dtype == torch.float32 and x.is_cpu and (head_dim < 2 or x.stride(2) == 1)
+           and (heads < 2 or x.stride(1) == head_dim) and (rows < 2 or x.stride(0) >= heads * head_dim),
+           lambda: f"{name}: float32 CPU [rows, heads, head_dim] with heads head_dim apart, got {describe(x)}")
+
+
+@kernel_op(mutates=("out",))
+def _linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> Launch:
+    float_rows(x, "x")
+    stored(weight, "weight", 2)
+    rows, k, n = x.shape[0], x.shape[1], weight.shape[0]
+    expect(weight.shape[1] == k, lambda: f"x has {k} features, the weight {weight.shape[1]}")
+    float_rows(out, "out", n)
+    expect(out.shape[0] == rows, lambda: f"out {describe(out)} for {rows} rows")
+    bf16 = weight.dtype == torch.bfloat16
+    return lambda ext: ext.linear(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, n, k, bf16,
+                                  torch.get_num_threads())
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`x @ weight.T` for float32 `x` `[rows, in_features]` (rows <= `max_rows(weight)`) and float32 or bfloat16
-    `weight` `[out_features, in_features]`, both contiguous on the CPU; returns float32 `[rows, out_features]`,
-    summed in float32 in another order than MKL or oneDNN: within float32 rounding of the exact products' sum, not
-    bit for bit. Raises ValueError when the features differ."""
-    rows, k = x.shape
-    if k != weight.shape[1]:
-        raise ValueError(f"x has {k} features, the weight {weight.shape[1]}")
-    out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
-    _module().linear(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, weight.shape[0], k,
-                     weight.dtype == torch.bfloat16, torch.get_num_threads())
+    """`x @ weight.T` for float32 `x` `[rows, in_features]` (rows <= `max_rows(weight)` to be faster than torch)
+    and float32 or bfloat16 `weight` `[out_features, in_features]`, both contiguous on the CPU; returns float32
+    `[rows, out_features]`, summed in float32 in another order than MKL or oneDNN: within float32 rounding of the
+    exact products' sum, not bit for bit. Raises ValueError for other shapes, dtypes or devices."""
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    _linear(x, weight, out)
     return out
+
+
+@kernel_op(mutates=("out",))
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> Launch:
+    float_rows(x, "x")
+    stored(weight, "weight", 1)
+    rows, n = x.shape
+    expect(weight.shape[0] == n, lambda: f"a norm weight {describe(weight)} for {n} features")
+    float_rows(out, "out", n)
+    expect(out.shape[0] == rows, lambda: f"out {describe(out)} for {rows} rows")
+    bf16 = weight.dtype == torch.bfloat16
+    return lambda ext: ext.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, n, eps, bf16)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm of float32 `x` `[rows, n]` with float32 or bfloat16 `weight` `[n]`, both
     contiguous on the CPU, computed in float32: `x * rsqrt(mean(x**2) + eps) * weight`, a new `[rows, n]` tensor.
-    Raises ValueError for a weight of another dtype."""
-    if weight.dtype not in _DTYPES:
-        raise ValueError(f"a {weight.dtype} norm weight")
-    rows, n = x.shape
-    out = torch.empty_like(x)
-    _module().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, n, eps, weight.dtype == torch.bfloat16)
+    Raises ValueError for other shapes, dtypes or devices."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _rms_norm(x, weight, eps, out)
     return out
+
+
+@kernel_op(mutates=("qkv",))
+def _rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> Launch:
+    expect(qkv.dim() == 3 and qkv.dtype == torch.float32 and qkv.is_cpu and qkv.is_contiguous(),
+           lambda: f"qkv: contiguous float32 CPU [rows, all_heads, head_dim], got {describe(qkv)}")
+    rows, all_heads, head_dim = qkv.shape
+    for name, x in (("cos", cos), ("sin", sin)):
+        float_rows(x, name, head_dim)
+        expect(x.shape[0] == rows, lambda: f"{name} {describe(x)} for {rows} rows")
+    expect(0 <= heads <= all_heads and head_dim % 2 == 0,
+           lambda: f"{heads} heads to rotate of qkv {describe(qkv)} (an even head_dim)")
+    return lambda ext: ext.rotate(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, all_heads * head_dim, heads,
+                                  head_dim)
 
 
 def rotate_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> None:
     """The rotary embedding of the first `heads` heads of float32 `qkv` `[rows, all_heads, head_dim]` (contiguous),
-    in place: `x * cos + rotate_half(x) * sin` with `cos`, `sin` contiguous `[rows, head_dim]`."""
-    rows, all_heads, head_dim = qkv.shape
-    _module().rotate(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, all_heads * head_dim, heads, head_dim)
+    in place: `x * cos + rotate_half(x) * sin` with `cos`, `sin` contiguous `[rows, head_dim]`. Raises ValueError
+    for other shapes, dtypes or devices."""
+    _rotate(qkv, cos, sin, heads)
+
+
+@kernel_op(mutates=("out",))
+def _silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> Launch:
+    float_rows(gate_up, "gate_up")
+    rows, n = gate_up.shape[0], gate_up.shape[1] // 2
+    expect(gate_up.shape[1] % 2 == 0, lambda: f"gate_up {describe(gate_up)}: an odd width")
+    float_rows(out, "out", n)
+    expect(out.shape[0] == rows, lambda: f"out {describe(out)} for {rows} rows")
+    return lambda ext: ext.silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """`silu(gate) * up` for float32 `gate_up` `[rows, 2n]` (contiguous, gate first); returns `[rows, n]`."""
-    rows, both = gate_up.shape
-    out = torch.empty(rows, both // 2, dtype=torch.float32)
-    _module().silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, both // 2)
+    """`silu(gate) * up` for float32 `gate_up` `[rows, 2n]` (contiguous, gate first); returns `[rows, n]`. Raises
+    ValueError for other shapes, dtypes or devices."""
+    out = torch.empty(gate_up.shape[0], gate_up.shape[-1] // 2, dtype=torch.float32)
+    _silu_mul(gate_up, out)
     return out
-
-
-@dataclass(frozen=True)
-class DecodePlan:
-    """How one step's decode rows are attended by `decode_attention`, built once per step for every layer.
-
-    `slots`: int64 `[rows, longest]`, each row's slot table padded with zeros; `segments`: int64
-    `[num_segments, 5]`, each (row whose table is read, first position, end position, first index into
-    `segment_rows`, number of rows), largest first; `segment_rows`: int64, the rows attending each segment."""
-
-    slots: torch.Tensor
-    segments: torch.Tensor
-    segment_rows: torch.Tensor
-
-    @property
-    def rows(self) -> int:
-        return self.slots.shape[0]
-
-
-def plan_decode(tables: list[torch.Tensor], groups: list[tuple[list[int], int]],
-                threads: int | None = None) -> DecodePlan:
-    """A DecodePlan for rows whose slot tables are `tables` (int64 CPU `[n_i]`, ending with the row's new token):
-    each of `groups` (`(rows, shared prefix length)`, as `find_shared_prefixes` returns) reads its shared prefix
-    once for all its rows, in parts, and each of its rows reads the rest alone; a row in no group reads its table in
-    parts. Parts are at most about _SPLIT_TOKENS long, and there are at least `threads` (default: torch's)."""
-    threads = threads or torch.get_num_threads()
-    lengths = [len(table) for table in tables]
-    slots = torch.zeros(len(tables), max(lengths), dtype=torch.int64)
-    for row, table in enumerate(tables):
-        slots[row, : len(table)] = table
-    grouped = {row for rows, _ in groups for row in rows}
-    spans = [([row], row, 0, lengths[row]) for row in range(len(tables)) if row not in grouped]
-    for rows, shared in groups:
-        spans.append((rows, rows[0], 0, shared))
-        spans.extend(([row], row, shared, lengths[row]) for row in rows)
-    tokens = sum(end - start for _, _, start, end in spans)
-    part = max(1, min(_SPLIT_TOKENS, tokens // threads))
-    segments, segment_rows = [], []
-    for rows, table_row, start, end in spans:
-        parts = max(1, -(-(end - start) // part))
-        for index in range(parts):
-            first, last = start + (end - start) * index // parts, start + (end - start) * (index + 1) // parts
-            segments.append(((last - first) * (2 + len(rows)), [table_row, first, last, len(segment_rows), len(rows)]))
-            segment_rows.extend(rows)
-    segments.sort(key=lambda segment: -segment[0])
-    return DecodePlan(slots, torch.tensor([fields for _, fields in segments], dtype=torch.int64),
-                      torch.tensor(segment_rows, dtype=torch.int64))
 
 
 def _rows_of_heads(x: torch.Tensor) -> torch.Tensor:
@@ -195,6 +215,39 @@ def _rows_of_heads(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32).contiguous()
 
 
+def _pool_pair(pool_k: torch.Tensor, pool_v: torch.Tensor, dim: int) -> None:
+    stored(pool_k, "pool_k", dim)
+    expect(pool_v.shape == pool_k.shape and pool_v.dtype == pool_k.dtype and pool_v.is_cpu
+           and pool_v.is_contiguous(), lambda: f"pool_v {describe(pool_v)} beside pool_k {describe(pool_k)}")
+
+
+def _plan(slots: torch.Tensor, segments: torch.Tensor, segment_rows: torch.Tensor, rows: int) -> None:
+    int64s(slots, "plan slots", 2)
+    int64s(segments, "plan segments", 2)
+    int64s(segment_rows, "plan segment rows", 1)
+    expect(slots.shape[0] == rows and segments.shape[1] == 5,
+           lambda: f"a plan of {tuple(slots.shape)} slots and {tuple(segments.shape)} segments for {rows} rows")
+
+
+@kernel_op(mutates=("out",))
+def _decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor,
+                      segments: torch.Tensor, segment_rows: torch.Tensor, scale: float, out: torch.Tensor) -> Launch:
+    _heads_apart(query, "query")
+    _pool_pair(pool_k, pool_v, 3)
+    rows, heads, head_dim = query.shape
+    num_slots, kv_heads = pool_k.shape[0], pool_k.shape[1]
+    expect(pool_k.shape[2] == head_dim and heads % kv_heads == 0 and head_dim % 8 == 0 and head_dim <= 256,
+           lambda: f"query {describe(query)} cannot attend a pool layer {describe(pool_k)}")
+    _plan(slots, segments, segment_rows, rows)
+    expect(out.shape == query.shape and out.dtype == torch.float32 and out.is_contiguous(),
+           lambda: f"out {describe(out)} for query {describe(query)}")
+    bf16 = pool_k.dtype == torch.bfloat16
+    return lambda ext: ext.decode_attention(
+        query.data_ptr(), query.stride(0), pool_k.data_ptr(), pool_v.data_ptr(), num_slots, slots.data_ptr(),
+        segments.data_ptr(), segment_rows.data_ptr(), segment_rows.shape[0], out.data_ptr(), rows, slots.shape[1],
+        segments.shape[0], heads, kv_heads, head_dim, scale, bf16, torch.get_num_threads())
+
+
 def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, plan: DecodePlan,
                      scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per row attends to its context as `plan` says.
@@ -202,16 +255,13 @@ def decode_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Te
     `query`: `[rows, heads, head_dim]`, computed in float32 (a view with rows further apart is read in place);
     `pool_k`, `pool_v`: one layer of the pool, float32 or bfloat16, contiguous `[num_slots, kv_heads, head_dim]` on
     the CPU. Writes into `out` (contiguous float32 `[rows, heads, head_dim]`; a new tensor when None) and returns it.
-    Raises ValueError for a head_dim that is not a multiple of 8 or is above 256.
+    Raises ValueError for a head_dim that is not a multiple of 8 or is above 256 and other shapes, dtypes or devices,
+    IndexError for a plan that reads outside its rows, its tables or the pool.
     """
     query = _rows_of_heads(query)
-    rows, heads, head_dim = query.shape
     if out is None:
-        out = torch.empty(rows, heads, head_dim, dtype=torch.float32)
-    _module().decode_attention(query.data_ptr(), query.stride(0), pool_k.data_ptr(), pool_v.data_ptr(),
-                               plan.slots.data_ptr(), plan.segments.data_ptr(), plan.segment_rows.data_ptr(),
-                               out.data_ptr(), rows, plan.slots.shape[1], len(plan.segments), heads, pool_k.shape[1],
-                               head_dim, scale, pool_k.dtype == torch.bfloat16, torch.get_num_threads())
+        out = torch.empty(query.shape, dtype=torch.float32)
+    _decode_attention(query, pool_k, pool_v, plan.slots, plan.segments, plan.segment_rows, scale, out)
     return out
 
 
@@ -227,10 +277,38 @@ def chunk_attention_runs(dtype: torch.dtype, head_dim: int) -> bool:
 
 def chunk_attends(pool_k: torch.Tensor) -> bool:
     """Whether `chunk_attention` serves a pool layer like `pool_k` (`[num_slots, kv_heads, head_dim]`)."""
-    return pool_k.device.type == "cpu" and chunk_attention_runs(pool_k.dtype, pool_k.shape[-1])
+    return pool_k.is_cpu and chunk_attention_runs(pool_k.dtype, pool_k.shape[-1])
 
 
 _workspaces = threading.local()  # each thread's chunk_attention workspace, grown to the largest call so far
+
+
+@kernel_op(mutates=("out",))
+def _chunk_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor,
+                     scale: float, out: torch.Tensor) -> Launch:
+    _heads_apart(query, "query")
+    tokens, heads, head_dim = query.shape
+    expect(pool_k.is_cpu and chunk_attends(pool_k) and pool_k.is_contiguous() and pool_k.dim() == 3
+           and pool_k.shape[2] == head_dim, lambda: f"a pool layer {describe(pool_k)} chunk attention does not serve "
+           f"for query {describe(query)}")
+    _pool_pair(pool_k, pool_v, 3)
+    int64s(slots, "slots", 1)
+    expect(out.shape == query.shape and out.dtype == torch.float32 and out.is_cpu
+           and out.stride(2) == 1 and out.stride(1) == head_dim and (tokens < 2 or out.stride(0) >= heads * head_dim),
+           lambda: f"out {describe(out)}: float32 rows apart by at least heads * head_dim, for query {describe(query)}")
+    context, kv_heads, num_slots = slots.shape[0], pool_k.shape[1], pool_k.shape[0]
+
+    def launch(ext) -> None:
+        threads = torch.get_num_threads()
+        needed = ext.chunk_workspace(tokens, context, heads, kv_heads, head_dim, threads)
+        workspace = getattr(_workspaces, "buffer", None)
+        if workspace is None or workspace.numel() < needed:
+            workspace = _workspaces.buffer = torch.empty(needed, dtype=torch.uint8)
+        ext.chunk_attention(query.data_ptr(), query.stride(0), pool_k.data_ptr(), pool_v.data_ptr(), num_slots,
+                            slots.data_ptr(), out.data_ptr(), out.stride(0), tokens, context, heads, kv_heads,
+                            head_dim, scale, workspace.data_ptr(), workspace.numel(), threads)
+
+    return launch
 
 
 def chunk_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor,
@@ -247,28 +325,22 @@ def chunk_attention(query: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Ten
     the largest call. Raises IndexError for a slot outside the pool, ValueError for a pool `chunk_attends` refuses or
     tensors of other shapes, dtypes or devices.
     """
-    if query.device.type != "cpu" or slots.device.type != "cpu" or out.device.type != "cpu":
-        raise ValueError("chunk_attention runs on CPU tensors")
-    query = _rows_of_heads(query)
-    tokens, heads, head_dim = query.shape
-    context, kv_heads = slots.shape[0], pool_k.shape[1]
-    if (not chunk_attends(pool_k) or pool_v.shape != pool_k.shape or pool_k.shape[2] != head_dim
-            or pool_v.dtype != pool_k.dtype or pool_v.device != pool_k.device
-            or not (pool_k.is_contiguous() and pool_v.is_contiguous()) or slots.dtype != torch.int64
-            or slots.dim() != 1 or out.shape != query.shape or out.dtype != torch.float32 or out.stride(2) != 1
-            or out.stride(1) != head_dim or out.stride(0) < heads * head_dim):
-        raise ValueError(f"a chunk of queries {tuple(query.shape)} cannot attend a pool layer {tuple(pool_k.shape)} "
-                         f"({pool_k.dtype}) at slots {tuple(slots.shape)} ({slots.dtype}) into {tuple(out.shape)}")
-    slots = slots.contiguous()
-    threads = torch.get_num_threads()
-    module = _module()
-    needed = module.chunk_workspace(tokens, context, heads, kv_heads, head_dim, threads)
-    workspace = getattr(_workspaces, "buffer", None)
-    if workspace is None or workspace.numel() < needed:
-        workspace = _workspaces.buffer = torch.empty(needed, dtype=torch.uint8)
-    module.chunk_attention(query.data_ptr(), query.stride(0), pool_k.data_ptr(), pool_v.data_ptr(), pool_k.shape[0],
-                           slots.data_ptr(), out.data_ptr(), out.stride(0), tokens, context, heads, kv_heads,
-                           head_dim, scale, workspace.data_ptr(), workspace.numel(), threads)
+    expect(query.is_cpu and slots.is_cpu and out.is_cpu,
+           lambda: "chunk_attention runs on CPU tensors")
+    _chunk_attention(_rows_of_heads(query), pool_k, pool_v, slots.contiguous(), scale, out)
+
+
+@kernel_op(mutates=("pool_layer",))
+def _store(pool_layer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> Launch:
+    _heads_apart(rows, "rows")
+    stored(pool_layer, "pool_layer", 3)
+    int64s(slots, "slots", 1)
+    expect(pool_layer.shape[1:] == rows.shape[1:] and slots.shape == rows.shape[:1],
+           lambda: f"cannot store rows {describe(rows)} at slots {describe(slots)} into a pool layer "
+           f"{describe(pool_layer)}")
+    bf16 = pool_layer.dtype == torch.bfloat16
+    return lambda ext: ext.store_rows(pool_layer.data_ptr(), pool_layer.shape[0], rows.data_ptr(), rows.stride(0),
+                                      slots.data_ptr(), rows.shape[0], rows.shape[1] * rows.shape[2], bf16)
 
 
 def store(pool_layer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
@@ -276,104 +348,5 @@ def store(pool_layer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> 
     read in place) into a contiguous float32 or bfloat16 pool layer `[num_slots, kv_heads, head_dim]` on the CPU,
     rounding to bfloat16 as torch's `.to(torch.bfloat16)` does; `slots`: int64 `[n]`. Raises IndexError for a slot
     outside the pool and ValueError for mismatched tensors, writing nothing."""
-    rows = _rows_of_heads(rows)
-    if (pool_layer.dtype not in _DTYPES or not pool_layer.is_contiguous() or pool_layer.shape[1:] != rows.shape[1:]
-            or slots.dtype != torch.int64 or slots.shape != rows.shape[:1]):
-        raise ValueError(f"cannot store rows {tuple(rows.shape)} at slots {tuple(slots.shape)} ({slots.dtype}) "
-                         f"into a pool layer {tuple(pool_layer.shape)} ({pool_layer.dtype})")
-    slots = slots.contiguous()
-    _module().store_rows(pool_layer.data_ptr(), pool_layer.shape[0], rows.data_ptr(), rows.stride(0),
-                         slots.data_ptr(), rows.shape[0], rows.shape[1] * rows.shape[2],
-                         pool_layer.dtype == torch.bfloat16)
+    _store(pool_layer, slots.contiguous(), _rows_of_heads(rows))
 
-
-@dataclass(frozen=True)
-class DecoderLayers:
-    """A Llama-architecture model's decoder layers as `decode_layers` reads them, built once per model.
-
-    `table`: int64 `[num_layers, 6]`, each layer's tensor addresses (input RMSNorm weight, post-attention RMSNorm
-    weight, fused qkv `[(heads + 2 * kv_heads) * head_dim, hidden]`, o `[hidden, heads * head_dim]`, fused gate_up
-    `[2 * intermediate, hidden]`, down `[hidden, intermediate]`), all contiguous in `dtype`; `tensors` keeps them
-    alive. `max_rows`: the most rows a step may have (`max_rows` of the weights)."""
-
-    table: torch.Tensor
-    tensors: tuple[torch.Tensor, ...]
-    dtype: torch.dtype
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    eps: float
-    scale: float
-    max_rows: int
-
-    @classmethod
-    def of(cls, layers: list[tuple[torch.Tensor, ...]], heads: int, kv_heads: int, head_dim: int,
-           eps: list[float], scale: list[float]) -> DecoderLayers | None:
-        """From each layer's (input_norm, post_norm, qkv, o, gate_up, down) weights and its RMSNorm epsilon and
-        attention scale; None where the kernels cannot run them (not all contiguous on the CPU in one float32 or
-        bfloat16 dtype, shapes other than the above, layers of different epsilons or scales, or an attention shape
-        `decode_attention` does not take)."""
-        tensors = tuple(tensor for layer in layers for tensor in layer)
-        if not layers or kv_heads < 1 or heads % kv_heads or head_dim % 8 or head_dim > 256:
-            return None
-        dtype = tensors[0].dtype
-        if not all(runs(tensor) and tensor.dtype == dtype for tensor in tensors):
-            return None
-        if len(set(eps)) != 1 or len(set(scale)) != 1:
-            return None
-        hidden, intermediate = layers[0][5].shape
-        shapes = ((hidden,), (hidden,), ((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim),
-                  (2 * intermediate, hidden), (hidden, intermediate))
-        if any(tuple(tensor.shape) != shape for layer in layers for tensor, shape in zip(layer, shapes, strict=True)):
-            return None
-        table = torch.tensor([[tensor.data_ptr() for tensor in layer] for layer in layers], dtype=torch.int64)
-        return cls(table, tensors, dtype, hidden, heads, kv_heads, head_dim, intermediate, eps[0], scale[0],
-                   max_rows(layers[0][2]))
-
-
-@dataclass(frozen=True)
-class DecodeStep:
-    """A step whose every row is one decode token attended by `decode_attention`: its `plan`, the pool slot of each
-    row's new K/V (`write_slots`, int64 `[rows]`) and the whole pool (`pool_k`, `pool_v`: contiguous
-    `[num_layers, num_slots, kv_heads, head_dim]`)."""
-
-    plan: DecodePlan
-    write_slots: torch.Tensor
-    pool_k: torch.Tensor
-    pool_v: torch.Tensor
-
-
-def decode_layers(hidden: torch.Tensor, layers: DecoderLayers, step: DecodeStep, cos: torch.Tensor,
-                  sin: torch.Tensor) -> None:
-    """Runs a decode step through every decoder layer, in place on the residual stream `hidden` (contiguous float32
-    `[rows, hidden]`), as local_engine.model.fused_llama's layers compute it on these kernels: per layer RMSNorm,
-    the qkv matmul, the rotary embedding by `cos`, `sin` (contiguous float32 `[rows, head_dim]`), the new K/V
-    stored at `step.write_slots`, decode attention, o_proj added to the residual, RMSNorm, gate_up, silu(gate) * up,
-    down_proj added to the residual. Raises IndexError for a write slot outside the pool and ValueError for inputs
-    of other shapes, dtypes or devices, a pool that does not match the layers or more rows than `layers.max_rows`,
-    in each case writing nothing; MemoryError before anything is written."""
-    pool_k, pool_v, plan = step.pool_k, step.pool_v, step.plan
-    num_layers, num_slots = pool_k.shape[0], pool_k.shape[1]
-    if (pool_k.shape != pool_v.shape or pool_k.shape[2:] != (layers.kv_heads, layers.head_dim)
-            or num_layers < len(layers.table) or pool_k.dtype not in _DTYPES or pool_v.dtype != pool_k.dtype
-            or pool_k.device.type != "cpu" or pool_v.device.type != "cpu"
-            or not (pool_k.is_contiguous() and pool_v.is_contiguous())):
-        raise ValueError(f"a pool {tuple(pool_k.shape)} ({pool_k.dtype}) does not match the decoder layers")
-    rows = hidden.shape[0]
-    float_rows = (hidden, cos, sin)
-    if (hidden.dim() != 2 or hidden.shape[1] != layers.hidden or rows > layers.max_rows
-            or any(x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous() for x in float_rows)
-            or cos.shape != (rows, layers.head_dim) or sin.shape != cos.shape
-            or step.write_slots.shape != (rows,) or step.write_slots.dtype != torch.int64 or plan.rows != rows):
-        raise ValueError(f"hidden {tuple(hidden.shape)}, cos and sin {tuple(cos.shape)}, write slots "
-                         f"{tuple(step.write_slots.shape)} ({step.write_slots.dtype}) and a plan of {plan.rows} rows "
-                         f"do not make a step of layers of {layers.hidden} features (at most {layers.max_rows} rows)")
-    write_slots = step.write_slots.contiguous()
-    _module().decode_layers(
-        hidden.data_ptr(), layers.table.data_ptr(), len(layers.table), pool_k.data_ptr(), pool_v.data_ptr(),
-        pool_k[0].numel(), num_slots, cos.data_ptr(), sin.data_ptr(), write_slots.data_ptr(), plan.slots.data_ptr(),
-        plan.segments.data_ptr(), plan.segment_rows.data_ptr(), plan.slots.shape[1], len(plan.segments), rows,
-        layers.hidden, layers.heads, layers.kv_heads, layers.head_dim, layers.intermediate, layers.eps, layers.scale,
-        layers.dtype == torch.bfloat16, pool_k.dtype == torch.bfloat16, torch.get_num_threads())

@@ -132,6 +132,7 @@ class FusedLlamaForward:
         self.norm = inner.norm.weight
         self.norm_eps = inner.norm.variance_epsilon
         decoder_layers = inner.layers[: config.num_hidden_layers]
+        self.kernels = cpu_kernels.available()  # whether this forward was built on the CPU kernels
         arena = _weight_arena(model, decoder_layers)
         if arena is not None:  # the head, and the embedding when it is tied to it
             tied = inner.embed_tokens.weight is model.lm_head.weight
@@ -161,9 +162,12 @@ class FusedLlamaForward:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> FusedLlamaForward:
-        """The model's FusedLlamaForward, built (its weights fused) once however many engines run the model."""
+        """The model's FusedLlamaForward, built (its weights fused) once however many engines run the model, unless
+        the CPU kernels were switched on or off since."""
         built = _BUILT.get(model)
-        if built is None:
+        # Built again where the CPU kernels were switched on or off since (cpu_kernels.set_mode): which matmuls and
+        # elementwise steps a forward calls is settled when it is built.
+        if built is None or built.kernels != cpu_kernels.available():
             built = _BUILT[model] = cls(model)
         return built
 

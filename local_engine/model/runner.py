@@ -11,6 +11,10 @@ mask. Each step's attention function (`paged_attention` over the step's `PagedBa
 captured step's) reaches the registered attention function as the forward keyword argument `step_attention`, which
 transformers passes down to every attention call.
 
+With `batch_invariant` (the engine's default), steps run through InvariantLlamaForward instead, where it supports
+the model (local_engine.model.invariant_forward): its attention is planned per step (`step_attention`) and every
+token's logits and K/V are the same bits whatever else the step holds.
+
 Decode steps replayed from CUDA graphs (local_engine.model.graph_step): on CUDA with the flashinfer attention backend,
 given `decode_graphs` settings and without `enforce_eager`, a step of single-token chunks that fits the captured sizes
 replays the graph of its padded batch size (FlashInfer's decode kernel over static buffers); every other step runs
@@ -32,6 +36,8 @@ from local_engine.model.decode_graphs import DecodeGraphSettings
 from local_engine.model.flashinfer_attention import FlashInferAttention
 from local_engine.model.fused_llama import FusedLlamaForward, native_step_tokens
 from local_engine.model.graph_step import Attention, GraphBackend, GraphedDecode
+from local_engine.model.kernel_extension import count_torch_step
+from local_engine.model.invariant_forward import InvariantLlamaForward, step_attention
 from local_engine.model.paged_attention import build_paged_batch, paged_attention
 
 ATTENTION_IMPLEMENTATION = "prefixscope_paged"
@@ -81,7 +87,8 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, pool: KVPool, attention_backend: str = "auto",
                  fused: bool = True, *, decode_graphs: DecodeGraphSettings | None = None,
-                 enforce_eager: bool = False, graph_backend: GraphBackend | None = None) -> None:
+                 enforce_eager: bool = False, graph_backend: GraphBackend | None = None,
+                 batch_invariant: bool = False, cpu_kernels_mode: str | None = None) -> None:
         """`attention_backend`: one of `local_engine.model.attention_backends.ATTENTION_BACKENDS` (raises ValueError
         when it cannot run on the pool's device). `fused`: run Llama-architecture models through FusedLlamaForward
         (the others, or with False, through transformers' forward).
@@ -90,8 +97,21 @@ class ModelRunner:
         pool slot no sequence owns); unless `enforce_eager`, they are used on CUDA with the flashinfer backend
         (FlashInfer's decode kernel in CUDA graphs), or on any device with `graph_backend` (how steps are captured
         and attended, e.g. `graph_step.eager_graph_backend()`). Raises ValueError for a scratch slot outside the
-        pool."""
+        pool.
+
+        `batch_invariant`: every step runs through InvariantLlamaForward where it supports the model and pool
+        (local_engine.model.invariant_forward: a token's logits and K/V do not depend on the rest of the step), with
+        no decode graphs; `self.batch_invariant` says whether it does.
+
+        `cpu_kernels_mode`: "auto" or "off" sets the process's CPU kernels switch (`cpu_kernels.set_mode`) before
+        the forward is built; None leaves it."""
         self.model = model
+        if cpu_kernels_mode is not None:
+            cpu_kernels.set_mode(cpu_kernels_mode)
+        self.invariant = (InvariantLlamaForward.of(model)
+                          if batch_invariant and InvariantLlamaForward.supports(model)
+                          and pool.k.device.type == "cpu" and pool.k.dtype == next(model.parameters()).dtype
+                          else None)
         self._fused = FusedLlamaForward.of(model) if fused and FusedLlamaForward.supports(model) else None
         self.pool = pool
         self.native_tokens = native_step_tokens(pool.k[0])  # a step of up to this many runs on the CPU kernels
@@ -109,10 +129,16 @@ class ModelRunner:
                                                          pool.config.num_kv_heads, pool.config.head_dim,
                                                          pool.config.dtype, _attention_scaling(model, pool))
         self.graphed: GraphedDecode | None = None  # None: every step runs eagerly
-        if decode_graphs is not None and graph_backend is not None and not enforce_eager:
+        if (decode_graphs is not None and graph_backend is not None and not enforce_eager
+                and self.invariant is None):
             self.graphed = GraphedDecode(self._forward, pool, decode_graphs, graph_backend)
         if model.config._attn_implementation != ATTENTION_IMPLEMENTATION:
             model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether every step runs batch-invariantly (see `__init__`)."""
+        return self.invariant is not None
 
     @staticmethod
     def pool_config_for(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> KVPoolConfig:
@@ -157,21 +183,15 @@ class ModelRunner:
                 if not chunk.all_logits:
                     keep.append(len(token_ids) - 1)
                 keep_owner.append((i, len(keep) - 1))
-        batch = build_paged_batch(
-            self.pool,
-            [chunks[i].slot_table for i in order],
-            [len(chunks[i].token_ids) for i in order],
-            num_decode,
-            kernel=self._kernel,
-        )
         input_ids = torch.tensor(token_ids, dtype=torch.int64).to(self.device, non_blocking=True)
         position_ids = torch.tensor(positions, dtype=torch.int64).to(self.device, non_blocking=True)
         keep_index = torch.tensor(keep, dtype=torch.int64).to(self.device, non_blocking=True)
-        # Every row a decode row on the CPU kernels: the fused forward may run all its layers in one call.
-        decode = (cpu_kernels.DecodeStep(batch.decode_plan, batch.write_slots, self.pool.k, self.pool.v)
-                  if batch.decode_plan is not None and not batch.chunks else None)
-        logits = self._forward(input_ids, position_ids, keep_index,
-                               lambda layer, q, k, v, scale: paged_attention(batch, layer, q, k, v, scale), decode)
+        if self.invariant is not None:
+            attention = step_attention(self.pool.k, self.pool.v, [chunks[i].slot_table for i in order],
+                                       [len(chunks[i].token_ids) for i in order])
+            logits = self.invariant(input_ids, position_ids, keep_index, attention)
+        else:
+            logits = self._paged_step(chunks, order, num_decode, input_ids, position_ids, keep_index)
         logits = logits.float()  # [len(keep), vocab], in packed order
         # Back to the callers' order.
         rank = dict(keep_owner)
@@ -182,11 +202,32 @@ class ModelRunner:
         return StepLogits(logits.index_select(0, torch.tensor(wanted, dtype=torch.int64).to(logits.device)),
                           chunk_logits)
 
+    def _paged_step(self, chunks: list[ScheduledChunk], order: list[int], num_decode: int, input_ids: torch.Tensor,
+                    position_ids: torch.Tensor, keep_index: torch.Tensor) -> torch.Tensor:
+        """One step through the fused or transformers forward over a PagedBatch: `chunks` packed in `order` (the
+        first `num_decode` are decode rows). Returns logits `[len(keep_index), vocab]` in packed order."""
+        batch = build_paged_batch(
+            self.pool,
+            [chunks[i].slot_table for i in order],
+            [len(chunks[i].token_ids) for i in order],
+            num_decode,
+            kernel=self._kernel,
+        )
+        # Every row a decode row on the CPU kernels: the fused forward may run all its layers in one call.
+        decode = (cpu_kernels.DecodeStep(batch.decode_plan, batch.write_slots, self.pool.k, self.pool.v)
+                  if batch.decode_plan is not None and not batch.chunks else None)
+        return self._forward(input_ids, position_ids, keep_index,
+                             lambda layer, q, k, v, scale: paged_attention(batch, layer, q, k, v, scale), decode)
+
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
                  attention: Attention, decode: cpu_kernels.DecodeStep | None = None) -> torch.Tensor:
         """The model over one packed step: `input_ids`, `position_ids` int64 `[num_tokens]`, `keep` int64
         `[num_kept]`; `decode` as FusedLlamaForward takes it. Returns logits `[num_kept, vocab]` (the model's dtype,
-        or float32)."""
+        or float32). A step on the CPU that the CPU kernels do not compute counts as the `torch` path
+        (cpu_kernels.path_counts)."""
+        native = self._fused is not None and self._fused.native and input_ids.shape[0] <= self.native_tokens
+        if not native and self.device.type == "cpu":
+            count_torch_step()
         if self._fused is not None:
             return self._fused(input_ids, position_ids, keep, attention, decode, self.native_tokens)
         return self.model(input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0), use_cache=False,

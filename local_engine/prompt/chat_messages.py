@@ -135,35 +135,3 @@ def parse_tool_choice(value, tools: list[dict] | None) -> ToolChoice:
         "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
         param="tool_choice",
     )
-
-
-def first_argument(tools: list[dict] | None, function: str | None) -> str | None:
-    """The first required (else first declared) parameter of `function`, to steer a forced call's arguments."""
-    for tool in tools or ():
-        if tool["function"]["name"] != function:
-            continue
-        parameters = tool["function"].get("parameters") or {}
-        required = parameters.get("required")
-        properties = parameters.get("properties")
-        if isinstance(required, list) and required:
-            candidate = required[0]
-        elif isinstance(properties, dict) and properties:
-            candidate = next(iter(properties))
-        else:
-            return None
-        # The name goes into the prompt as template text, so only a plain identifier qualifies.
-        return candidate if isinstance(candidate, str) and _FUNCTION_NAME.match(candidate) else None
-    return None
-
-
-def takes_a_string(tools: list[dict] | None, function: str | None, argument: str | None) -> bool:
-    """Whether `function`'s schema declares `argument` as `{"type": "string"}` (so a forced call may open the
-    string's quote for the model, which a small model otherwise often leaves out)."""
-    for tool in tools or ():
-        if tool["function"]["name"] == function:
-            properties = (tool["function"].get("parameters") or {}).get("properties")
-            schema = properties.get(argument) if isinstance(properties, dict) else None
-            kind = schema.get("type") if isinstance(schema, dict) else None
-            # JSON Schema's nullable form `["string", "null"]` counts: the model is asked for a value, not null.
-            return kind == "string" or (isinstance(kind, list) and "string" in kind and set(kind) <= {"string", "null"})
-    return False

@@ -1,7 +1,9 @@
 """Chat messages (and tools) to prompt token ids with the model's chat template, and where each token came from.
 
 Tools are rendered verbatim, in the order and key order the client sent, before the system prompt: the byte layout
-of the prompt is exactly what the client controls, which is what makes prefix caching (and its misses) visible.
+of the prompt is exactly what the client controls, which is what makes prefix caching (and its misses) visible. An
+assistant's tool calls are rendered as the engine's tool-call format writes them, arguments verbatim, so an answer
+the engine returned and the client re-sent as it was renders as the model wrote it.
 
 Only the template makes control tokens: text inside messages and tools that spells a special token (say a pasted
 `<|im_end|>`) is encoded as ordinary text (`local_engine.prompt.encoding`).
@@ -10,6 +12,7 @@ Only the template makes control tokens: text inside messages and tools that spel
 from __future__ import annotations
 
 import json
+import re
 
 from local_engine.prompt.chat_messages import check_messages
 from local_engine.prompt.encoding import encode_rendered
@@ -17,6 +20,11 @@ from local_engine.prompt.layout import PROMPT, TOOLS, PromptLayout, Span, find_s
 
 # Marks a part of the request in a second rendering (a private-use character no template adds).
 _MARK = "\U000f0000"
+# Where a forced call's opening ends (`local_engine.prompt.tool_calls`: the format's open tag and body head, the
+# arguments left to the model): the prompt of a forced call ends there, and the model's tokens start there. An
+# earlier call is encoded with a cut at the same place, so that the call re-sent as the engine returned it encodes
+# to the tokens the engine cached (`"arguments": ` then `{"` rather than one ` {"` token across the boundary).
+_CALL_HEAD = re.compile(r'<tool_call>\{"name": "(?:[^"\\]|\\.)*", "arguments": ')
 
 
 def message_text(message: dict, index: int) -> str:
@@ -29,7 +37,18 @@ def message_text(message: dict, index: int) -> str:
     return "".join(part["text"] for part in content)
 
 
+def tool_calls_separator(content: str) -> str:
+    """What goes between an assistant message's text and its tool calls: nothing when there is no text or it already
+    ends in whitespace, else a newline. An answer the engine returned carries in its text what the model wrote
+    before its first call (`local_engine.prompt.tool_calls.ToolCallStream`), usually that newline, so re-sent as
+    returned it renders as the model wrote it and matches the tokens cached for it."""
+    return "" if not content or content[-1].isspace() else "\n"
+
+
 def _render_tool_calls(tool_calls: list) -> str:
+    """Each call as the Hermes format writes it (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, the
+    arguments text exactly as sent, never re-serialised: the model's own text is what the cache holds), one a
+    line."""
     lines = []
     for call in tool_calls:
         function = call.get("function", {}) if isinstance(call, dict) else {}
@@ -50,7 +69,7 @@ def _message_pieces(messages: list, tools: list | None) -> list[tuple[str, list]
         role = message["role"]
         text = message_text(message, index)
         if role == "assistant" and message.get("tool_calls"):
-            text = (text + "\n" if text else "") + _render_tool_calls(message["tool_calls"])
+            text = text + tool_calls_separator(text) + _render_tool_calls(message["tool_calls"])
         rendered.append(("system" if role == "developer" else role, [(message_segment(index, role), text)]))
     if tools:
         tool_part = (TOOLS, "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools))
@@ -113,7 +132,7 @@ def chat_prompt(
     `opening` is text the assistant turn starts with (to steer tool calls)."""
     structured = _message_pieces(messages, tools)
     plain = _plain(structured)
-    encoded = encode_rendered(tokenizer, plain, lambda items: render_chat(tokenizer, items), opening)
+    encoded = encode_rendered(tokenizer, plain, lambda items: render_chat(tokenizer, items), opening, _CALL_HEAD)
     if encoded.offsets is None:
         return encoded.token_ids, None
     return encoded.token_ids, PromptLayout(_spans(tokenizer, structured, encoded.rendered), encoded.offsets)

@@ -4,7 +4,9 @@ Tokenizers turn any occurrence of a special token's text (`<|im_end|>`) into tha
 client data, so where it spells a special token the prompt is encoded piece by piece: the text between the
 template's special tokens is encoded with `split_special_tokens=True` (as text), the template's special tokens as
 themselves. Tokenizers already cut the text at special tokens before anything else, so a prompt whose content holds
-no special-token text keeps exactly the ids a plain `encode` gives; that common case takes the plain path.
+no special-token text keeps exactly the ids a plain `encode` gives; that common case takes the plain path. A caller
+may name further places no token may span (`cut_after`: where the engine's own output started, so that its answer,
+re-sent, encodes to the tokens it generated).
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ class EncodedPrompt:
 
 
 def encode_rendered(
-    tokenizer, plain: list[dict], render: Callable[[list[dict]], str], opening: str = ""
+    tokenizer, plain: list[dict], render: Callable[[list[dict]], str], opening: str = "",
+    cut_after: re.Pattern[str] | None = None,
 ) -> EncodedPrompt:
-    """`render(plain) + opening` encoded with message content never read as control tokens."""
+    """`render(plain) + opening` encoded with message content never read as control tokens. Where `cut_after`
+    matches the rendered text, it is encoded in two pieces at the match's end (no token spans it); the opening is
+    never cut."""
     specials = special_texts(tokenizer)
     rendered = render(plain)
     text = rendered + opening
@@ -46,8 +51,24 @@ def encode_rendered(
         cuts: list[tuple[int, int, bool]] = [(0, len(text), False)]
     else:
         cuts = _protected_pieces(text, _content_spans(plain, render, text, opening), specials)
+    if cut_after is not None:
+        cuts = _split_pieces(cuts, [match.end() for match in cut_after.finditer(rendered)])
     token_ids, offsets = _encode_pieces(tokenizer, text, cuts)
     return EncodedPrompt(token_ids, offsets, rendered)
+
+
+def _split_pieces(pieces: list[tuple[int, int, bool]], points: list[int]) -> list[tuple[int, int, bool]]:
+    """`pieces` cut again at each of `points` that falls inside one (each part keeps its piece's `as_text`)."""
+    if not points:
+        return pieces
+    out: list[tuple[int, int, bool]] = []
+    for start, end, as_text in pieces:
+        for point in points:
+            if start < point < end:
+                out.append((start, point, as_text))
+                start = point
+        out.append((start, end, as_text))
+    return out
 
 
 def _content_spans(plain: list[dict], render, text: str, opening: str) -> list[tuple[int, int]]:

@@ -13,7 +13,7 @@ rendered text and each token's character span (the tokenizer's offsets), so that
 
 Offsets inside `tools` refer to the tools as the engine renders them: `json.dumps(tool, ensure_ascii=False)` per
 tool, joined by newlines. Offsets inside a message refer to its text content (text parts joined); an assistant
-message's tool calls follow its text after a newline.
+message's tool calls follow its text (after a newline, unless the text is empty or ends in whitespace).
 """
 
 from __future__ import annotations

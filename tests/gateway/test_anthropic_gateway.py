@@ -149,7 +149,8 @@ def test_tool_use_round_trip_maps_to_and_from_openai_tool_calls(gateway, stub):
                 {
                     "id": STUB_TOOL_CALL["id"],
                     "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city":"Paris","unit":"C"}'},
+                    # The tool_use re-sent as returned reaches the upstream as the text it wrote (and cached).
+                    "function": {"name": "get_weather", "arguments": STUB_TOOL_CALL["arguments"]},
                 }
             ],
         },

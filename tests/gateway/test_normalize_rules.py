@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import ALL_RULES, SEMANTIC_RULES, TenantSettings
+from gateway.conversations.answer import ToolCall as AnswerCall
+from gateway.conversations.returned import ReturnedCalls
 from gateway.normalize.pipeline import build_pipeline
 from gateway.normalize.rules import (
     Newlines,
@@ -80,30 +82,24 @@ def test_tool_order_sorts_by_name_and_is_stable():
     assert [t["function"]["name"] for t in request["tools"]] == ["zeta", "alpha", "mid", "mid"]
 
 
-def test_tool_call_arguments_canonicalised_only_when_json():
-    request = {
-        "messages": [
-            {"role": "user", "content": "hi"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "1",
-                        "type": "function",
-                        "function": {"name": "f", "arguments": '{"b": 1, "a": {"d": 2, "c": "é"}}'},
-                    },
-                    {"id": "2", "type": "function", "function": {"name": "g", "arguments": "not json {"}},
-                ],
-            },
-        ]
-    }
-    result = ToolCallArgumentsKeyOrder().apply(request)
+def test_tool_call_arguments_are_written_back_as_returned_and_left_alone_otherwise():
+    returned = ReturnedCalls(lambda tenant: tenant.encode().ljust(32, b"k"))
+    returned.remember("acme", [AnswerCall("f", '{"b": 1, "a": {"d": 2, "c": "é"}}')], expires_at=float("inf"))
+    calls = [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a":{"c":"\\u00e9","d":2},"b":1}'}},
+        {"id": "2", "type": "function", "function": {"name": "g", "arguments": '{"b":1,"a":2}'}},  # never returned
+        {"id": "3", "type": "function", "function": {"name": "f", "arguments": "not json {"}},
+    ]
+    request = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
+                                                                 "tool_calls": calls}]}
+    result = ToolCallArgumentsKeyOrder(returned.lookup_for("acme")).apply(request)
     assert result.changed
-    calls = result.request["messages"][1]["tool_calls"]
-    assert calls[0]["function"]["arguments"] == '{"a":{"c":"é","d":2},"b":1}'
-    assert calls[1]["function"]["arguments"] == "not json {"
-    assert request["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"b": 1, "a": {"d": 2, "c": "é"}}'
+    sent = [call["function"]["arguments"] for call in result.request["messages"][1]["tool_calls"]]
+    assert sent == ['{"b": 1, "a": {"d": 2, "c": "é"}}', '{"b":1,"a":2}', "not json {"]
+    assert request["messages"][1]["tool_calls"] is calls and calls[0]["function"]["arguments"].startswith('{"a"')
+    # Another tenant was returned nothing; without a lookup the rule changes nothing at all.
+    assert not ToolCallArgumentsKeyOrder(returned.lookup_for("other")).apply(request).changed
+    assert not ToolCallArgumentsKeyOrder().apply(request).changed
 
 
 def test_tool_call_arguments_ignores_non_assistant_messages():
@@ -126,6 +122,8 @@ def test_newlines_in_strings_parts_and_prompts():
     assert result.request["messages"][0]["content"] == "line1\nline2\nline3"
     assert result.request["messages"][1]["content"][0]["text"] == "a\nb"
     assert result.request["messages"][1]["content"][1] is request["messages"][1]["content"][1]
+    answer = {"role": "assistant", "content": "as the model wrote it\r\n\ufeff"}
+    assert Newlines().apply({"messages": [answer]}).request["messages"][0] is answer  # an answer re-sent as returned
     completion = Newlines().apply({"prompt": "x\r\ny"})
     assert completion.changed and completion.request["prompt"] == "x\ny"
     assert Newlines().apply({"prompt": ["a\r", "b"]}).request["prompt"] == ["a\n", "b"]

@@ -179,14 +179,16 @@ def test_responses_shaped_normalization_uses_the_tenants_rules():
         "instructions": "Line one\r\nLine two",
         "tools": [{"type": "function", "name": "zeta", "parameters": {"type": "object", "properties": {}}},
                   {"type": "function", "name": "alpha", "parameters": {"properties": {}, "type": "object"}}],
-        "input": [{"type": "function_call", "call_id": "c", "name": "zeta", "arguments": '{"b": 1, "a": 2}'}],
+        "input": [{"type": "function_call", "call_id": "c", "name": "zeta", "arguments": '{"b": 1, "a": 2}'},
+                  {"role": "assistant", "content": [{"type": "output_text", "text": "Done.\r\n"}]}],
     }
     normalized, applied = normalize(body, TenantSettings())
-    assert applied == ("newlines", "tool_schema_key_order", "tool_order", "tool_call_arguments_key_order")
+    assert applied == ("newlines", "tool_schema_key_order", "tool_order")
     assert normalized["instructions"] == "Line one\nLine two"
     assert [tool["name"] for tool in normalized["tools"]] == ["alpha", "zeta"]
     assert list(normalized["tools"][0]["parameters"]) == ["properties", "type"]
-    assert normalized["input"][0]["arguments"] == '{"a":2,"b":1}'
+    # The answers re-sent are what the upstream cached: a function call's arguments and an assistant's text as sent.
+    assert normalized["input"] == body["input"]
     assert body["instructions"] == "Line one\r\nLine two"  # the input is not mutated
     assert normalize(normalized, TenantSettings()) == (normalized, ())
     assert normalize(body, TenantSettings(rules=frozenset()))[1] == ()

@@ -58,6 +58,7 @@ def assert_mixed_batch_equals_alone_and_full_recompute(model, vocab: int, length
         assert (batched[i] - full[i][ends[i] - 1]).abs().max().item() <= 1e-4
 
 
+@pytest.mark.model_forward
 def test_a_mixed_batch_equals_each_request_alone_and_a_full_recompute_on_the_tiny_model(tiny_loaded):
     lengths = [37, 120, 9, 64, 200, 18, 150, 3, 90]
     assert_mixed_batch_equals_alone_and_full_recompute(tiny_loaded.model, len(tiny_loaded.tokenizer), lengths)

@@ -13,6 +13,9 @@ from local_engine.model.runner import ModelRunner, ScheduledChunk
 
 from .conftest import build_tiny_llama
 
+# Run again in CI with the CPU kernels off (Makefile `test`).
+pytestmark = pytest.mark.model_forward
+
 
 def _runner(model, fused: bool) -> ModelRunner:
     config = ModelRunner.pool_config_for(model, torch.device("cpu"), torch.float32)

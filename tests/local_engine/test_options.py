@@ -28,6 +28,7 @@ NON_DEFAULT = {
     "disk_cache_dir": "/var/cache/prefixscope",
     "disk_cache_gib": 1.5,
     "cache_write_policy": "write_through",
+    "cpu_kernels": "off",
 }
 # The nested KV-event options (`--kv-events-*`, dest `kv_events_<field>`).
 NON_DEFAULT_KV_EVENTS = {"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558",

@@ -11,8 +11,15 @@ IM_START, IM_END = 1, 2  # SmolLM2's <|im_start|> and <|im_end|>
 
 
 def plain_ids(tokenizer, messages, tools=None):
-    """Today's encoding: the rendered template through a plain encode."""
-    return tokenizer.encode(render_chat(tokenizer, template_messages(messages, tools)), add_special_tokens=False)
+    """Today's encoding: the rendered template through a plain encode, cut where each earlier tool call's arguments
+    start (where a forced call's opening ends and the model's own tokens start)."""
+    text = render_chat(tokenizer, template_messages(messages, tools))
+    head = '"arguments": '
+    ids, start = [], 0
+    while (found := text.find(head, start)) >= 0:
+        ids += tokenizer.encode(text[start:found + len(head)], add_special_tokens=False)
+        start = found + len(head)
+    return ids + tokenizer.encode(text[start:], add_special_tokens=False)
 
 
 ORDINARY = [
@@ -37,6 +44,8 @@ def test_ordinary_prompts_keep_their_token_ids(smollm2_tokenizer, messages):
         # The protected path gives the same ids too, so the prefix cache cannot tell them apart.
         plain = template_messages(messages, with_tools)
         text = render_chat(smollm2_tokenizer, plain)
+        if '"arguments": ' in text:
+            continue  # the protected path knows no cuts of its own
         spans = _content_spans(plain, lambda items: render_chat(smollm2_tokenizer, items), text, "")
         assert encode_protected(smollm2_tokenizer, text, spans, special_texts(smollm2_tokenizer)) == expected
 
@@ -70,3 +79,22 @@ def test_the_steering_opening_follows_the_generation_prompt(smollm2_tokenizer):
     ids = chat_prompt_token_ids(smollm2_tokenizer, messages, None, opening)
     text = render_chat(smollm2_tokenizer, template_messages(messages, None)) + opening
     assert ids == smollm2_tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_a_forced_call_resent_as_returned_encodes_to_the_tokens_the_engine_cached(smollm2_tokenizer):
+    from local_engine.prompt.tool_calls import ToolCallStream, format_for
+
+    fmt = format_for(smollm2_tokenizer)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    opening = fmt.open_tag + fmt.body_head("get_weather")  # what a call forced by `tool_choice` starts with
+    prompt = chat_prompt_token_ids(smollm2_tokenizer, messages, None, opening)
+    written = '{"city": "Paris"}}'  # the model's part, as its tokens decode
+    cached = prompt + smollm2_tokenizer.encode(written, add_special_tokens=False)
+    stream = ToolCallStream(fmt, opening, "get_weather")
+    stream.feed(written)
+    _, (call,) = stream.finish()
+    resent = [*messages, {"role": "assistant", "content": None, "tool_calls": [call.as_openai()]},
+              {"role": "tool", "tool_call_id": call.id, "content": "18 C"}]
+    ids = chat_prompt_token_ids(smollm2_tokenizer, resent, None)
+    # The whole prompt and the model's tokens, the last one aside (`}}` becomes `}}</` ahead of the close tag).
+    assert ids[: len(cached) - 1] == cached[:-1]

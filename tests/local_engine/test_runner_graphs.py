@@ -58,6 +58,7 @@ class Sequences:
             self.next_tokens[i] = int(row_logits.argmax())
 
 
+@pytest.mark.model_forward
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "transformers"])
 def test_graphed_decode_steps_give_the_eager_logits_and_capture_each_size_once(fused):
     model = build_tiny_llama(VOCAB, seed=5)

@@ -62,6 +62,14 @@ def test_sigterm_finishes_or_cancels_in_flight_requests_and_exits_zero(tmp_path,
         status, body = results["long"]
         # Still running when the grace period ended: cancelled, and the client is told why.
         assert status == 503 and body["error"]["type"] == "server_unavailable"
+        output = process.stdout.read().decode()
+        # The engine said it warmed up before it was ready, logged the request, and said what the stop drained.
+        assert "engine warm-up took" in output and "engine ready" in output
+        assert output.index("engine warm-up took") < output.index("engine ready")
+        (line,) = [line for line in output.splitlines() if "access " in line and "/v1/completions" in line]
+        assert " POST /v1/completions 503 prompt_tokens=4 cached_tokens=0 computed_tokens=4 " in line
+        assert "engine stopped on SIGTERM: 1 running and 0 waiting request(s) at the signal; 0 finished within " \
+               "the 3 s grace, 1 cancelled; drained in " in output
         # After the signal nothing new is admitted (the port is closed or the engine refuses).
         _post(base_url, short_body, results, "after")
         assert results["after"][0] in (None, 503)

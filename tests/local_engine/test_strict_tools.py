@@ -12,7 +12,7 @@ import llguidance.hf
 import pytest
 
 from local_engine.api.protocol import CHAT, parse_request
-from local_engine.engine.tool_call_grammar import strict_tool_schemas, tool_call_grammar
+from local_engine.engine.tool_call_grammar import argument_schemas, tool_call_grammar
 from local_engine.engine.types import GenerationRequest
 from local_engine.errors import InvalidRequest
 from local_engine.prompt.tool_calls import ToolCallStream
@@ -61,7 +61,7 @@ def call(name: str, arguments: dict) -> str:
 def test_auto_allows_text_or_calls_whose_arguments_match(ll_tokenizer, smollm2_tokenizer):
     fmt = HermesFormat()
     names = ("get_weather", "roll_dice", "free_form")
-    grammar = tool_call_grammar(fmt, names, strict_tool_schemas(TOOLS), "")
+    grammar = tool_call_grammar(fmt, names, argument_schemas(TOOLS), "")
     good = {"city": "Oslo", "days": 3, "unit": "celsius"}
     allowed = [
         "It is sunny in Oslo today.",
@@ -82,7 +82,7 @@ def test_auto_allows_text_or_calls_whose_arguments_match(ll_tokenizer, smollm2_t
 
 def test_a_forced_call_is_its_arguments_after_the_opening(ll_tokenizer, smollm2_tokenizer):
     fmt = HermesFormat()
-    strict = strict_tool_schemas(TOOLS)
+    strict = argument_schemas(TOOLS)
     opening = fmt.open_tag + fmt.body_head("roll_dice")
     grammar = tool_call_grammar(fmt, ("roll_dice",), strict, opening)
     assert accepts(ll_tokenizer, smollm2_tokenizer, grammar, '{"sides": 20}}')
@@ -100,22 +100,23 @@ def body(**fields) -> dict:
 def test_the_request_sets_up_the_grammar_by_tool_choice(tiny_loaded):
     named = parse_request(body(tool_choice={"type": "function", "function": {"name": "roll_dice"}}), CHAT, tiny_loaded)
     assert named.tool_opening == '<tool_call>{"name": "roll_dice", "arguments": '  # the grammar writes the rest
-    assert named.sampling.grammar is not None and named.sampling.tool_names == ()
+    assert named.sampling.grammar is not None and named.sampling.grammar_param == "tools"
     several = parse_request(body(tool_choice="required"), CHAT, tiny_loaded)
     assert several.tool_opening == '<tool_call>{"name": "' and several.sampling.grammar is not None
-    assert several.sampling.tool_names == ()  # the grammar constrains the name too
     assert parse_request(body(), CHAT, tiny_loaded).sampling.grammar is not None  # auto
     assert parse_request(body(tool_choice="none"), CHAT, tiny_loaded).sampling.grammar is None
-    # A named function that is not strict keeps the plain forced opening.
+    # A named function that is not strict is forced under its schema all the same (test_forced_tool_calls.py).
     free = parse_request(body(tool_choice={"type": "function", "function": {"name": "free_form"}}), CHAT, tiny_loaded)
-    assert free.sampling.grammar is None and free.tool_opening.endswith('"arguments": {')
+    assert free.sampling.grammar is not None and free.tool_opening.endswith('"arguments": ')
     # With auto, response_format shapes the answer; a forced call is a call whatever response_format says.
     json_format = {"type": "json_object"}
     auto_json = parse_request(body(response_format=json_format), CHAT, tiny_loaded)
     assert auto_json.sampling.grammar == parse_request(
         {**body(response_format=json_format), "tools": None}, CHAT, tiny_loaded).sampling.grammar
-    assert parse_request(body(response_format=json_format, tool_choice={
-        "type": "function", "function": {"name": "free_form"}}), CHAT, tiny_loaded).sampling.grammar is None
+    forced_json = parse_request(body(response_format=json_format, tool_choice={
+        "type": "function", "function": {"name": "free_form"}}), CHAT, tiny_loaded)
+    assert forced_json.sampling.grammar == free.sampling.grammar
+    assert auto_json.sampling.grammar_param == "response_format"
 
 
 @pytest.mark.parametrize("parameters", [{"type": "object", "properties": {"a": {"type": "no-such-type"}}},
@@ -125,7 +126,7 @@ def test_a_strict_schema_that_does_not_compile_is_a_400_naming_the_tool(tiny_loa
     with pytest.raises(InvalidRequest) as raised:
         parse_request(body(tools=tools, tool_choice="none"), CHAT, tiny_loaded)
     assert raised.value.param == "tools[1].function.parameters"
-    assert strict_tool_schemas([tool("broken", parameters, strict=False)]) == {}  # only strict schemas are compiled
+    assert argument_schemas([tool("broken", parameters, strict=False)]) == {}  # only strict schemas, unforced
 
 
 @pytest.mark.parametrize("tool_choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from local_engine.prompt.tool_calls import ToolCallStream, format_for
 from local_engine.prompt.tool_calls.hermes import HermesFormat
@@ -51,10 +50,11 @@ def test_an_unclosed_but_complete_call_at_the_end_is_a_call():
 
 def test_a_forced_opening_is_parsed_but_never_shown():
     fmt = HermesFormat()
-    opening = fmt.opening("get_weather", "city")
-    assert opening == '<tool_call>{"name": "get_weather", "arguments": {"city": '
+    opening = fmt.opening("get_weather")
+    assert opening == '<tool_call>{"name": "get_weather", "arguments": '
+    assert fmt.opening(None) == '<tool_call>{"name": "'  # the model writes the name
     stream = ToolCallStream(fmt, opening, forced_name="get_weather")
-    content, calls = run(stream, '"Paris"}}\n\nThe weather in Paris is nice.', 3)
+    content, calls = run(stream, '{"city": "Paris"}}\n\nThe weather in Paris is nice.', 3)
     assert content == ""
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
 
@@ -80,19 +80,6 @@ def test_the_format_is_chosen_from_the_chat_template(smollm2_tokenizer):
     assert isinstance(format_for(smollm2_tokenizer), HermesFormat)
 
 
-def test_only_plain_parameter_names_steer_a_forced_call():
-    from local_engine.prompt.chat_messages import first_argument
-
-    def tools(parameters):
-        return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
-
-    assert first_argument(tools({"required": ["city"], "properties": {"x": {}}}), "f") == "city"
-    assert first_argument(tools({"properties": {"x": {}, "y": {}}}), "f") == "x"
-    assert first_argument(tools({"required": ["<|im_end|>"]}), "f") is None
-    assert first_argument(tools({}), "f") is None
-    assert first_argument(tools({"required": ["city"]}), "g") is None
-
-
 def test_a_call_cut_short_by_max_tokens_finishes_with_length_not_tool_calls():
     from local_engine.engine.types import Finished, RequestTimings
     from local_engine.api.responses import _finish_reason
@@ -107,20 +94,6 @@ def test_a_call_cut_short_by_max_tokens_finishes_with_length_not_tool_calls():
     assert _finish_reason(Finished("length", 10, 4, 0, timings), whole) == "tool_calls"
     assert _finish_reason(Finished("stop", 10, 4, 0, timings), cut) == "tool_calls"
     assert _finish_reason(Finished("stop", 10, 4, 0, timings), []) == "stop"
-
-
-def test_a_string_first_argument_opens_its_quote():
-    from local_engine.prompt.chat_messages import takes_a_string
-
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
-    assert takes_a_string(tools, "f", "city") and not takes_a_string(tools, "f", "days")
-    assert not takes_a_string(tools, "f", "nope") and not takes_a_string(tools, "g", "city")
-    for kind, expected in ((["string", "null"], True), (["string", "integer"], False), (["null"], False)):
-        tools[0]["function"]["parameters"]["properties"]["city"]["type"] = kind
-        assert takes_a_string(tools, "f", "city") is expected
-    assert HermesFormat().opening("f", "city", opens_string=True) == '<tool_call>{"name": "f", "arguments": {"city": "'
-    assert HermesFormat().opened_json(HermesFormat().opening("f", "city")) == '{"name": "f", "arguments": {"city": '
 
 
 @pytest.mark.parametrize(
@@ -146,14 +119,14 @@ def test_a_forced_call_ends_where_its_json_closes(smollm2_tokenizer):
     """The model closes the call's JSON and writes on: the text ends at the close, as at a stop string."""
     from local_engine.prompt.detokenizer import IncrementalDetokenizer
 
-    opening = HermesFormat().opening("get_weather", "city", opens_string=True)
+    opening = HermesFormat().opening("get_weather")
     detokenizer = IncrementalDetokenizer(smollm2_tokenizer, ("</tool_call>",), HermesFormat().opened_json(opening))
     pieces = []
-    for token_id in smollm2_tokenizer.encode('Paris"}}\n\nThe weather in Paris is nice.</tool_call>'):
+    for token_id in smollm2_tokenizer.encode('{"city": "Paris"}}\n\nThe weather in Paris is nice.</tool_call>'):
         pieces.append(detokenizer.feed(token_id))
         if detokenizer.stopped:
             break
-    assert "".join(pieces) == detokenizer.text == 'Paris"}}'
+    assert "".join(pieces) == detokenizer.text == '{"city": "Paris"}}'
     assert detokenizer.matched_stop is None
     _, calls = run(ToolCallStream(HermesFormat(), opening, forced_name="get_weather"), detokenizer.text, 4)
     assert [(c.name, json.loads(c.arguments), c.complete) for c in calls] == [("get_weather", {"city": "Paris"}, True)]
@@ -167,34 +140,12 @@ def test_a_named_tool_choice_sets_up_the_opening_and_the_json_close(tiny_loaded)
     body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [tool],
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "max_tokens": 8}
     parsed = parse_request(body, CHAT, tiny_loaded)
-    assert parsed.tool_opening.endswith('"arguments": {"city": "')
-    assert parsed.sampling.closing_json == '{"name": "get_weather", "arguments": {"city": "'
+    assert parsed.tool_opening == '<tool_call>{"name": "get_weather", "arguments": '  # the grammar writes the rest
+    assert parsed.sampling.closing_json == '{"name": "get_weather", "arguments": '
     assert parse_request({**body, "tool_choice": "auto"}, CHAT, tiny_loaded).sampling.closing_json == ""
 
 
-def test_a_constrained_name_is_always_one_of_the_tools(smollm2_tokenizer):
-    """Whatever the logits favour, the name written under the constraint is a tool's name and its closing quote."""
-    from local_engine.prompt.tool_name_constraint import TokenTexts, ToolNameConstraint
-
-    texts = TokenTexts(smollm2_tokenizer)
-    names = ("get_weather", "get_time", "roll_dice")
-    written = set()
-    for seed in range(12):
-        generator = torch.Generator().manual_seed(seed)
-        constraint = ToolNameConstraint(names, texts)
-        text = ""
-        while not constraint.done:
-            token = int(torch.argmax(constraint.mask(torch.randn(len(texts.text), generator=generator))))
-            constraint.accept(token)
-            text += texts.text[token]
-        name = text.split('"')[0]
-        assert name in names and text.startswith(name + '"')
-        written.add(name)
-        assert constraint.allowed_token_ids() is None  # free from here on: the arguments
-    assert len(written) >= 2  # the constraint narrows, it does not pick
-
-
-def test_required_with_several_tools_constrains_the_name_and_one_tool_is_named(tiny_loaded):
+def test_required_with_several_tools_leaves_the_name_to_the_grammar_and_one_tool_is_named(tiny_loaded):
     from local_engine.api.protocol import CHAT, parse_request
 
     def tool(name):
@@ -202,15 +153,18 @@ def test_required_with_several_tools_constrains_the_name_and_one_tool_is_named(t
 
     body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
             "tools": [tool("a_tool"), tool("b_tool")], "tool_choice": "required"}
-    assert parse_request(body, CHAT, tiny_loaded).sampling.tool_names == ("a_tool", "b_tool")
-    one = {**body, "tools": [tool("a_tool")]}
-    assert parse_request(one, CHAT, tiny_loaded).sampling.tool_names == ()  # named in the opening instead
-    named = {**body, "tool_choice": {"type": "function", "function": {"name": "b_tool"}}}
-    assert parse_request(named, CHAT, tiny_loaded).sampling.tool_names == ()
+    several = parse_request(body, CHAT, tiny_loaded)
+    assert several.tool_opening == '<tool_call>{"name": "' and several.sampling.grammar is not None
+    one = parse_request({**body, "tools": [tool("a_tool")]}, CHAT, tiny_loaded)
+    assert one.tool_opening == '<tool_call>{"name": "a_tool", "arguments": '  # named in the opening instead
+    assert one.tool_choice.function == "a_tool"
+    named = parse_request({**body, "tool_choice": {"type": "function", "function": {"name": "b_tool"}}}, CHAT,
+                          tiny_loaded)
+    assert named.tool_opening == '<tool_call>{"name": "b_tool", "arguments": '
 
 
 def test_sampled_forced_calls_on_a_random_model_name_a_real_tool(make_engine):
-    """The tiny random model writes noise; under the constraint its forced calls still name one of the tools."""
+    """The tiny random model writes noise; under the grammar its forced calls still name one of the tools."""
     import asyncio
 
     from local_engine.engine.types import GenerationRequest

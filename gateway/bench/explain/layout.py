@@ -41,7 +41,8 @@ def _tool_call_text(call: dict[str, Any]) -> str:
 
 
 def message_text(message: dict[str, Any]) -> str:
-    """A message's text as the engine locates inside it: its content, then its tool calls after a newline."""
+    """A message's text as the engine locates inside it: its content, then its tool calls (after a newline unless
+    the content is empty or ends in whitespace)."""
     content = message.get("content")
     if isinstance(content, list):
         text = "".join(part.get("text", "") for part in content if isinstance(part, dict))
@@ -49,7 +50,8 @@ def message_text(message: dict[str, Any]) -> str:
         text = content or ""
     calls = message.get("tool_calls")
     if message.get("role") == "assistant" and calls:
-        text = (text + "\n" if text else "") + "\n".join(_tool_call_text(call) for call in calls)
+        separator = "" if not text or text[-1].isspace() else "\n"  # as the engine joins them
+        text = text + separator + "\n".join(_tool_call_text(call) for call in calls)
     return text
 
 

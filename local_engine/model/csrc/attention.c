@@ -169,16 +169,38 @@ int attention_shape_supported(int64_t heads, int64_t kv_heads, int64_t head_dim)
     return head_dim % 8 == 0 && head_dim <= MAX_HEAD_DIM && kv_heads > 0 && heads % kv_heads == 0;
 }
 
+int plan_valid(const int64_t *slots, int64_t rows, int64_t stride, const int64_t *segments, int64_t num_segments,
+               const int64_t *seg_rows, int64_t num_seg_rows, int64_t num_slots) {
+    if (rows < 1 || stride < 1 || num_segments < 0 || !slots_in_pool(slots, rows * stride, num_slots)) return 0;
+    for (int64_t r = 0; r < num_seg_rows; r++)
+        if (seg_rows[r] < 0 || seg_rows[r] >= rows) return 0;
+    for (int64_t s = 0; s < num_segments; s++) {
+        const int64_t *seg = segments + s * SEGMENT_FIELDS;
+        if (seg[TABLE_ROW] < 0 || seg[TABLE_ROW] >= rows || seg[FIRST_POSITION] < 0 ||
+            seg[FIRST_POSITION] > seg[END_POSITION] || seg[END_POSITION] > stride || seg[FIRST_ROW] < 0 ||
+            seg[ROW_COUNT] < 1 || seg[ROW_COUNT] > num_seg_rows - seg[FIRST_ROW])
+            return 0;
+    }
+    return 1;
+}
+
 PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     (void)self;
-    Py_ssize_t q, q_stride, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, kv_heads, head_dim;
+    Py_ssize_t q, q_stride, k, v, num_slots, slots, segments, seg_rows, num_seg_rows, out, rows, stride, num_segments,
+        heads, kv_heads, head_dim;
     float scale;
     int bf16, threads;
-    if (!PyArg_ParseTuple(args, "nnnnnnnnnnnnnnfpi", &q, &q_stride, &k, &v, &slots, &segments, &seg_rows, &out, &rows,
-                          &stride, &num_segments, &heads, &kv_heads, &head_dim, &scale, &bf16, &threads))
+    if (!PyArg_ParseTuple(args, "nnnnnnnnnnnnnnnnfpi", &q, &q_stride, &k, &v, &num_slots, &slots, &segments, &seg_rows,
+                          &num_seg_rows, &out, &rows, &stride, &num_segments, &heads, &kv_heads, &head_dim, &scale,
+                          &bf16, &threads))
         return NULL;
     if (!attention_shape_supported(heads, kv_heads, head_dim)) {
         PyErr_SetString(PyExc_ValueError, "unsupported attention shape");
+        return NULL;
+    }
+    if (!plan_valid((const int64_t *)slots, rows, stride, (const int64_t *)segments, num_segments,
+                    (const int64_t *)seg_rows, num_seg_rows, num_slots)) {
+        PyErr_SetString(PyExc_IndexError, "the decode plan reads outside its rows, its slot tables or the pool");
         return NULL;
     }
     attention_args a = {(const float *)q, (const void *)k, (const void *)v, (const int64_t *)slots,

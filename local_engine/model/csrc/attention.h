@@ -73,6 +73,11 @@ static inline const void *pool_at(const attention_args *a, const void *pool, int
 /* The partial records of `a`'s segments for `rows` rows, allocated once for every layer of a step
    (attention_reserve: 0, or -1 when out of memory) and freed by attention_release. */
 int attention_reserve(attention_args *a, int64_t rows);
+/* Whether a decode plan stays inside its rows, tables and pool: each segment reads positions within the `stride`
+   of a table row below `rows`, for rows listed within `seg_rows` (`num_seg_rows` entries, each below `rows`), and
+   every slot of the tables `[rows, stride]` (padding included) lies in a pool of `num_slots`. */
+int plan_valid(const int64_t *slots, int64_t rows, int64_t stride, const int64_t *segments, int64_t num_segments,
+               const int64_t *seg_rows, int64_t num_seg_rows, int64_t num_slots);
 void attention_release(attention_args *a);
 
 /* Attends every segment of `a` (its records reserved) on `threads` threads and merges each row's parts into `out`

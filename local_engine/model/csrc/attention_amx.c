@@ -378,6 +378,7 @@ PyObject *py_chunk_attention(PyObject *self, PyObject *args) {
     a.values = a.keys + a.keys_bytes;
     a.queries = a.values + a.values_bytes;
     a.scratch = a.queries + a.queries_bytes;
+    count_path(PATH_AMX_CHUNK_ATTENTION);
     Py_BEGIN_ALLOW_THREADS
     run_parallel(pack_part, &a, threads);
     run_parallel(attend_part, &a, threads);

@@ -24,6 +24,22 @@ void run_parallel(void (*fn)(void *, int, int), void *data, int threads);
 /* Whether the 512-bit paths run: set where the CPU has AVX-512F and BW, or cleared by `use_avx512` (module.c). */
 extern int avx512_enabled;
 
+/* How many times each path ran since the module loaded, read from Python as `path_counts()` (names in PATH_NAMES,
+   module.c), so tests and the benchmark see which code served a step rather than which could. Counted once per call
+   on the calling thread, never inside the threads' loops; relaxed atomics, since Python threads may call kernels at
+   once with the GIL released. A new path is an entry here and its name in PATH_NAMES. */
+enum kernel_path {
+    PATH_AMX_CHUNK_ATTENTION,
+    PATH_MATMUL_512,
+    PATH_MATMUL_256,
+    PATH_DECODE_LAYERS,
+    PATH_INVARIANT_MATMUL,
+    PATH_INVARIANT_ATTENTION,
+    NUM_PATHS
+};
+extern uint64_t path_counts[NUM_PATHS];
+static inline void count_path(enum kernel_path path) { __atomic_fetch_add(&path_counts[path], 1, __ATOMIC_RELAXED); }
+
 #define AVX2 __attribute__((target("avx2,fma")))
 /* Specialised at each call for a constant `bf16`: one copy of a kernel per storage dtype. */
 #define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
@@ -147,5 +163,10 @@ PyObject *py_decode_layers(PyObject *self, PyObject *args);    /* decoder.c */
 int amx_usable(void);
 PyObject *py_chunk_workspace(PyObject *self, PyObject *args);
 PyObject *py_chunk_attention(PyObject *self, PyObject *args);
+/* invariant.c: the batch-invariant matmul over packed weight panels and attention. */
+#define INVARIANT_PANEL 32
+#define INVARIANT_QUERY_BLOCK 4
+PyObject *py_panel_linear(PyObject *self, PyObject *args);
+PyObject *py_invariant_attention(PyObject *self, PyObject *args);
 
 #endif

@@ -31,14 +31,14 @@ static int allocate_scratch(decoder_scratch *s, const decoder_shape *d) {
 PyObject *py_decode_layers(PyObject *self, PyObject *args) {
     (void)self;
     Py_ssize_t hidden_states, layers, num_layers, pool_k, pool_v, layer_stride, num_slots, cos, sin, write_slots,
-        slots, segments, seg_rows, stride, num_segments;
+        slots, segments, seg_rows, num_seg_rows, stride, num_segments;
     decoder_shape d;
     float eps, scale;
     int weights_bf16, pool_bf16, threads;
-    if (!PyArg_ParseTuple(args, "nnnnnnnnnnnnnnnnnnnnnffppi", &hidden_states, &layers, &num_layers, &pool_k, &pool_v,
-                          &layer_stride, &num_slots, &cos, &sin, &write_slots, &slots, &segments, &seg_rows, &stride,
-                          &num_segments, &d.rows, &d.hidden, &d.heads, &d.kv_heads, &d.head_dim, &d.intermediate,
-                          &eps, &scale, &weights_bf16, &pool_bf16, &threads))
+    if (!PyArg_ParseTuple(args, "nnnnnnnnnnnnnnnnnnnnnnffppi", &hidden_states, &layers, &num_layers, &pool_k, &pool_v,
+                          &layer_stride, &num_slots, &cos, &sin, &write_slots, &slots, &segments, &seg_rows,
+                          &num_seg_rows, &stride, &num_segments, &d.rows, &d.hidden, &d.heads, &d.kv_heads,
+                          &d.head_dim, &d.intermediate, &eps, &scale, &weights_bf16, &pool_bf16, &threads))
         return NULL;
     if (!attention_shape_supported(d.heads, d.kv_heads, d.head_dim)) {
         PyErr_SetString(PyExc_ValueError, "unsupported attention shape");
@@ -46,6 +46,11 @@ PyObject *py_decode_layers(PyObject *self, PyObject *args) {
     }
     if (!slots_in_pool((const int64_t *)write_slots, d.rows, num_slots)) {
         PyErr_SetString(PyExc_IndexError, "slot out of the pool");
+        return NULL;
+    }
+    if (!plan_valid((const int64_t *)slots, d.rows, stride, (const int64_t *)segments, num_segments,
+                    (const int64_t *)seg_rows, num_seg_rows, num_slots)) {
+        PyErr_SetString(PyExc_IndexError, "the decode plan reads outside its rows, its slot tables or the pool");
         return NULL;
     }
     decoder_scratch s;
@@ -61,6 +66,7 @@ PyObject *py_decode_layers(PyObject *self, PyObject *args) {
     const int64_t qkv_width = (d.heads + 2 * d.kv_heads) * d.head_dim, kv_width = d.kv_heads * d.head_dim;
     const int64_t attended_width = d.heads * d.head_dim;
     float *hidden = (float *)hidden_states;
+    count_path(PATH_DECODE_LAYERS);
     Py_BEGIN_ALLOW_THREADS
     for (int64_t layer = 0; layer < num_layers; layer++) {
         const int64_t *at = (const int64_t *)layers + layer * LAYER_FIELDS;

@@ -181,6 +181,7 @@ void linear_run(const float *x, const void *w, float *y, int64_t rows, int64_t n
     /* Without room for the permuted rows (or a whole line), the 256-bit path: this cannot fail. */
     float *unpacked = bf16 && avx512_enabled && k >= LINE ? malloc(sizeof(float) * (size_t)(rows * k)) : NULL;
     if (unpacked != NULL) unpacked_rows(x, unpacked, rows, k);
+    count_path(unpacked != NULL ? PATH_MATMUL_512 : PATH_MATMUL_256);
     linear_call call = {&a, unpacked};
     run_parallel(linear_part, &call, threads);
     free(unpacked);

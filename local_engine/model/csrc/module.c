@@ -8,12 +8,52 @@
  * (local_engine.model.cpu_kernels) and bound here with dlopen(RTLD_NOLOAD), and GOMP_parallel, the entry point
  * `#pragma omp parallel` compiles to (GCC's libgomp ABI, also exported by Intel's libiomp5), is called directly.
  * A second OpenMP runtime would give the process a second pool of spinning threads on the same cores.
+ *
+ * SOURCE_HASH is the hash of the csrc files this module was built from (setup.py computes it with
+ * local_engine.model.kernel_extension.source_hash): the Python side refuses a module built from other sources.
  */
 #include "cpu_kernels.h"
 
 #include <dlfcn.h>
 
+#ifndef PREFIXSCOPE_KERNELS_SOURCE_HASH
+#define PREFIXSCOPE_KERNELS_SOURCE_HASH "unknown" /* built outside setup.py: never matches, so never loaded */
+#endif
+
 int avx512_enabled = 0;
+
+uint64_t path_counts[NUM_PATHS];
+/* In enum kernel_path's order (cpu_kernels.h). */
+static const char *const PATH_NAMES[NUM_PATHS] = {"amx_chunk_attention", "matmul_512",           "matmul_256",
+                                                   "decode_layers",       "invariant_matmul",     "invariant_attention"};
+
+static PyObject *py_path_counts(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *counts = PyTuple_New(NUM_PATHS);
+    if (counts == NULL) return NULL;
+    for (int path = 0; path < NUM_PATHS; path++) {
+        PyObject *count = PyLong_FromUnsignedLongLong(__atomic_load_n(&path_counts[path], __ATOMIC_RELAXED));
+        if (count == NULL) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(counts, path, count);
+    }
+    return counts;
+}
+
+static PyObject *path_names(void) {
+    PyObject *names = PyTuple_New(NUM_PATHS);
+    for (int path = 0; names != NULL && path < NUM_PATHS; path++) {
+        PyObject *name = PyUnicode_FromString(PATH_NAMES[path]);
+        if (name == NULL) {
+            Py_CLEAR(names);
+            break;
+        }
+        PyTuple_SET_ITEM(names, path, name);
+    }
+    return names;
+}
 
 typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 typedef int (*omp_int_fn)(void);
@@ -88,23 +128,29 @@ static PyMethodDef methods[] = {
     {"use_avx512", use_avx512, METH_VARARGS, "use_avx512(enabled) -> bool: take the 512-bit paths where the CPU can."},
     {"avx512", avx512, METH_NOARGS, "Whether the 512-bit paths run."},
     {"amx", amx, METH_NOARGS, "Whether chunk_attention runs here (AMX-BF16, granted by the OS)."},
+    {"path_counts", py_path_counts, METH_NOARGS, "How many times each path of PATH_NAMES ran, in that order."},
     {"bind_openmp", bind_openmp, METH_VARARGS, "bind_openmp(path) -> bool: use the loaded OpenMP runtime at path."},
     {"linear", py_linear, METH_VARARGS, "linear(x, w, y, rows, n, k, bf16, threads): y = x @ w.T in float32."},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, w, y, rows, n, eps, bf16): y = RMSNorm(x) * w."},
     {"rotate", py_rotate, METH_VARARGS, "rotate(x, cos, sin, rows, stride, heads, head_dim): rotary, in place."},
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, out, rows, n): out = silu(gate) * up."},
     {"decode_attention", py_decode_attention, METH_VARARGS,
-     "decode_attention(q, q_stride, k, v, slots, segments, seg_rows, out, rows, stride, num_segments, heads, "
-     "kv_heads, head_dim, scale, bf16, threads)."},
+     "decode_attention(q, q_stride, k, v, num_slots, slots, segments, seg_rows, num_seg_rows, out, rows, stride, "
+     "num_segments, heads, kv_heads, head_dim, scale, bf16, threads)."},
     {"decode_layers", py_decode_layers, METH_VARARGS,
      "decode_layers(hidden, layers, num_layers, pool_k, pool_v, layer_stride, num_slots, cos, sin, write_slots, slots, "
-     "segments, seg_rows, stride, num_segments, rows, hidden_size, heads, kv_heads, head_dim, intermediate, eps, "
-     "scale, weights_bf16, pool_bf16, threads): a decode step through every decoder layer."},
+     "segments, seg_rows, num_seg_rows, stride, num_segments, rows, hidden_size, heads, kv_heads, head_dim, "
+     "intermediate, eps, scale, weights_bf16, pool_bf16, threads): a decode step through every decoder layer."},
     {"chunk_workspace", py_chunk_workspace, METH_VARARGS,
      "chunk_workspace(tokens, context, heads, kv_heads, head_dim, threads) -> bytes chunk_attention needs."},
     {"chunk_attention", py_chunk_attention, METH_VARARGS,
      "chunk_attention(q, q_stride, k, v, num_slots, slots, out, out_stride, tokens, context, heads, kv_heads, "
      "head_dim, scale, workspace, workspace_bytes, threads): a prefill chunk's causal attention on AMX."},
+    {"panel_linear", py_panel_linear, METH_VARARGS,
+     "panel_linear(x, panels, y, rows, n, k, x_stride, y_stride, bf16, threads): y = x @ w.T, batch-invariant."},
+    {"invariant_attention", py_invariant_attention, METH_VARARGS,
+     "invariant_attention(q, q_stride, k, v, slots, slots_stride, blocks, num_blocks, out, out_stride, heads, "
+     "kv_heads, head_dim, longest, scale, bf16, workspace, threads): batch-invariant attention over the pool."},
     {"store_rows", py_store_rows, METH_VARARGS,
      "store_rows(pool, num_slots, src, src_stride, slots, rows, width, bf16): the step's new K or V into the pool."},
     {NULL, NULL, 0, NULL},
@@ -114,8 +160,17 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", NULL,
 
 PyMODINIT_FUNC PyInit__cpu_kernels(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (PyModule_AddIntConstant(m, "CHUNK_HEAD_DIM_STEP", CHUNK_HEAD_DIM_STEP) < 0 ||
-                      PyModule_AddIntConstant(m, "CHUNK_MAX_HEAD_DIM", CHUNK_MAX_HEAD_DIM) < 0)) {
+    if (m == NULL) return NULL;
+    PyObject *names = path_names();
+    /* PyModule_AddObjectRef fails on a NULL names tuple too, with its error set. */
+    const int failed = PyModule_AddIntConstant(m, "CHUNK_HEAD_DIM_STEP", CHUNK_HEAD_DIM_STEP) < 0 ||
+                       PyModule_AddIntConstant(m, "CHUNK_MAX_HEAD_DIM", CHUNK_MAX_HEAD_DIM) < 0 ||
+                       PyModule_AddIntConstant(m, "INVARIANT_PANEL", INVARIANT_PANEL) < 0 ||
+                       PyModule_AddIntConstant(m, "INVARIANT_QUERY_BLOCK", INVARIANT_QUERY_BLOCK) < 0 ||
+                       PyModule_AddStringConstant(m, "SOURCE_HASH", PREFIXSCOPE_KERNELS_SOURCE_HASH) < 0 ||
+                       PyModule_AddObjectRef(m, "PATH_NAMES", names) < 0;
+    Py_XDECREF(names);
+    if (failed) {
         Py_DECREF(m);
         return NULL;
     }

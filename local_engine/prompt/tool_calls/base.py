@@ -64,9 +64,9 @@ class ToolCallFormat:
 
     body_tail: str = ""  # what closes a call's body after its arguments, before `close_tag`
 
-    def opening(self, function: str | None, first_argument: str | None = None, opens_string: bool = False) -> str:
-        """Text that starts the assistant turn to force a call (of `function`, when named, and then its
-        `first_argument`, when the function's schema names one, with the quote of its value when `opens_string`)."""
+    def opening(self, function: str | None) -> str:
+        """Text that starts the assistant turn to force a call: of `function` up to its arguments (`open_tag` +
+        `body_head(function)`), or, when None, up to where the model writes the name of the function it calls."""
         raise NotImplementedError
 
 

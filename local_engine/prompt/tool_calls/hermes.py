@@ -47,13 +47,10 @@ class HermesFormat(ToolCallFormat):
     def body_head(self, function: str) -> str:
         return '{"name": ' + json.dumps(function) + ', "arguments": '
 
-    def opening(self, function: str | None, first_argument: str | None = None, opens_string: bool = False) -> str:
+    def opening(self, function: str | None) -> str:
         if function is None:
-            return '<tool_call>{"name": "'
-        opening = self.open_tag + self.body_head(function) + "{"
-        if not first_argument:
-            return opening
-        return opening + json.dumps(first_argument) + (': "' if opens_string else ": ")
+            return self.open_tag + '{"name": "'
+        return self.open_tag + self.body_head(function)
 
     def written_name(self, body: str) -> str | None:
         match = _WRITTEN_NAME.match(body)
