@@ -8,7 +8,8 @@ in its time to first token and in the prefill speed the engine reports (and so i
 
 `warm_up` runs each of those paths once at the sizes the engine will use, before `Engine.start`: prefill chunks of
 `--max-num-batched-tokens` tokens from an empty context and a short chunk after a long context (a request whose
-prefix was cached), decode steps of each batch size CUDA graphs are captured for up to `--max-num-seqs`, and one draw
+prefix was cached), decode steps of each batch size CUDA graphs are captured for up to `--max-num-seqs` (on a
+batch-invariant runner, whose kernels build nothing per shape, one short chunk and a one-row decode step), and one draw
 each of greedy, seeded top-p with log-probabilities and penalties, and a JSON grammar. It drives the model runner
 and the sampling functions directly, never `Engine.step`: no request is admitted, nothing enters the prefix cache or
 the tiers, no KV event is announced, and no counter, histogram or metric moves. The slots it borrows come from the
@@ -40,6 +41,10 @@ log = logging.getLogger(__name__)
 # the CPU kernels' native step (fused_llama.NATIVE_STEP_TOKENS), the path such a chunk takes there.
 CACHED_PREFIX_CHUNK_TOKENS = 25
 DECODE_CONTEXT_TOKENS = 64  # context of each decode row (a prefix of the prefilled chunk, shared as agents share one)
+# A batch-invariant runner's kernels build nothing per shape (no JIT, no graphs: local_engine.model.invariant_forward),
+# so a chunk of this many tokens and a one-row decode step warm all they have (the rotary table, the thread pool, the
+# weights' pages) in a fraction of a full-size prefill.
+INVARIANT_CHUNK_TOKENS = 32
 
 
 class WarmUpStopped(Exception):
@@ -98,6 +103,8 @@ class _WarmUp:
         room = min(engine.allocator.num_free, loaded.context_window_tokens - 1)
         decode_sizes = [size for size in capture_sizes(config.max_num_seqs) if size <= max(1, room // 4)]
         chunk = max(1, min(config.max_num_batched_tokens, room - CACHED_PREFIX_CHUNK_TOKENS - sum(decode_sizes)))
+        if engine.runner.batch_invariant:
+            decode_sizes, chunk = decode_sizes[:1], min(chunk, INVARIANT_CHUNK_TOKENS)
         context = self._borrow(chunk)
         logits = self._phase(f"prefill {chunk}", [ScheduledChunk(_tiled(tokens, chunk), context, True)])
         if room - chunk - sum(decode_sizes) >= CACHED_PREFIX_CHUNK_TOKENS:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import httpx
+import pytest
 import torch
 import uvicorn
 
@@ -17,7 +18,7 @@ from local_engine.engine.engine import Engine
 from local_engine.engine.sampling import SamplingParams
 from local_engine.engine.shutdown import EngineStarter
 from local_engine.engine.types import GenerationRequest
-from local_engine.engine.warm_up import WarmUpStopped, warm_up
+from local_engine.engine.warm_up import INVARIANT_CHUNK_TOKENS, WarmUpStopped, warm_up
 
 from .conftest import run, run_to_end
 from .server_fixtures import free_port, wait_until
@@ -41,14 +42,22 @@ def _state(engine: Engine) -> dict:
     }
 
 
-def test_warm_up_leaves_the_engine_as_a_fresh_one(tiny_loaded):
-    fresh = Engine(EngineConfig(**CONFIG), tiny_loaded)
-    warmed = Engine(EngineConfig(**CONFIG), tiny_loaded)
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_warm_up_leaves_the_engine_as_a_fresh_one(tiny_loaded, batch_invariant):
+    fresh = Engine(EngineConfig(**CONFIG, batch_invariant=batch_invariant), tiny_loaded)
+    warmed = Engine(EngineConfig(**CONFIG, batch_invariant=batch_invariant), tiny_loaded)
     report = warm_up(warmed)
     # It ran what it says: prefill chunks of the step budget and after a cached prefix, every decode graph size up
-    # to --max-num-seqs, and the sampling paths.
-    assert {"prefill 256", "prefill 25 after 256 cached", "decode 1 rows", "decode 2 rows", "decode 4 rows",
-            "decode 8 rows", "sampling", "chat template"} <= set(report.phases_ms)
+    # to --max-num-seqs, and the sampling paths; on the batch-invariant kernels, which build nothing per shape, one
+    # short chunk and one decode row.
+    if warmed.runner.batch_invariant:
+        expected = {f"prefill {INVARIANT_CHUNK_TOKENS}", f"prefill 25 after {INVARIANT_CHUNK_TOKENS} cached",
+                    "decode 1 rows"}
+        assert "decode 2 rows" not in report.phases_ms
+    else:
+        expected = {"prefill 256", "prefill 25 after 256 cached", "decode 1 rows", "decode 2 rows", "decode 4 rows",
+                    "decode 8 rows"}
+    assert expected | {"sampling", "chat template"} <= set(report.phases_ms)
     assert report.seconds > 0 and "warm-up took" in report.describe()
     warmed.check_integrity()
     assert _state(warmed) == _state(fresh)

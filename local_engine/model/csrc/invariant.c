@@ -12,8 +12,9 @@
  * - matmul: y[m, n] = (...((x[m, 0] * w[n, 0]) + x[m, 1] * w[n, 1]) + ...) + x[m, k-1] * w[n, k-1], one fused
  *   multiply-add per input feature, in feature order. The weight is packed in panels of PANEL output columns
  *   ([panels][k][PANEL], zero columns past n), so the vector lanes run across output columns and every lane takes the
- *   same sequence; up to ROW_BLOCK rows share each weight load (3 rows x 32 columns: 12 accumulators in 16 AVX2
- *   registers), and a thread walks ROW_TILE rows against each of its panels while the panel stays in L2.
+ *   same sequence; up to ROW_BLOCK rows share each load of 16 of a panel's columns (6 rows x 16 columns: 12
+ *   accumulators in 16 AVX2 registers), and a thread walks ROW_TILE rows against each of its panels while the panel
+ *   stays in L2.
  * - attention, per query row and head over its context c: s_j = dot(q, k_j) * scale (8-lane partial sums over the
  *   head's dims in order, then sum8), m = max_j s_j, p_j = exp8(s_j - m) (the same polynomial in every lane),
  *   l = the 8-lane sums of p_j in key order, then sum8; out = (sum_j p_j v_j, one fused multiply-add per key in key
@@ -22,7 +23,7 @@
  */
 #include "cpu_kernels.h"
 
-enum { PANEL = INVARIANT_PANEL, ROW_BLOCK = 3, ROW_TILE = 96, QUERY_BLOCK = INVARIANT_QUERY_BLOCK };
+enum { PANEL = INVARIANT_PANEL, ROW_BLOCK = 6, ROW_TILE = 96, QUERY_BLOCK = INVARIANT_QUERY_BLOCK };
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Matmul: x [rows, k] (rows x_stride floats apart) against a weight packed as [panels][k][PANEL] (float32 or
@@ -36,10 +37,42 @@ typedef struct {
     int bf16;
 } panel_args;
 
-/* `nr` rows (a constant at each call) from `x` against one panel; `cols` of its PANEL columns are stored. */
-AVX2_INLINE void panel_block(const panel_args *a, const float *x, const void *panel, float *y, const int nr,
+/* `nr` rows (a constant at each call) from `x` against 16 columns of one panel (`half` 0 or 1); `cols` of those 16
+   are stored. Six rows share each load of the weight's 16 columns: 12 accumulators, 2 loads and 6 broadcasts per
+   feature. */
+AVX2_INLINE void panel_block(const panel_args *a, const float *x, const void *panel, int half, float *y, const int nr,
                              int cols, const int bf16) {
-    __m256 acc[ROW_BLOCK][4];
+    __m256 acc[ROW_BLOCK][2];
+    for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const int64_t offset = 16 * half;
+    for (int64_t i = 0; i < a->k; i++) {
+        const int64_t at = i * PANEL + offset;
+        const __m256 w0 = load8(panel, at, bf16), w1 = load8(panel, at + 8, bf16);
+        for (int r = 0; r < nr; r++) {
+            const __m256 xv = _mm256_broadcast_ss(x + r * a->x_stride + i);
+            acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        float *to = y + r * a->y_stride + offset;
+        if (cols >= 16) {
+            _mm256_storeu_ps(to, acc[r][0]);
+            _mm256_storeu_ps(to + 8, acc[r][1]);
+        } else if (cols > 0) {
+            float row[16];
+            _mm256_storeu_ps(row, acc[r][0]);
+            _mm256_storeu_ps(row + 8, acc[r][1]);
+            memcpy(to, row, sizeof(float) * (size_t)cols);
+        }
+    }
+}
+
+/* `nr` rows (at most 3, a constant at each call) against a whole panel: 4 accumulators a row, so a decode row keeps
+   four independent chains in flight. */
+AVX2_INLINE void panel_block_wide(const panel_args *a, const float *x, const void *panel, float *y, const int nr,
+                                  int cols, const int bf16) {
+    __m256 acc[3][4];
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < 4; c++) acc[r][c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < a->k; i++) {
@@ -55,14 +88,9 @@ AVX2_INLINE void panel_block(const panel_args *a, const float *x, const void *pa
         }
     }
     for (int r = 0; r < nr; r++) {
-        float *to = y + r * a->y_stride;
-        if (cols == PANEL) {
-            for (int c = 0; c < 4; c++) _mm256_storeu_ps(to + 8 * c, acc[r][c]);
-        } else {
-            float row[PANEL];
-            for (int c = 0; c < 4; c++) _mm256_storeu_ps(row + 8 * c, acc[r][c]);
-            memcpy(to, row, sizeof(float) * (size_t)cols);
-        }
+        float row[PANEL];
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(row + 8 * c, acc[r][c]);
+        memcpy(y + r * a->y_stride, row, sizeof(float) * (size_t)cols);
     }
 }
 
@@ -74,15 +102,30 @@ AVX2_INLINE void panel_rows(const panel_args *a, int thread, int threads, const 
         for (int64_t p = first; p < last; p++) {
             const void *panel = element(a->panels, (int64_t)(p * panel_elements), bf16);
             const int cols = a->n - p * PANEL < PANEL ? (int)(a->n - p * PANEL) : PANEL;
-            for (int64_t m = m0; m < m1; m += ROW_BLOCK) {
-                const float *x = a->x + m * a->x_stride;
-                float *y = a->y + m * a->y_stride + p * PANEL;
-                switch (m1 - m >= ROW_BLOCK ? ROW_BLOCK : (int)(m1 - m)) {
-                case 3: panel_block(a, x, panel, y, 3, cols, bf16); break;
-                case 2: panel_block(a, x, panel, y, 2, cols, bf16); break;
-                default: panel_block(a, x, panel, y, 1, cols, bf16); break;
+            if (m1 - m0 <= 3) { /* a few rows (decode steps): every column of the panel at once */
+                const float *x = a->x + m0 * a->x_stride;
+                float *y = a->y + m0 * a->y_stride + p * PANEL;
+                switch ((int)(m1 - m0)) {
+                case 3: panel_block_wide(a, x, panel, y, 3, cols, bf16); break;
+                case 2: panel_block_wide(a, x, panel, y, 2, cols, bf16); break;
+                default: panel_block_wide(a, x, panel, y, 1, cols, bf16); break;
                 }
+                continue;
             }
+            for (int half = 0; half < 2 && 16 * half < cols; half++)
+                for (int64_t m = m0; m < m1; m += ROW_BLOCK) {
+                    const float *x = a->x + m * a->x_stride;
+                    float *y = a->y + m * a->y_stride + p * PANEL;
+                    const int left = cols - 16 * half;
+                    switch (m1 - m >= ROW_BLOCK ? ROW_BLOCK : (int)(m1 - m)) {
+                    case 6: panel_block(a, x, panel, half, y, 6, left, bf16); break;
+                    case 5: panel_block(a, x, panel, half, y, 5, left, bf16); break;
+                    case 4: panel_block(a, x, panel, half, y, 4, left, bf16); break;
+                    case 3: panel_block(a, x, panel, half, y, 3, left, bf16); break;
+                    case 2: panel_block(a, x, panel, half, y, 2, left, bf16); break;
+                    default: panel_block(a, x, panel, half, y, 1, left, bf16); break;
+                    }
+                }
         }
     }
 }
