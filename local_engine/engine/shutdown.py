@@ -19,7 +19,7 @@ import uvicorn
 from local_engine.engine.engine import Engine
 from local_engine.engine.warm_up import WarmUpStopped, warm_up
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("local_engine.engine")  # the engine's start, ready and stop lines
 
 
 class DrainingServer(uvicorn.Server):

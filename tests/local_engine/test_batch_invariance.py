@@ -159,7 +159,7 @@ def test_smollm2_in_bf16_is_invariant_too():
     """The dtype `--dtype auto` picks on a CPU with native bf16 (AVX512-BF16 or AMX)."""
     loaded = load_model("smollm2", torch.device("cpu"), dtype="bfloat16")
     assert InvariantLlamaForward.supports(loaded.model)
-    _assert_runner_invariant(loaded.model, torch.bfloat16, 120)
+    _assert_runner_invariant(loaded.model, torch.bfloat16, 64)
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +199,7 @@ def two_engines(smollm2_default):
 
 
 @pytest.mark.real_model
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
           derandomize=True)
 @given(index=st.integers(0, 10_000), length=st.integers(60, 400),
        question=st.sampled_from(["Which rule covers refunds?", "Summarise rule 3.", "What must I never do?"]))
