@@ -8,7 +8,6 @@ import asyncio
 import json
 
 import httpx
-import jsonschema
 import llguidance
 import llguidance.hf
 import pytest
@@ -21,7 +20,7 @@ from local_engine.prompt.tool_calls.hermes import HermesFormat
 
 from .conftest import run_to_end
 from .server_fixtures import served_engine
-from .test_strict_tools import accepts, tool
+from .test_strict_tools import accepts, sampled_forced_call, tool
 
 # A pydantic-style schema (titles, `$defs` and a `$ref`, a nullable field), required fields of several types; the
 # bounds keep a random model's strings and numbers short.
@@ -119,17 +118,7 @@ def test_forced_calls_without_strict_sampled_from_a_random_model_match_their_sch
     engine = make_engine(kv_cache_tokens=4096)
     names = []
     for seed in range(4):
-        parsed = parse_request(body(tool_choice=tool_choice, seed=seed, temperature=1.0), CHAT, engine.loaded)
-        assert parsed.sampling.grammar is not None
-        _, text, finished = asyncio.run(run_to_end(engine, GenerationRequest(parsed.prompt_token_ids,
-                                                                             parsed.sampling)))
-        assert finished.finish_reason == "stop", text  # the call closed before max_tokens
-        stream = ToolCallStream(HermesFormat(), parsed.tool_opening, parsed.tool_choice.function)
-        content, calls = stream.feed(text)
-        rest, last = stream.finish()
-        (made,) = calls + last
-        assert (content + rest).strip() == "" and made.complete
-        jsonschema.validate(json.loads(made.arguments), SCHEMAS[made.name])
+        made = sampled_forced_call(engine, body(tool_choice=tool_choice, seed=seed, temperature=1.0), SCHEMAS)
         names.append(made.name)
     if isinstance(tool_choice, dict):
         assert names == ["save_person"] * 4

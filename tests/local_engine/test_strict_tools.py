@@ -129,6 +129,23 @@ def test_a_strict_schema_that_does_not_compile_is_a_400_naming_the_tool(tiny_loa
     assert argument_schemas([tool("broken", parameters, strict=False)]) == {}  # only strict schemas, unforced
 
 
+def sampled_forced_call(engine, request: dict, schemas: dict[str, dict]):
+    """Runs a chat `request` whose tool_choice forces a call on `engine` and returns the one call it made, after
+    checking that the call closed before max_tokens, came with no other text, and validates against its function's
+    schema in `schemas` (by name)."""
+    parsed = parse_request(request, CHAT, engine.loaded)
+    assert parsed.sampling.grammar is not None
+    _, text, finished = asyncio.run(run_to_end(engine, GenerationRequest(parsed.prompt_token_ids, parsed.sampling)))
+    assert finished.finish_reason == "stop", text  # the call closed before max_tokens
+    stream = ToolCallStream(HermesFormat(), parsed.tool_opening, parsed.tool_choice.function)
+    content, calls = stream.feed(text)
+    rest, last = stream.finish()
+    (made,) = calls + last
+    assert (content + rest).strip() == "" and made.complete
+    jsonschema.validate(json.loads(made.arguments), schemas[made.name])
+    return made
+
+
 @pytest.mark.parametrize("tool_choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
 def test_forced_calls_sampled_from_a_random_model_match_their_schemas(make_engine, tool_choice):
     """The tiny random model writes noise; under the grammar every forced call still validates."""
@@ -137,16 +154,6 @@ def test_forced_calls_sampled_from_a_random_model_match_their_schemas(make_engin
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     names = set()
     for seed in range(4):
-        parsed = parse_request(body(tools=tools, tool_choice=tool_choice, seed=seed, temperature=1.0, max_tokens=64),
-                               CHAT, engine.loaded)
-        _, text, finished = asyncio.run(run_to_end(engine, GenerationRequest(parsed.prompt_token_ids,
-                                                                             parsed.sampling)))
-        assert finished.finish_reason == "stop", text  # the call closed before max_tokens
-        stream = ToolCallStream(HermesFormat(), parsed.tool_opening, parsed.tool_choice.function)
-        content, calls = stream.feed(text)
-        rest, last = stream.finish()
-        (made,) = calls + last
-        assert (content + rest).strip() == "" and made.complete
-        jsonschema.validate(json.loads(made.arguments), schemas[made.name])
-        names.add(made.name)
+        request = body(tools=tools, tool_choice=tool_choice, seed=seed, temperature=1.0, max_tokens=64)
+        names.add(sampled_forced_call(engine, request, schemas).name)
     assert names
